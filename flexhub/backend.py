@@ -1,0 +1,173 @@
+"""The public API for flexhub backends: the one module a backend imports.
+
+A backend is a class registered under the entry-point group ``flexhub.backends``; the entry
+point's name is what a PV author writes in ``backend``::
+
+    [project.entry-points."flexhub.backends"]
+    loopfile = "flexhub_loopfile:LoopfileBackend"
+
+flexhub's core parses kubelet's call, validates the options against the backend's JSON Schema,
+takes the locks, keeps the state journal, formats and mounts block devices safely, shares one
+staging mount between the pods of a node, and writes the one JSON reply. A backend only does
+what is specific to its storage, through the services in :class:`Node`. It never writes to
+stdout, parses argv or builds replies; it raises a :class:`FlexhubError` subclass to fail.
+
+There are two kinds:
+
+* :class:`FilesystemBackend` (NFS): mounts its storage straight onto the pod directory.
+* :class:`BlockBackend` (loop files, iSCSI): produces a block device; the core formats it if
+  blank, mounts it once per node on a staging directory and bind-mounts it into every pod.
+
+.. versionadded:: 0.1
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from flexhub.errors import (
+    BackendError,
+    CommandError,
+    CommandTimeout,
+    FlexhubError,
+    InvalidOptions,
+    LockTimeout,
+    NotSupported,
+    StateError,
+    VolumeError,
+)
+from flexhub.volume import PodInfo, Secret, Secrets, Volume
+
+if TYPE_CHECKING:
+    from flexhub.node import Node
+
+__all__ = [
+    "Attachment",
+    "Backend",
+    "BackendError",
+    "BlockBackend",
+    "CommandError",
+    "CommandTimeout",
+    "FilesystemBackend",
+    "FlexhubError",
+    "InvalidOptions",
+    "LockTimeout",
+    "Node",
+    "NotSupported",
+    "PodInfo",
+    "Secret",
+    "Secrets",
+    "StateError",
+    "Volume",
+    "VolumeError",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Node is re-exported lazily so that importing this module stays cheap.
+    if name == "Node":
+        from flexhub.node import Node
+
+        return Node
+    raise AttributeError(name)
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """A block device a :class:`BlockBackend` made available on this node.
+
+    ``details`` are what the backend needs to release it later (kept in the state journal,
+    so **never a secret**), for example ``{"loop": "/dev/loop3", "created": "true"}``.
+    """
+
+    device: str
+    details: Mapping[str, str] = field(default_factory=dict)
+
+
+class Backend(abc.ABC):
+    """Base of every backend.
+
+    :param node: the node services (command runner, mount table, locks, this backend's
+        table of the node config).
+    """
+
+    #: The package holding the schema file, and its name. The schema is JSON Schema draft
+    #: 2020-12 over the options object (all values strings); ``kubernetes.io/*`` keys are
+    #: allowed by the core and need not be listed.
+    schema_package: ClassVar[str] = ""
+    schema_file: ClassVar[str] = "schema.json"
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    @classmethod
+    def schema(cls) -> dict[str, Any]:
+        """Return the backend's JSON Schema as a dict."""
+        package = cls.schema_package or cls.__module__
+        try:
+            text = resources.files(package).joinpath(cls.schema_file).read_text("utf-8")
+            loaded = json.loads(text)
+        except (OSError, ValueError, ModuleNotFoundError) as exc:
+            raise BackendError(
+                f"backend schema {package}/{cls.schema_file} unreadable: {exc}"
+            ) from None
+        if not isinstance(loaded, dict):
+            raise BackendError(f"backend schema {package}/{cls.schema_file} is not an object")
+        return loaded
+
+    def check(self, volume: Volume) -> None:  # noqa: B027 - optional hook
+        """Check what a schema cannot (cross-field rules, paths on this node).
+
+        Runs after schema validation and before any change. Raise :class:`InvalidOptions`.
+        """
+
+    @abc.abstractmethod
+    def volume_id(self, volume: Volume) -> str:
+        """Return the node-wide identity of the storage, e.g. ``"nfs:srv1:/export/a"``.
+
+        Two volumes with the same id are the same storage: they share locks and, for block
+        backends, one staging mount.
+        """
+
+
+class FilesystemBackend(Backend):
+    """A backend whose storage mounts straight onto a directory (NFS, ...)."""
+
+    @abc.abstractmethod
+    def mount(self, target: Path, volume: Volume) -> Mapping[str, str]:
+        """Mount ``volume`` on the existing, empty directory ``target``.
+
+        :returns: non-secret details to journal (given back to :meth:`unmount`).
+        """
+
+    def unmount(self, target: Path, details: Mapping[str, str]) -> None:
+        """Unmount ``target``; by default, the core's unmount with escalation."""
+        self.node.unmount(target)
+
+    def expand(self, target: Path, volume: Volume, new_size: int) -> None:
+        """Grow the volume to ``new_size`` bytes; by default nothing (size is the server's)."""
+
+
+class BlockBackend(Backend):
+    """A backend that provides a block device; the core formats, stages and binds it."""
+
+    @abc.abstractmethod
+    def attach(self, volume: Volume) -> Attachment:
+        """Make the volume's block device present on this node and return it.
+
+        Idempotent: when the device is already present, return it again.
+        """
+
+    @abc.abstractmethod
+    def detach(self, attachment: Attachment) -> None:
+        """Release a device returned by :meth:`attach`; no-op when already gone."""
+
+    def expand(self, attachment: Attachment, volume: Volume, new_size: int) -> None:
+        """Make the block device ``new_size`` bytes (or larger) before the filesystem grows."""
+        raise VolumeError(f"backend {volume.backend!r} cannot expand volumes")

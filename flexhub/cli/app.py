@@ -1,0 +1,143 @@
+"""Admin commands: backends, schema, validate, version, install, uninstall, demo."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flexhub import DRIVER_NAME, __version__
+from flexhub.errors import FlexhubError
+
+app = typer.Typer(
+    name="flexhub",
+    help="flexhub: one FlexVolume driver for many kinds of storage.\n\n"
+    "kubelet runs `flexhub <operation> ...` (init, mount, unmount, ...); "
+    "the commands below are for people.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+@app.command()
+def version() -> None:
+    """Print flexhub's version."""
+    typer.echo(f"flexhub {__version__}")
+
+
+@app.command()
+def backends() -> None:
+    """List installed backends: distribution, version, and whether they import."""
+    from flexhub.loader import describe_backends
+
+    infos = describe_backends()
+    if not infos:
+        typer.echo("no backends installed (entry-point group flexhub.backends)")
+        raise typer.Exit(1)
+    width = max(len(i.name) for i in infos)
+    broken = False
+    for info in infos:
+        state = "ok" if not info.error else f"BROKEN: {info.error}"
+        broken |= bool(info.error)
+        typer.echo(
+            f"{info.name:<{width}}  {info.distribution} {info.version}  {info.target}  {state}"
+        )
+    raise typer.Exit(1 if broken else 0)
+
+
+@app.command()
+def schema(name: Annotated[str, typer.Argument(help="backend name, e.g. loopfile")]) -> None:
+    """Print a backend's JSON Schema."""
+    from flexhub.loader import load_backend
+
+    typer.echo(json.dumps(load_backend(name).schema(), indent=2))
+
+
+@app.command()
+def validate(
+    file: Annotated[
+        Path, typer.Argument(help="PV/Pod YAML manifest or options JSON ('-' = stdin)")
+    ],
+    driver: Annotated[str, typer.Option(help="flexVolume.driver to check")] = DRIVER_NAME,
+) -> None:
+    """Validate every flexhub flexVolume in a manifest, with kubelet users' messages."""
+    from flexhub.manifest import validate_file
+
+    results = validate_file(file, driver)
+    if not results:
+        typer.echo(f"{file}: no flexVolume with driver {driver} found")
+        raise typer.Exit(1)
+    failed = False
+    for where, error in results:
+        if error:
+            failed = True
+            typer.echo(f"{where}: {error}")
+        else:
+            typer.echo(f"{where}: ok")
+    raise typer.Exit(1 if failed else 0)
+
+
+@app.command()
+def install(
+    plugin_dir: Annotated[Path, typer.Option("--plugin-dir", help="kubelet's --volume-plugin-dir")],
+    config: Annotated[
+        Path | None, typer.Option(help="node config to export as FLEXHUB_CONFIG")
+    ] = None,
+    driver: Annotated[str, typer.Option(help="driver name vendor/name")] = DRIVER_NAME,
+) -> None:
+    """Install the driver executable into a kubelet plugin directory (atomically)."""
+    from flexhub.install import install as do_install
+
+    path = do_install(plugin_dir, config=config, driver=driver)
+    typer.echo(str(path))
+
+
+@app.command()
+def uninstall(
+    plugin_dir: Annotated[Path, typer.Option("--plugin-dir", help="kubelet's --volume-plugin-dir")],
+    driver: Annotated[str, typer.Option(help="driver name vendor/name")] = DRIVER_NAME,
+) -> None:
+    """Remove the driver executable from a kubelet plugin directory."""
+    from flexhub.install import uninstall as do_uninstall
+
+    removed = do_uninstall(plugin_dir, driver=driver)
+    typer.echo("removed" if removed else "nothing to remove")
+
+
+@app.command()
+def demo(
+    keep: Annotated[bool, typer.Option(help="keep the temporary tree for inspection")] = False,
+) -> None:
+    """Replay kubelet's calls for a loopfile volume, for real (needs root)."""
+    from flexhub.demo import run_demo
+
+    raise typer.Exit(run_demo(keep=keep))
+
+
+def main(args: list[str]) -> int:
+    """Run the typer app without its standalone error handling; returns the exit code."""
+    if args and args[0] == "help":
+        args = ["--help"]
+    try:
+        result = app(args=args, prog_name="flexhub", standalone_mode=False)
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except FlexhubError as exc:
+        typer.echo(f"flexhub: {exc.message}", err=True)
+        return exc.exit_code
+    except Exception as exc:
+        usage = getattr(exc, "format_message", None)
+        if usage is not None:
+            typer.echo(f"flexhub: {usage()}", err=True)
+            return 2
+        raise
+    return int(result) if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,96 @@
+"""The node configuration: a TOML file, ``/etc/flexhub/flexhub.toml`` unless ``FLEXHUB_CONFIG``.
+
+A missing file means defaults. Example::
+
+    state_dir = "/var/lib/flexhub"
+    log_dir = "/var/log/flexhub"
+    log_level = "info"
+    lock_timeout = 60          # seconds to wait for a node lock
+    command_timeout = 120      # default bound for one external command
+    mount_timeout = 60         # bound for one mount command (NFS: a dead server)
+    unmount_timeout = 30       # bound for each unmount step (normal, forced, lazy)
+
+    [loopfile]
+    root = "/var/lib/flexhub/loopfiles"
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flexhub.errors import FlexhubError
+
+__all__ = ["CONFIG_ENV", "DEFAULT_CONFIG_PATH", "NodeConfig", "load_config"]
+
+CONFIG_ENV = "FLEXHUB_CONFIG"
+DEFAULT_CONFIG_PATH = Path("/etc/flexhub/flexhub.toml")
+
+_NUMBERS = ("lock_timeout", "command_timeout", "mount_timeout", "unmount_timeout")
+_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Settings for one node. Unknown top-level tables are backend tables."""
+
+    state_dir: Path = Path("/var/lib/flexhub")
+    log_dir: Path = Path("/var/log/flexhub")
+    log_level: str = "info"
+    lock_timeout: float = 60.0
+    command_timeout: float = 120.0
+    mount_timeout: float = 60.0
+    unmount_timeout: float = 30.0
+    backends: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    source: Path | None = None
+
+    def backend_table(self, name: str) -> Mapping[str, Any]:
+        """The ``[name]`` table of the file, or an empty mapping."""
+        return self.backends.get(name, {})
+
+
+def config_path() -> Path:
+    return Path(os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH)
+
+
+def load_config(path: Path | None = None) -> NodeConfig:
+    """Read the node configuration.
+
+    :raises FlexhubError: the file exists but is not valid TOML or holds a wrong value.
+    """
+    path = path or config_path()
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return NodeConfig()
+    except OSError as exc:
+        raise FlexhubError(f"cannot read node config {path}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise FlexhubError(f"node config {path} is not valid TOML: {exc}") from None
+    kwargs: dict[str, Any] = {"source": path}
+    backends: dict[str, Mapping[str, Any]] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            backends[key] = value
+        elif key in ("state_dir", "log_dir"):
+            if not isinstance(value, str) or not value.startswith("/"):
+                raise FlexhubError(f"node config {path}: {key} must be an absolute path")
+            kwargs[key] = Path(value)
+        elif key in _NUMBERS:
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise FlexhubError(f"node config {path}: {key} must be a positive number")
+            kwargs[key] = float(value)
+        elif key == "log_level":
+            if value not in _LEVELS:
+                raise FlexhubError(f"node config {path}: log_level must be one of {_LEVELS}")
+            kwargs[key] = value
+        else:
+            raise FlexhubError(f"node config {path}: unknown setting {key!r}")
+    kwargs["backends"] = backends
+    return NodeConfig(**kwargs)

@@ -1,0 +1,103 @@
+"""Install the driver executable into a kubelet plugin directory, atomically.
+
+The executable is a small POSIX shell script that runs *this* installation of flexhub with
+absolute paths, so it works under kubelet's bare environment (``env -i``, cwd ``/``, no
+``HOME``). It is written under a dot-name (kubelet's prober ignores dot-files), made
+executable, then renamed into place, so kubelet never runs a half-written driver.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from flexhub import DRIVER_NAME
+from flexhub.errors import UsageError
+
+__all__ = ["driver_dir_name", "install", "render_shim", "uninstall"]
+
+
+def driver_dir_name(driver: str) -> tuple[str, str]:
+    """``vendor/name`` → (``vendor~name``, ``name``), checked like kubelet's IsQualifiedName."""
+    import re
+
+    match = re.fullmatch(
+        r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?)/([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)", driver
+    )
+    if not match or len(match.group(3)) > 63:
+        raise UsageError(f"driver name {driver!r} must look like vendor/name (e.g. {DRIVER_NAME})")
+    return driver.replace("/", "~"), match.group(3)
+
+
+def render_shim(python: str, config: Path | None) -> str:
+    """The text of the driver executable."""
+    py = shlex.quote(python)
+    lines = [
+        "#!/bin/sh",
+        "# flexhub FlexVolume driver; written by `flexhub install`. Do not edit.",
+        f"PY={py}",
+        'if [ ! -x "$PY" ]; then',
+        '  printf \'{"status":"Failure","message":"flexhub runtime missing: %s"}\\n\' "$PY"',
+        "  exit 1",
+        "fi",
+    ]
+    if config is not None:
+        lines.append(f"FLEXHUB_CONFIG={shlex.quote(str(config))}")
+        lines.append("export FLEXHUB_CONFIG")
+    lines.append('exec "$PY" -I -m flexhub "$@" 2>/dev/null')
+    return "\n".join(lines) + "\n"
+
+
+def install(
+    plugin_dir: Path,
+    config: Path | None = None,
+    driver: str = DRIVER_NAME,
+    python: str | None = None,
+) -> Path:
+    """Write ``plugin_dir/<vendor>~<name>/<name>`` and return its path."""
+    dir_name, exe_name = driver_dir_name(driver)
+    if not plugin_dir.is_absolute():
+        plugin_dir = plugin_dir.resolve()
+    if config is not None:
+        config = config.resolve()
+    driver_dir = plugin_dir / dir_name
+    driver_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    target = driver_dir / exe_name
+    tmp = driver_dir / f".{exe_name}.{os.getpid()}.tmp"
+    text = render_shim(python or sys.executable, config)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o755)  # noqa: S103 - kubelet must execute it
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fd = os.open(driver_dir, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return target
+
+
+def uninstall(plugin_dir: Path, driver: str = DRIVER_NAME) -> bool:
+    """Remove the driver executable and its directory; returns whether anything was removed."""
+    dir_name, exe_name = driver_dir_name(driver)
+    driver_dir = plugin_dir / dir_name
+    target = driver_dir / exe_name
+    removed = False
+    if target.exists() or target.is_symlink():
+        target.unlink()
+        removed = True
+    try:
+        driver_dir.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        pass  # something else lives there; leave it
+    return removed

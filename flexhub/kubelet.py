@@ -1,0 +1,374 @@
+"""The kubelet path: parse one FlexVolume call, run it, write exactly one JSON reply.
+
+kubelet merges the driver's stdout and stderr and parses the result as one JSON value, so
+before anything else :func:`serve` points file descriptors 1 and 2 at ``/dev/null`` (stray
+prints, warnings and child processes cannot corrupt the reply) and keeps a private copy of the
+real stdout for the reply alone. Only the standard library and flexhub's own lean modules are
+imported here; the schema validator and the backends load only for operations that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flexhub.errors import FlexhubError, InvalidOptions, NotSupported, UsageError, one_line
+
+if TYPE_CHECKING:
+    from flexhub.config import NodeConfig
+
+__all__ = ["CAPABILITIES", "OPERATIONS", "Reply", "serve"]
+
+#: The reply to ``init``. See the README ("Capabilities") for why each is set so.
+CAPABILITIES: dict[str, bool] = {
+    "attach": False,
+    "selinuxRelabel": True,
+    "fsGroup": False,
+    "supportsMetrics": True,
+    "requiresFSResize": True,
+}
+
+#: Largest options argument accepted (kubelet's are a few hundred bytes; secrets add some).
+MAX_OPTIONS_BYTES = 256 * 1024
+#: Largest single option value.
+MAX_VALUE_CHARS = 64 * 1024
+
+
+@dataclass
+class Reply:
+    """One FlexVolume reply."""
+
+    status: str = "Success"
+    message: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        body: dict[str, Any] = {"status": self.status}
+        if self.message:
+            body["message"] = self.message
+        body.update(self.extra)
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=True)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.status == "Success" else 1
+
+
+@dataclass
+class Call:
+    """What is known about the call being served, for the log line."""
+
+    operation: str
+    backend: str = ""
+    volume: str = ""
+    pod_uid: str = ""
+    target: str = ""
+    secrets: list[str] = field(default_factory=list)
+
+
+Handler = Callable[[list[str], Call], Reply]
+
+
+# --- argument handling ------------------------------------------------------------------
+
+
+def _expect(args: list[str], count: int, usage: str) -> None:
+    if len(args) != count:
+        raise UsageError(f"expected {count} argument(s) after the operation: {usage}")
+
+
+def _directory(value: str, what: str) -> Path:
+    if not value:
+        raise UsageError(f"{what} is empty")
+    if "\x00" in value or _has_surrogates(value):
+        raise UsageError(f"{what} is not a valid path")
+    path = Path(value)
+    if not path.is_absolute() or ".." in path.parts:
+        raise UsageError(f"{what} must be an absolute path without '..'")
+    return path
+
+
+def _size(value: str, what: str) -> int:
+    if not value.isdigit() or len(value) > 19:
+        raise UsageError(f"{what} must be a whole number of bytes")
+    return int(value)
+
+
+def _has_surrogates(text: str) -> bool:
+    # argv bytes that are not UTF-8 arrive as lone surrogates (surrogateescape)
+    return any("\udc80" <= ch <= "\udcff" for ch in text)
+
+
+def parse_options(raw: str, call: Call) -> dict[str, str]:
+    """Parse the options argument: one JSON object whose values are all strings.
+
+    Secret values are remembered on ``call`` at once so that nothing after this point can
+    log or echo them.
+    """
+    if _has_surrogates(raw):
+        raise InvalidOptions("options are not valid UTF-8")
+    if len(raw.encode("utf-8", "surrogatepass")) > MAX_OPTIONS_BYTES:
+        raise InvalidOptions(f"options are larger than {MAX_OPTIONS_BYTES} bytes")
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidOptions(
+            f"options are not valid JSON: {exc.msg} at character {exc.pos}"
+        ) from None
+    except ValueError:
+        raise InvalidOptions("options are not valid JSON") from None
+    if not isinstance(data, dict):
+        raise InvalidOptions(f"options must be a JSON object, not {type(data).__name__}")
+    from flexhub.volume import SECRET_PREFIX
+
+    for key, value in data.items():
+        if key.startswith(SECRET_PREFIX) and isinstance(value, str):
+            call.secrets.append(value)
+    for key, value in data.items():
+        shown = key if len(key) <= 80 else key[:77] + "..."
+        if not isinstance(value, str):
+            raise InvalidOptions(f"option {shown!r} must be a string, not {_json_type(value)}")
+        if _has_surrogates(key) or _has_surrogates(value) or "\x00" in key + value:
+            raise InvalidOptions(f"option {shown!r} is not valid text")
+        if len(value) > MAX_VALUE_CHARS:
+            raise InvalidOptions(f"option {shown!r} is longer than {MAX_VALUE_CHARS} characters")
+    call.backend = data.get("backend", "")
+    call.volume = data.get("kubernetes.io/pvOrVolumeName", "")
+    call.pod_uid = data.get("kubernetes.io/pod.uid", "")
+    return data
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+# --- operations -------------------------------------------------------------------------
+
+
+_CONFIG: list[NodeConfig] = []
+
+
+def _config() -> NodeConfig:
+    """The node config, read once per call (a broken file is a Failure of the call)."""
+    if not _CONFIG:
+        from flexhub.config import load_config
+
+        _CONFIG.append(load_config())
+    return _CONFIG[0]
+
+
+def op_init(args: list[str], call: Call) -> Reply:
+    _expect(args, 0, "init")
+    return Reply(extra={"capabilities": dict(CAPABILITIES)})
+
+
+def op_getvolumename(args: list[str], call: Call) -> Reply:
+    # kubelet ignores the name and uses spec.Name(); after a kubelet restart the options hold
+    # no user keys at all, so they are parsed but not validated against a backend schema.
+    _expect(args, 1, "getvolumename <json>")
+    options = parse_options(args[0], call)
+    return Reply(extra={"volumeName": options.get("kubernetes.io/pvOrVolumeName", "")})
+
+
+def _validated(raw: str, call: Call, *, with_pod: bool) -> tuple[Any, Any, Any]:
+    """Parse, validate and load: returns (volume, backend instance, node)."""
+    from flexhub.loader import load_backend
+    from flexhub.validation import validate_options
+    from flexhub.volume import Volume
+
+    options = parse_options(raw, call)
+    config = _config()
+    backend_cls = load_backend(options.get("backend"))
+    validate_options(backend_cls, options)
+    volume = Volume.from_options(options, with_pod=with_pod)
+    from flexhub.node import Node
+
+    node = Node(config, backend=volume.backend)
+    backend = backend_cls(node)
+    backend.check(volume)
+    return volume, backend, node
+
+
+def op_attach(args: list[str], call: Call) -> Reply:
+    # attach: false — kubelet and the controller never send this; node work happens in mount.
+    _expect(args, 2, "attach <json> <nodeName>")
+    _validated(args[0], call, with_pod=False)
+    return Reply(extra={"device": ""})
+
+
+def op_isattached(args: list[str], call: Call) -> Reply:
+    _expect(args, 2, "isattached <json> <nodeName>")
+    parse_options(args[0], call)
+    return Reply(extra={"attached": True})
+
+
+def op_detach(args: list[str], call: Call) -> Reply:
+    # Receives only the PV name; devices are released by the last unmount on the node.
+    _expect(args, 2, "detach <pvOrVolumeName> <nodeName>")
+    call.volume = args[0]
+    return Reply()
+
+
+def op_waitforattach(args: list[str], call: Call) -> Reply:
+    _expect(args, 2, "waitforattach <devicePath> <json>")
+    parse_options(args[1], call)
+    return Reply(extra={"device": args[0]})
+
+
+def op_mountdevice(args: list[str], call: Call) -> Reply:
+    # With attach: false there is no device stage; mount does everything, so this is a no-op
+    # that never lets kubelet's default format a device.
+    _expect(args, 3, "mountdevice <deviceMountPath> <devicePath> <json>")
+    _directory(args[0], "deviceMountPath")
+    _validated(args[2], call, with_pod=False)
+    return Reply()
+
+
+def op_unmountdevice(args: list[str], call: Call) -> Reply:
+    _expect(args, 1, "unmountdevice <deviceMountPath>")
+    call.target = str(_directory(args[0], "deviceMountPath"))
+    return Reply()
+
+
+def op_mount(args: list[str], call: Call) -> Reply:
+    _expect(args, 2, "mount <podVolumeDir> <json>")
+    target = _directory(args[0], "mount directory")
+    call.target = str(target)
+    volume, backend, node = _validated(args[1], call, with_pod=True)
+    if not target.is_dir():
+        raise UsageError(f"mount directory {target} does not exist or is not a directory")
+    from flexhub.node.volumes import mount_volume
+
+    mount_volume(node, backend, target, volume)
+    return Reply()
+
+
+def op_unmount(args: list[str], call: Call) -> Reply:
+    _expect(args, 1, "unmount <podVolumeDir>")
+    target = _directory(args[0], "mount directory")
+    call.target = str(target)
+    from flexhub.loader import backend_factory
+    from flexhub.node import Node
+    from flexhub.node.volumes import unmount_volume
+
+    config = _config()
+    unmount_volume(Node(config), target, backend_factory(config, call))
+    return Reply()
+
+
+def op_expandvolume(args: list[str], call: Call) -> Reply:
+    # Controller side; upstream never runs it. The node grows the filesystem in expandfs.
+    _expect(args, 4, "expandvolume <json> <deviceMountPath> <newSize> <oldSize>")
+    parse_options(args[0], call)
+    _size(args[2], "newSize")
+    _size(args[3], "oldSize")
+    return Reply()
+
+
+def op_expandfs(args: list[str], call: Call) -> Reply:
+    _expect(args, 5, "expandfs <json> <devicePath> <podVolumeDir> <newSize> <oldSize>")
+    target = _directory(args[2], "mount directory")
+    call.target = str(target)
+    new_size = _size(args[3], "newSize")
+    _size(args[4], "oldSize")
+    volume, backend, node = _validated(args[0], call, with_pod=False)
+    from flexhub.node.volumes import expand_volume
+
+    expand_volume(node, backend, target, volume, new_size)
+    return Reply()
+
+
+OPERATIONS: Mapping[str, Handler] = {
+    "init": op_init,
+    "getvolumename": op_getvolumename,
+    "attach": op_attach,
+    "isattached": op_isattached,
+    "detach": op_detach,
+    "waitforattach": op_waitforattach,
+    "mountdevice": op_mountdevice,
+    "unmountdevice": op_unmountdevice,
+    "mount": op_mount,
+    "unmount": op_unmount,
+    "expandvolume": op_expandvolume,
+    "expandfs": op_expandfs,
+}
+
+
+# --- serving ----------------------------------------------------------------------------
+
+
+def _protect_streams() -> int:
+    """Send fds 1 and 2 to /dev/null and return a private duplicate of the real stdout."""
+    reply_fd = os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    os.set_inheritable(reply_fd, False)
+    return reply_fd
+
+
+def _scrub(text: str, secrets: list[str]) -> str:
+    for value in sorted(secrets, key=len, reverse=True):
+        if len(value) >= 3:
+            text = text.replace(value, "***")
+    return text
+
+
+def handle(args: list[str], call: Call) -> Reply:
+    """Run one call and turn every outcome into a :class:`Reply`."""
+    handler = OPERATIONS.get(call.operation)
+    if handler is None:
+        return Reply(status=NotSupported.status)
+    try:
+        return handler(args, call)
+    except FlexhubError as exc:
+        return Reply(status=exc.status, message=exc.message)
+    except Exception as exc:  # the reply must be JSON, whatever broke
+        from flexhub.logs import log_exception
+
+        log_exception(call)
+        return Reply(
+            status="Failure", message=one_line(f"internal error: {type(exc).__name__}: {exc}")
+        )
+
+
+def serve(argv: list[str]) -> int:
+    """Serve one kubelet call; returns the exit code."""
+    started = time.monotonic()
+    reply_fd = _protect_streams()
+    call = Call(operation=argv[0] if argv else "")
+    args = argv[1:]
+    from flexhub.logs import log_call, start_logging
+
+    if not argv:
+        reply = Reply(status="Failure", message="no operation given")
+    else:
+        start_logging(call, _config)
+        reply = handle(args, call)
+    reply.message = _scrub(reply.message, call.secrets)
+    log_call(call, reply.status, reply.message, time.monotonic() - started)
+    data = (reply.to_json() + "\n").encode()
+    while data:
+        written = os.write(reply_fd, data)
+        data = data[written:]
+    os.close(reply_fd)
+    return reply.exit_code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(serve(sys.argv[1:]))

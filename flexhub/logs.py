@@ -1,0 +1,98 @@
+"""The node log: one structured line per call, in a file, never on stdout or stderr.
+
+Secret values of the call are replaced by ``***`` in every record, whatever logger wrote it.
+Python warnings are captured into the same file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flexhub.config import NodeConfig
+    from flexhub.kubelet import Call
+
+__all__ = ["LOG_FILE", "log_call", "log_exception", "start_logging"]
+
+LOG_FILE = "flexhub.log"
+LOG = logging.getLogger("flexhub.calls")
+
+
+class _Redact(logging.Filter):
+    """Replace the call's secret values in a record's final text."""
+
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self.secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        values = [s for s in self.secrets if len(s) >= 3]
+        if values:
+            text = record.getMessage()
+            for value in sorted(values, key=len, reverse=True):
+                text = text.replace(value, "***")
+            record.msg, record.args = text, None
+            if record.exc_info and record.exc_info[1] is not None:
+                record.exc_text = None
+                formatted = logging.Formatter().formatException(record.exc_info)
+                for value in values:
+                    formatted = formatted.replace(value, "***")
+                record.exc_text = formatted
+        return True
+
+
+def start_logging(call: Call, config: Callable[[], NodeConfig]) -> None:
+    """Send flexhub's loggers (and warnings) to ``<log_dir>/flexhub.log``.
+
+    Logging must never break a call: when the config or the log directory is unusable the
+    call goes on without a log.
+    """
+    try:
+        cfg = config()
+        os.makedirs(cfg.log_dir, mode=0o700, exist_ok=True)
+        handler: logging.Handler = logging.handlers.WatchedFileHandler(
+            cfg.log_dir / LOG_FILE, encoding="utf-8"
+        )
+    except Exception:
+        return
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    )
+    handler.addFilter(_Redact(call.secrets))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(cfg.log_level.upper())
+    logging.captureWarnings(True)
+
+
+def log_call(call: Call, status: str, message: str, seconds: float) -> None:
+    """Write the call's one summary line (JSON after the prefix)."""
+    LOG.info(
+        "call %s",
+        json.dumps(
+            {
+                "op": call.operation,
+                "backend": call.backend,
+                "volume": call.volume,
+                "pod": call.pod_uid,
+                "dir": call.target,
+                "status": status,
+                "ms": round(seconds * 1000, 1),
+                "message": message,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            },
+            ensure_ascii=False,
+        ),
+    )
+
+
+def log_exception(call: Call) -> None:
+    LOG.error("unexpected error in %s", call.operation, exc_info=True)

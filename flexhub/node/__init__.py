@@ -1,0 +1,63 @@
+"""Node services shared by every backend: commands, mounts, locks, the state journal.
+
+Backends reach them through one :class:`Node` object (``self.node``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from flexhub.config import NodeConfig
+from flexhub.node.journal import Journal
+from flexhub.node.locks import lock as _lock
+from flexhub.node.mounts import MountTable, cleanup_mount_point
+from flexhub.node.runner import CommandRunner, SubprocessRunner
+
+__all__ = ["Node"]
+
+
+class Node:
+    """The services a backend may use.
+
+    :param config: the node configuration.
+    :param backend: the name of the backend these services are for (selects its config table).
+    :param runner: the command runner; tests pass a recording one.
+    """
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        backend: str = "",
+        runner: CommandRunner | None = None,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.runner: CommandRunner = runner or SubprocessRunner(timeout=config.command_timeout)
+        self.mounts = MountTable()
+        self.journal = Journal(config.state_dir)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.config.state_dir
+
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        """This backend's table of the node config (``[loopfile]`` for loopfile)."""
+        return self.config.backend_table(self.backend)
+
+    @contextmanager
+    def lock(self, kind: str, key: str, timeout: float | None = None) -> Iterator[None]:
+        """Hold the cross-process lock on ``(kind, key)``, waiting at most ``timeout`` s.
+
+        :raises LockTimeout: the lock stayed busy for the whole bound.
+        """
+        bound = self.config.lock_timeout if timeout is None else timeout
+        with _lock(self.state_dir / "locks", kind, key, bound):
+            yield
+
+    def unmount(self, target: Path) -> None:
+        """Unmount everything stacked on ``target``, escalating (normal, forced, lazy)."""
+        cleanup_mount_point(self.runner, target, self.config.unmount_timeout, self.mounts)

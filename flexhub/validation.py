@@ -1,0 +1,137 @@
+"""Validate a call's options against its backend's JSON Schema (draft 2020-12).
+
+Secrets (``kubernetes.io/secret/*``) are removed before validation, so no schema error can
+ever quote one. ``$ref`` s resolve only inside flexhub's own registry: never the network.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Mapping
+from functools import lru_cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from flexhub.errors import BackendError, InvalidOptions
+from flexhub.volume import SECRET_PREFIX
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
+    from referencing import Registry
+
+    from flexhub.backend import Backend
+
+__all__ = ["COMMON_SCHEMA_ID", "common_schema", "describe_error", "validate_options"]
+
+COMMON_SCHEMA_ID = "https://flexhub.invalid/schemas/common.json"
+_SHOWN_VALUE = 60
+
+
+@lru_cache(maxsize=1)
+def common_schema() -> dict[str, Any]:
+    """The shared definitions every backend schema may ``$ref``."""
+    text = resources.files("flexhub").joinpath("schemas/common.json").read_text("utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+def _registry(schema: Mapping[str, Any]) -> Registry:
+    from referencing import Registry, Resource
+    from referencing.exceptions import NoSuchResource
+    from referencing.jsonschema import DRAFT202012
+
+    def refuse(uri: str) -> Resource:
+        raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
+
+    resources_ = [Resource.from_contents(common_schema(), default_specification=DRAFT202012)]
+    if "$id" in schema:
+        resources_.append(Resource.from_contents(schema, default_specification=DRAFT202012))
+    pairs = [(uri, r) for r in resources_ if (uri := r.id())]
+    registry: Registry = Registry(retrieve=refuse).with_resources(pairs)  # type: ignore[call-arg]
+    return registry
+
+
+def validator_for(schema: Mapping[str, Any]) -> Any:
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(
+        schema,
+        registry=_registry(schema),
+        format_checker=Draft202012Validator.FORMAT_CHECKER,
+    )
+
+
+def validate_options(backend: type[Backend], options: Mapping[str, str]) -> None:
+    """Validate ``options`` (all strings, as parsed from kubelet's JSON) for ``backend``.
+
+    :raises InvalidOptions: one line naming the JSON path and what was expected.
+    :raises BackendError: the backend's schema itself is broken.
+    """
+    schema = backend.schema()
+    public = {k: v for k, v in options.items() if not k.startswith(SECRET_PREFIX)}
+    from jsonschema.exceptions import SchemaError, best_match
+    from referencing.exceptions import Unresolvable
+
+    try:
+        validator = validator_for(schema)
+        error = best_match(validator.iter_errors(public))
+    except (SchemaError, Unresolvable) as exc:
+        raise BackendError(f"backend schema is broken: {type(exc).__name__}: {exc}") from None
+    if error is not None:
+        raise InvalidOptions(describe_error(error, schema))
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    if len(text) > _SHOWN_VALUE:
+        text = text[: _SHOWN_VALUE - 4] + "...'"
+    return text
+
+
+def describe_error(error: ValidationError, schema: Mapping[str, Any]) -> str:
+    """Render one validation error as a short line a PV author can act on."""
+    path = error.json_path
+    kind = error.validator
+    detail: str
+    if kind == "additionalProperties":
+        allowed = sorted(schema.get("properties", {}))
+        extras = sorted(set(error.instance) - set(allowed))
+        extras = [e for e in extras if not e.startswith("kubernetes.io/")]
+        name = extras[0] if extras else "?"
+        hint = difflib.get_close_matches(name, allowed, n=1)
+        suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+        known = ", ".join(allowed)
+        return f"invalid options: unknown option {name[:80]!r}{suggestion}; known: {known}"
+    if kind == "required":
+        missing = [r for r in error.validator_value if r not in error.instance]
+        return (
+            f"invalid options: missing required option {missing[0]!r}"
+            if missing
+            else str(error.message)
+        )
+    if kind == "enum":
+        choices = ", ".join(repr(c) for c in error.validator_value)
+        detail = f"must be one of {choices}, not {_show(error.instance)}"
+    elif kind == "const":
+        detail = f"must be {error.validator_value!r}, not {_show(error.instance)}"
+    elif kind == "type":
+        detail = f"must be a {error.validator_value}, not {type(error.instance).__name__}"
+    elif kind == "pattern":
+        description = error.schema.get("description") if isinstance(error.schema, dict) else None
+        expected = description or f"text matching {error.validator_value}"
+        detail = f"{_show(error.instance)} is not valid: expected {expected}"
+    elif kind in ("maxLength", "minLength"):
+        detail = (
+            f"{'too long' if kind == 'maxLength' else 'too short'} ({kind} {error.validator_value})"
+        )
+    else:
+        detail = error.message if len(error.message) < 200 else error.message[:197] + "..."
+    return f"invalid option {path}: {detail}"
+
+
+def check_backend_schema(backend: type[Backend]) -> None:
+    """Meta-validate a backend's schema (tests and ``flexhub backends``, not per call)."""
+    from jsonschema import Draft202012Validator
+
+    Draft202012Validator.check_schema(backend.schema())

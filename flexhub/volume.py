@@ -1,0 +1,174 @@
+"""What a backend is told about a volume: options, secrets, pod and filesystem settings."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from flexhub.errors import InvalidOptions
+
+__all__ = [
+    "DEFAULT_FS_TYPE",
+    "KUBE_PREFIX",
+    "SECRET_PREFIX",
+    "PodInfo",
+    "Secret",
+    "Secrets",
+    "Volume",
+]
+
+KUBE_PREFIX = "kubernetes.io/"
+SECRET_PREFIX = "kubernetes.io/secret/"
+DEFAULT_FS_TYPE = "ext4"
+
+_FS_TYPE = "kubernetes.io/fsType"
+_READWRITE = "kubernetes.io/readwrite"
+_PV_NAME = "kubernetes.io/pvOrVolumeName"
+_FS_GROUP = "kubernetes.io/mounterArgs.FsGroup"
+_FS_GROUP_LEGACY = "kubernetes.io/fsGroup"
+
+
+class Secret:
+    """A secret value: its ``repr`` and ``str`` never show it; ``reveal()`` does."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """Return the secret text, for handing to a tool, never for logging."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+class Secrets(Mapping[str, Secret]):
+    """The ``kubernetes.io/secret/<key>`` values of a ``mount`` call, base64-decoded.
+
+    Keys are the Secret's own keys (without the prefix). Only ``mount`` carries secrets.
+    """
+
+    def __init__(self, values: Mapping[str, Secret] | None = None) -> None:
+        self._values = dict(values or {})
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> Secrets:
+        """Decode every ``kubernetes.io/secret/*`` entry of ``options``.
+
+        :raises InvalidOptions: a value is not valid base64 or not UTF-8 (named by key only).
+        """
+        values: dict[str, Secret] = {}
+        for key, raw in options.items():
+            if not key.startswith(SECRET_PREFIX):
+                continue
+            name = key[len(SECRET_PREFIX) :]
+            try:
+                text = base64.b64decode(raw, validate=True).decode("utf-8")
+            except (binascii.Error, ValueError):
+                raise InvalidOptions(
+                    f"secret key {name!r} is not base64-encoded UTF-8 text"
+                ) from None
+            values[name] = Secret(text)
+        return cls(values)
+
+    def __getitem__(self, key: str) -> Secret:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Secrets(keys={sorted(self._values)!r})"
+
+    def revealed(self) -> list[str]:
+        """Every secret value, for scrubbing text that a tool may have echoed."""
+        return [s.reveal() for s in self._values.values() if s.reveal()]
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """The pod a ``mount`` call is for (empty strings when kubelet sent none)."""
+
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    service_account: str = ""
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A volume as a backend sees it.
+
+    ``options`` holds only the backend's own, schema-validated keys: never a ``kubernetes.io/``
+    key and never a secret. For example, for a loopfile PV::
+
+        Volume(options={"backend": "loopfile", "file": "db/pg.img", "size": "1Gi"},
+               fs_type="ext4", read_only=False, name="pv-db", ...)
+    """
+
+    options: Mapping[str, str]
+    fs_type: str = ""
+    read_only: bool = False
+    name: str = ""
+    fs_group: int | None = None
+    pod: PodInfo | None = None
+    secrets: Secrets = field(default_factory=Secrets)
+
+    @property
+    def backend(self) -> str:
+        return self.options.get("backend", "")
+
+    @property
+    def mount_options(self) -> tuple[str, ...]:
+        """The ``mountOptions`` option split on commas (validated by the backend's schema)."""
+        raw = self.options.get("mountOptions", "")
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+    def fs_type_or_default(self) -> str:
+        return self.fs_type or DEFAULT_FS_TYPE
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], *, with_pod: bool = False) -> Volume:
+        """Build a volume from a validated options object as kubelet sends it."""
+        own = {k: v for k, v in options.items() if not k.startswith(KUBE_PREFIX)}
+        readwrite = options.get(_READWRITE, "rw")
+        if readwrite not in ("rw", "ro"):
+            raise InvalidOptions(f"invalid option $['{_READWRITE}']: must be 'rw' or 'ro'")
+        fs_group_raw = options.get(_FS_GROUP) or options.get(_FS_GROUP_LEGACY) or ""
+        fs_group: int | None = None
+        if fs_group_raw:
+            if not fs_group_raw.isdigit() or len(fs_group_raw) > 10:
+                raise InvalidOptions(f"{_FS_GROUP} must be a decimal group id")
+            fs_group = int(fs_group_raw)
+        pod = None
+        if with_pod:
+            pod = PodInfo(
+                name=options.get("kubernetes.io/pod.name", ""),
+                namespace=options.get("kubernetes.io/pod.namespace", ""),
+                uid=options.get("kubernetes.io/pod.uid", ""),
+                service_account=options.get("kubernetes.io/serviceAccount.name", ""),
+            )
+        return cls(
+            options=own,
+            fs_type=options.get(_FS_TYPE, ""),
+            read_only=readwrite == "ro",
+            name=options.get(_PV_NAME, ""),
+            fs_group=fs_group,
+            pod=pod,
+            secrets=Secrets.from_options(options),
+        )

@@ -1,0 +1,81 @@
+"""Shared fixtures: a node config in a temporary tree, an installed driver, a kubelet."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from flexhub.harness import KUBELET_ENV, DriverReply, Kubelet, parse_reply
+from flexhub.install import install
+
+pytest_plugins = ["tests.rig.fixtures"]
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_SITE = REPO / "tests" / "fixtures" / "site"
+PYTHON = sys.executable
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+needs_root = pytest.mark.skipif(not is_root(), reason="needs root (real mounts and loop devices)")
+
+
+@pytest.fixture
+def node_tree(tmp_path: Path) -> dict[str, Path]:
+    """A node's directories under tmp_path, and a config file naming them."""
+    tree = {
+        "state": tmp_path / "state",
+        "log": tmp_path / "log",
+        "loopfiles": tmp_path / "loopfiles",
+        "plugins": tmp_path / "plugins",
+        "kubelet": tmp_path / "kubelet",
+        "config": tmp_path / "flexhub.toml",
+    }
+    tree["config"].write_text(
+        f'state_dir = "{tree["state"]}"\n'
+        f'log_dir = "{tree["log"]}"\n'
+        "lock_timeout = 20\n"
+        f'[loopfile]\nroot = "{tree["loopfiles"]}"\n'
+    )
+    return tree
+
+
+@pytest.fixture
+def driver(node_tree: dict[str, Path]) -> Path:
+    """flexhub installed into a kubelet-style plugin directory."""
+    return install(node_tree["plugins"], config=node_tree["config"])
+
+
+@pytest.fixture
+def kubelet(driver: Path, node_tree: dict[str, Path]) -> Kubelet:
+    return Kubelet(driver=driver, root=node_tree["kubelet"])
+
+
+def run_flexhub(
+    args: list[str], config: Path | None = None, env: Mapping[str, str] | None = None
+) -> DriverReply:
+    """Run ``python -m flexhub`` like kubelet, with the test backends on the path."""
+    full_env = dict(KUBELET_ENV)
+    full_env["PYTHONPATH"] = str(TEST_SITE)
+    if config is not None:
+        full_env["FLEXHUB_CONFIG"] = str(config)
+    full_env.update(env or {})
+    argv = [PYTHON, "-m", "flexhub", *args]
+    proc = subprocess.run(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=full_env,
+        cwd="/",
+        timeout=120,
+        check=False,
+    )
+    return DriverReply(argv, proc.returncode, proc.stdout, parse_reply(proc.stdout))
