@@ -112,11 +112,12 @@ def uninstall(
 @app.command()
 def demo(
     keep: Annotated[bool, typer.Option(help="keep the temporary tree for inspection")] = False,
+    fs_type: Annotated[str, typer.Option(help="filesystem: xfs, ext4 or ext3")] = "xfs",
 ) -> None:
     """Replay kubelet's calls for a loopfile volume, for real (needs root)."""
     from flexhub.demo import run_demo
 
-    raise typer.Exit(run_demo(keep=keep))
+    raise typer.Exit(run_demo(keep=keep, fs_type=fs_type))
 
 
 def main(args: list[str]) -> int:

@@ -175,7 +175,10 @@ BAD_OPTIONS = [
     ('{"backend":"broken","tag":"t1"}', "backend 'broken' failed to import: ImportError: libfrob"),
     ('{"backend":"notabackend","tag":"t1"}', "does not provide a flexhub.backend.Backend"),
     ('{"backend":"echo"}', "missing required option 'tag'"),
-    ('{"backend":"echo","tag":"t1","sever":"x"}', "unknown option 'sever' (did you mean 'server'?)"),
+    (
+        '{"backend":"echo","tag":"t1","sever":"x"}',
+        "unknown option 'sever' (did you mean 'server'?)",
+    ),
     ('{"backend":"echo","tag":""}', "$.tag"),
     ('{"backend":"echo","tag":"a; rm -rf /"}', "expected a short lower-case tag"),
     ('{"backend":"echo","tag":"$(reboot)"}', "$.tag"),
@@ -248,7 +251,9 @@ def test_broken_node_config_fails_mount_but_not_init(tmp_path: Path) -> None:
 
 def test_secret_values_never_reach_reply_or_log(tmp_path: Path, node_tree: dict[str, Path]) -> None:
     secret = "hunter2-Zq9"
-    raw = mount_opts({"backend": "echo", "tag": "t1", "sever": secret}, secrets={"password": secret})
+    raw = mount_opts(
+        {"backend": "echo", "tag": "t1", "sever": secret}, secrets={"password": secret}
+    )
     raw2 = go_json({**json.loads(raw), "kubernetes.io/secret/password": secret})  # not base64
     for options in (raw, raw2):
         reply = run_flexhub(["mount", str(tmp_path), options], node_tree["config"])
@@ -276,7 +281,9 @@ def test_one_structured_log_line_per_call(node_tree: dict[str, Path]) -> None:
 
 
 @needs_root
-def test_mount_unmount_round_trip_through_core(kubelet: Kubelet, node_tree: dict[str, Path]) -> None:
+def test_mount_unmount_round_trip_through_core(
+    kubelet: Kubelet, node_tree: dict[str, Path]
+) -> None:
     pod = kubelet.new_pod_uid()
     options = Kubelet.mount_options(ECHO, pv="pv-1", pod_uid=pod)
     # the installed driver has no test backends on its path: call the module directly
@@ -322,7 +329,10 @@ def test_nothing_reaches_stderr_even_on_internal_errors(tmp_path: Path) -> None:
             [PYTHON, "-W", "error", "-m", "flexhub", *args],
             stdin=subprocess.DEVNULL,
             capture_output=True,
-            env={**KUBELET_ENV, "PYTHONPATH": str(Path(__file__).parent.parent / "fixtures" / "site")},
+            env={
+                **KUBELET_ENV,
+                "PYTHONPATH": str(Path(__file__).parent.parent / "fixtures" / "site"),
+            },
             cwd="/",
             check=False,
         )

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Host tools the loopfile and node-service tests use for real (idempotent).
+set -euo pipefail
+need=()
+for tool in losetup:util-linux mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs blkid:util-linux; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool#*:}")
+done
+if [ "${#need[@]}" -gt 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
