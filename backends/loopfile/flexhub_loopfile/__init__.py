@@ -1,0 +1,425 @@
+"""The ``loopfile`` backend: a filesystem stored in a file on the node, on a loop device.
+
+No server is needed, which makes it flexhub's embedded default. A PV names a file relative to
+the node's loopfile root (``[loopfile] root`` in the node config, default
+``/var/lib/flexhub/loopfiles``)::
+
+    options: {backend: loopfile, file: db/pg.img, size: 10Gi}
+
+Security: the file must stay inside the root. Absolute paths, ``..``, symlinks whose target
+leaves the root and anything that is not a regular file (device nodes, directories, FIFOs) are
+refused before anything is created, so a PV author cannot turn ``/etc/shadow`` or a host disk
+into a volume.
+
+Life cycle (the core takes the volume lock, formats, stages, binds and counts users):
+
+* :meth:`LoopfileBackend.attach` creates the file when missing (sparse, or fully allocated
+  with ``preallocate: "true"``; it appears atomically, already at its size), then reuses the
+  loop device already mapping that file or attaches a new one with ``losetup``
+  (``--direct-io=on`` when the kernel and filesystem allow it). Missing ``/dev/loopN`` nodes
+  are created.
+* :meth:`LoopfileBackend.detach` detaches the device only if flexhub attached it: see
+  :mod:`flexhub_loopfile._loop` for the ownership markers kept under
+  ``<state_dir>/loopfile/created``. A device somebody else set up is left attached. The file
+  always stays.
+* :meth:`LoopfileBackend.expand` grows the file, refreshes the loop device's capacity
+  (``losetup -c``) and checks it; the core then grows the filesystem. Shrinking is refused.
+
+File sizes are rounded up to a multiple of 4 KiB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import stat
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+
+from flexhub.backend import (
+    Attachment,
+    BlockBackend,
+    CommandError,
+    FlexhubError,
+    InvalidOptions,
+    Volume,
+    VolumeError,
+)
+from flexhub_loopfile import _loop
+from flexhub_loopfile._quantity import parse_quantity
+
+__all__ = ["DEFAULT_ROOT", "LoopfileBackend"]
+
+LOG = logging.getLogger(__name__)
+
+#: Where backing files live unless the node config's ``[loopfile] root`` says otherwise.
+DEFAULT_ROOT = "/var/lib/flexhub/loopfiles"
+#: Files are sized in whole 4 KiB blocks (what every filesystem here uses).
+BLOCK = 4096
+
+_ID_PREFIX = "loopfile:"
+#: Suffix of a file being created (its name starts with "." so no PV can name it).
+_NEW_SUFFIX = ".flexhub-new"
+_ATTEMPTS = 5
+_BUSY = "Device or resource busy"
+#: What losetup (util-linux 2.2x-2.4x) and libmount say when no free device node is usable.
+_NO_FREE = (
+    "cannot find an unused loop device",
+    "could not find any free loop device",
+    "No such file or directory",
+)
+
+
+def _round_up(size: int) -> int:
+    return -(-size // BLOCK) * BLOCK
+
+
+def _free_bytes(directory: Path) -> int:
+    try:
+        vfs = os.statvfs(directory)
+    except OSError:
+        return 0
+    return vfs.f_bavail * vfs.f_frsize
+
+
+class LoopfileBackend(BlockBackend):
+    """Block volumes backed by files under the node's loopfile root."""
+
+    schema_package = "flexhub_loopfile"
+
+    # --------------------------------------------------------------------------- paths
+
+    def _root(self) -> Path:
+        """The resolved loopfile root (it need not exist yet).
+
+        :raises FlexhubError: the node config's root is not a usable absolute path.
+        """
+        raw = self.node.settings.get("root", DEFAULT_ROOT)
+        if not isinstance(raw, str) or not raw.startswith("/") or "\0" in raw:
+            raise FlexhubError("node config: [loopfile] root must be an absolute path")
+        try:
+            root = Path(raw).resolve()
+        except (OSError, RuntimeError) as exc:
+            raise FlexhubError(f"node config: [loopfile] root {raw} unusable: {exc}") from None
+        if root == Path("/"):
+            raise FlexhubError("node config: [loopfile] root must not be /")
+        return root
+
+    def _resolve(self, volume: Volume) -> Path:
+        """The backing file of ``volume``, symlinks resolved, checked to be inside the root.
+
+        :raises InvalidOptions: ``file`` is missing, absolute, has ``..``, escapes the root
+            through a symlink, or names something that is not a regular file.
+        """
+        text = volume.options.get("file", "")
+        if not text:
+            raise InvalidOptions("option 'file' is required")
+        if "\0" in text or len(text) > 255:
+            raise InvalidOptions("option 'file' is not a valid path")
+        if text.startswith("/"):
+            raise InvalidOptions(f"option 'file' must be relative to the loopfile root: {text}")
+        parts = text.split("/")
+        if any(part in ("", ".", "..") for part in parts):
+            raise InvalidOptions(
+                f"option 'file' must not contain empty, '.' or '..' segments: {text}"
+            )
+        root = self._root()
+        try:
+            path = (root / PurePosixPath(text)).resolve()
+        except (OSError, RuntimeError) as exc:
+            raise InvalidOptions(f"option 'file' cannot be resolved: {text}: {exc}") from None
+        if path == root or not path.is_relative_to(root):
+            raise InvalidOptions(f"option 'file' escapes the loopfile root: {text}")
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            # The nearest existing ancestor must be a directory inside the root.
+            ancestor = path.parent
+            while not ancestor.exists() and ancestor != root:
+                ancestor = ancestor.parent
+            if ancestor.exists() and not ancestor.is_dir():
+                raise InvalidOptions(
+                    f"option 'file': {ancestor} is not a directory: {text}"
+                ) from None
+            return path
+        except OSError as exc:
+            raise InvalidOptions(f"option 'file' cannot be read: {text}: {exc.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidOptions(f"option 'file' is not a regular file: {text}")
+        return path
+
+    @staticmethod
+    def _size(volume: Volume) -> int | None:
+        text = volume.options.get("size", "")
+        if not text:
+            return None
+        try:
+            return parse_quantity(text)
+        except ValueError as exc:
+            raise InvalidOptions(f"option 'size': {exc}") from None
+
+    @staticmethod
+    def _preallocate(options: Mapping[str, str]) -> bool:
+        return options.get("preallocate", "false") == "true"
+
+    def _markers(self) -> _loop.Markers:
+        return _loop.Markers(Path(self.node.state_dir) / "loopfile" / "created")
+
+    # --------------------------------------------------------------------------- API
+
+    def check(self, volume: Volume) -> None:
+        """Check the file's place and kind, and that ``size`` is there when needed."""
+        path = self._resolve(volume)
+        size = self._size(volume)
+        if size is None and not path.exists():
+            raise InvalidOptions(
+                f"option 'size' is required: {volume.options.get('file')} does not exist yet"
+            )
+
+    def volume_id(self, volume: Volume) -> str:
+        """``loopfile:<resolved path>``: two PVs naming the same file are one volume."""
+        return _ID_PREFIX + str(self._resolve(volume))
+
+    def attach(self, volume: Volume) -> Attachment:
+        """Create the file if needed and return a loop device mapping it."""
+        path = self._resolve(volume)
+        self._ensure_file(path, volume)
+        markers = self._markers()
+        dev = _loop.find_for_file(path)
+        if dev is not None:
+            _loop.ensure_node(dev)
+            ours = markers.owns(dev, path)
+            if ours and not (markers.read(dev) or {}).get("diskseq"):
+                markers.write(dev, path, diskseq=dev.diskseq())  # complete a pending marker
+            LOG.info("reusing %s for %s (%s)", dev.path, path, "ours" if ours else "not ours")
+            return self._attachment(dev, path, created=ours)
+        dev = self._attach_new(path, markers)
+        return self._attachment(dev, path, created=True)
+
+    def detach(self, attachment: Attachment) -> None:
+        """Detach the loop device if flexhub attached it; leave anybody else's alone."""
+        name, index = _loop.loop_name(attachment.details.get("loop") or attachment.device)
+        dev = _loop.LoopDevice(name, index)
+        file = attachment.details.get("file", "")
+        markers = self._markers()
+        if dev.backing_file() is None:
+            LOG.info("%s is already detached", dev.path)
+            if (markers.read(dev) or {}).get("file") == file:
+                markers.remove(dev)
+            return
+        if not file or not markers.owns(dev, Path(file)):
+            LOG.info("leaving %s attached: flexhub did not attach it", dev.path)
+            return
+        result = self.node.runner(["losetup", "--detach", dev.path], check=False)
+        if result.returncode != 0:
+            text = (result.stderr or result.stdout).strip()
+            if "No such device" not in text and dev.backing_file() is not None:
+                raise VolumeError(f"cannot detach {dev.path} from {file}: {text}")
+        markers.remove(dev)
+        LOG.info("detached %s from %s", dev.path, file)
+
+    def expand(self, attachment: Attachment, volume: Volume, new_size: int) -> None:
+        """Grow the file to ``new_size`` bytes and the loop device with it."""
+        path = self._resolve(volume)
+        name, index = _loop.loop_name(attachment.details.get("loop") or attachment.device)
+        dev = _loop.LoopDevice(name, index)
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise VolumeError(f"cannot expand {path}: {exc.strerror}") from None
+        if dev.backing_identity() != (st.st_dev, st.st_ino):
+            raise VolumeError(f"cannot expand {path}: {dev.path} no longer maps it")
+        if new_size <= 0:
+            raise VolumeError(f"cannot expand {path} to {new_size} bytes")
+        target = _round_up(new_size)
+        current = st.st_size
+        if target < current:
+            raise VolumeError(
+                f"shrinking is refused: {path} is {current} bytes, asked for {new_size}"
+            )
+        if target > current:
+            self._grow(path, current, target, self._preallocate(volume.options))
+        if dev.size() < target:
+            self.node.runner(["losetup", "--set-capacity", dev.path])
+        if dev.size() < new_size:
+            raise VolumeError(
+                f"{dev.path} is {dev.size()} bytes after growing {path} to {target} bytes"
+            )
+        LOG.info("expanded %s from %d to %d bytes", path, current, target)
+
+    # --------------------------------------------------------------------------- helpers
+
+    @staticmethod
+    def _attachment(dev: _loop.LoopDevice, path: Path, *, created: bool) -> Attachment:
+        return Attachment(
+            device=dev.path,
+            details={"loop": dev.path, "file": str(path), "created": str(created).lower()},
+        )
+
+    def _ensure_file(self, path: Path, volume: Volume) -> None:
+        """Create the backing file at its size if it does not exist; it appears atomically."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            pass
+        else:
+            if not stat.S_ISREG(st.st_mode):
+                raise InvalidOptions(f"option 'file' is not a regular file: {path}")
+            if st.st_size == 0:
+                raise VolumeError(f"backing file {path} is empty")
+            return
+        size = self._size(volume)
+        if size is None:
+            raise InvalidOptions(
+                f"option 'size' is required: {volume.options.get('file')} does not exist yet"
+            )
+        size = _round_up(size)
+        root = self._root()
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Re-check now that the directories exist: nothing may have sneaked a symlink in.
+        real_parent = path.parent.resolve()
+        if real_parent != path.parent or not real_parent.is_relative_to(root):
+            raise InvalidOptions(f"option 'file' escapes the loopfile root: {path}")
+        # Leftovers of a creation that crashed (the volume lock is held: none is in progress).
+        for stale in path.parent.glob(f".{path.name}.*{_NEW_SUFFIX}"):
+            with contextlib.suppress(OSError):
+                stale.unlink()
+                LOG.info("removed %s, left by an interrupted creation", stale)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{_NEW_SUFFIX}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600)
+        try:
+            try:
+                if self._preallocate(volume.options):
+                    os.posix_fallocate(fd, 0, size)
+                else:
+                    os.ftruncate(fd, size)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                LOG.info("%s appeared while being created; using it", path)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise VolumeError(
+                    f"not enough room on the node for {path}: need {size} bytes, "
+                    f"{_free_bytes(path.parent)} free"
+                ) from None
+            raise VolumeError(f"cannot create {path}: {exc.strerror or exc}") from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        self._fsync_dir(path.parent)
+        LOG.info(
+            "created %s: %d bytes, %s",
+            path,
+            size,
+            "preallocated" if self._preallocate(volume.options) else "sparse",
+        )
+
+    @staticmethod
+    def _fsync_dir(directory: Path) -> None:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _grow(path: Path, current: int, target: int, preallocate: bool) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            try:
+                if preallocate:
+                    os.posix_fallocate(fd, current, target - current)
+                else:
+                    os.ftruncate(fd, target)
+                os.fsync(fd)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, current)
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise VolumeError(
+                        f"not enough room on the node to grow {path}: need "
+                        f"{target - current} more bytes, {_free_bytes(path.parent)} free"
+                    ) from None
+                raise VolumeError(f"cannot grow {path}: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
+
+    def _attach_new(self, path: Path, markers: _loop.Markers) -> _loop.LoopDevice:
+        """Attach ``path`` to a free loop device, leaving an ownership marker."""
+        with self.node.lock("loopdev", "allocate"):
+            markers.prune()
+            for _ in range(_ATTEMPTS):
+                index = _loop.free_index()
+                if index is None:
+                    return self._attach_with_find(path, markers)
+                dev = _loop.LoopDevice(f"loop{index}", index)
+                _loop.ensure_node(dev)
+                markers.write(dev, path)  # pending: survives a crash right after losetup
+                try:
+                    self._losetup(["losetup", "--show"], dev, path)
+                except CommandError as exc:
+                    markers.remove(dev)
+                    if _BUSY in str(exc):
+                        LOG.info("%s was taken meanwhile; trying another", dev.path)
+                        continue
+                    raise VolumeError(f"cannot attach {path} to a loop device: {exc}") from None
+                markers.write(dev, path, diskseq=dev.diskseq())
+                LOG.info("attached %s to %s", path, dev.path)
+                return dev
+        raise VolumeError(f"cannot attach {path}: loop devices kept being taken by others")
+
+    def _losetup(self, argv: list[str], dev: _loop.LoopDevice | None, path: Path) -> str:
+        """Run ``losetup`` with ``--direct-io=on``, again without it if that is what failed.
+
+        :returns: the device losetup printed.
+        """
+        tail = [dev.path, str(path)] if dev is not None else [str(path)]
+        try:
+            return self.node.runner([*argv, "--direct-io=on", *tail]).stdout.strip()
+        except CommandError as exc:
+            if _BUSY in str(exc) or any(text in str(exc) for text in _NO_FREE):
+                raise
+            # Perhaps only direct I/O was refused: the device may be attached anyway.
+            attached = _loop.find_for_file(path)
+            if attached is not None and (dev is None or attached == dev):
+                LOG.info("%s attached without direct I/O: %s", attached.path, exc)
+                return attached.path
+            LOG.info("losetup with direct I/O failed (%s); retrying without", exc)
+        return self.node.runner([*argv, *tail]).stdout.strip()
+
+    def _attach_with_find(self, path: Path, markers: _loop.Markers) -> _loop.LoopDevice:
+        """Attach with ``losetup --find`` (no ``/dev/loop-control``), creating missing nodes."""
+        for attempt in range(2):
+            try:
+                shown = self._losetup(["losetup", "--find", "--show"], None, path)
+            except CommandError as exc:
+                if attempt == 0 and any(text in str(exc) for text in _NO_FREE):
+                    created = self._create_free_nodes()
+                    if created:
+                        continue
+                raise VolumeError(f"cannot attach {path} to a loop device: {exc}") from None
+            name, index = _loop.loop_name(shown)
+            dev = _loop.LoopDevice(name, index)
+            markers.write(dev, path, diskseq=dev.diskseq())
+            LOG.info("attached %s to %s", path, dev.path)
+            return dev
+        raise VolumeError(f"cannot attach {path}: no free loop device")  # pragma: no cover
+
+    @staticmethod
+    def _create_free_nodes() -> int:
+        """Create ``/dev/loopN`` for every free loop device that lacks its node."""
+        created = 0
+        for dev in _loop.devices():
+            if dev.backing_file() is None and not (_loop.DEV / dev.name).exists():
+                _loop.ensure_node(dev)
+                created += 1
+        return created

@@ -1,0 +1,117 @@
+"""The human commands: backends, schema, validate, version, help."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from tests.conftest import PYTHON, TEST_SITE
+
+PV = """\
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: pv-good}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  flexVolume:
+    driver: k8s/flexhub
+    options: {backend: echo, tag: good}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: pv-typo}
+spec:
+  flexVolume:
+    driver: k8s/flexhub
+    readOnly: true
+    options: {backend: echo, tag: typo, sever: x}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web}
+spec:
+  containers: [{name: c, image: nginx}]
+  volumes:
+    - name: data
+      flexVolume: {driver: k8s/flexhub, options: {backend: nosuch}}
+    - name: other
+      flexVolume: {driver: other/driver, options: {anything: goes}}
+"""
+
+
+def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "-m", "flexhub", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(TEST_SITE)},
+        check=False,
+    )
+
+
+def test_version() -> None:
+    proc = cli("version")
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("flexhub ")
+
+
+def test_help_lists_commands() -> None:
+    proc = cli("--help")
+    assert proc.returncode == 0
+    for command in ("backends", "schema", "validate", "install", "demo"):
+        assert command in proc.stdout
+
+
+def test_backends_reports_broken_ones() -> None:
+    proc = cli("backends")
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines()}
+    assert "ok" in lines["echo"] and "flexhub-testbackends 0.0" in lines["echo"]
+    assert "BROKEN" in lines["broken"] and "libfrobnicate" in lines["broken"]
+    assert proc.returncode == 1  # a broken backend is worth a non-zero exit
+
+
+def test_schema_prints_the_backends_schema() -> None:
+    proc = cli("schema", "echo")
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout)["properties"]["backend"] == {"const": "echo"}
+    missing = cli("schema", "nosuch")
+    assert missing.returncode == 1
+    assert "unknown backend 'nosuch'" in missing.stderr
+
+
+def test_validate_manifest(tmp_path: Path) -> None:
+    manifest = tmp_path / "pv.yaml"
+    manifest.write_text(PV)
+    proc = cli("validate", str(manifest))
+    assert proc.returncode == 1
+    out = proc.stdout.splitlines()
+    assert out[0] == "PersistentVolume/pv-good: ok"
+    assert out[1].startswith("PersistentVolume/pv-typo: invalid options: unknown option 'sever'")
+    assert "did you mean 'server'" in out[1]
+    assert out[2].startswith("Pod/web volume data: unknown backend 'nosuch'")
+    assert len(out) == 3  # the other driver's volume is not ours
+
+
+def test_validate_options_json_from_stdin() -> None:
+    good = cli("validate", "-", stdin='{"backend": "echo", "tag": "x"}')
+    assert good.returncode == 0, good.stdout + good.stderr
+    bad = cli("validate", "-", stdin='{"backend": "echo", "tag": 7}')
+    assert bad.returncode == 1
+    assert "must be a string" in bad.stdout
+
+
+def test_validate_finds_nothing(tmp_path: Path) -> None:
+    manifest = tmp_path / "empty.yaml"
+    manifest.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    proc = cli("validate", str(manifest))
+    assert proc.returncode == 1
+    assert "no flexVolume with driver k8s/flexhub" in proc.stdout
+
+
+def test_usage_error_is_short() -> None:
+    proc = cli("schema")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
