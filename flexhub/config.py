@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +33,57 @@ _NUMBERS = ("lock_timeout", "command_timeout", "mount_timeout", "unmount_timeout
 _LEVELS = ("debug", "info", "warning", "error")
 
 
-@dataclass(frozen=True)
 class NodeConfig:
-    """Settings for one node. Unknown top-level tables are backend tables."""
+    """Settings for one node. Top-level tables of the file are backend tables.
 
-    state_dir: Path = Path("/var/lib/flexhub")
-    log_dir: Path = Path("/var/log/flexhub")
-    log_level: str = "info"
-    lock_timeout: float = 60.0
-    command_timeout: float = 120.0
-    mount_timeout: float = 60.0
-    unmount_timeout: float = 30.0
-    backends: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    source: Path | None = None
+    (A plain class rather than a dataclass: it is loaded on every kubelet call.)
+    """
+
+    __slots__ = (
+        "backends",
+        "command_timeout",
+        "lock_timeout",
+        "log_dir",
+        "log_level",
+        "mount_timeout",
+        "source",
+        "state_dir",
+        "unmount_timeout",
+    )
+
+    def __init__(
+        self,
+        *,
+        state_dir: Path = Path("/var/lib/flexhub"),
+        log_dir: Path = Path("/var/log/flexhub"),
+        log_level: str = "info",
+        lock_timeout: float = 60.0,
+        command_timeout: float = 120.0,
+        mount_timeout: float = 60.0,
+        unmount_timeout: float = 30.0,
+        backends: Mapping[str, Mapping[str, Any]] | None = None,
+        source: Path | None = None,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.log_dir = Path(log_dir)
+        self.log_level = log_level
+        self.lock_timeout = float(lock_timeout)
+        self.command_timeout = float(command_timeout)
+        self.mount_timeout = float(mount_timeout)
+        self.unmount_timeout = float(unmount_timeout)
+        self.backends: Mapping[str, Mapping[str, Any]] = dict(backends or {})
+        self.source = source
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in sorted(self.__slots__))
+        return f"NodeConfig({fields})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NodeConfig):
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]
 
     def backend_table(self, name: str) -> Mapping[str, Any]:
         """The ``[name]`` table of the file, or an empty mapping."""

@@ -14,7 +14,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,13 +39,17 @@ MAX_OPTIONS_BYTES = 256 * 1024
 MAX_VALUE_CHARS = 64 * 1024
 
 
-@dataclass
 class Reply:
     """One FlexVolume reply."""
 
-    status: str = "Success"
-    message: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("extra", "message", "status")
+
+    def __init__(
+        self, status: str = "Success", message: str = "", extra: dict[str, Any] | None = None
+    ) -> None:
+        self.status = status
+        self.message = message
+        self.extra = extra or {}
 
     def to_json(self) -> str:
         body: dict[str, Any] = {"status": self.status}
@@ -60,16 +63,21 @@ class Reply:
         return 0 if self.status == "Success" else 1
 
 
-@dataclass
 class Call:
-    """What is known about the call being served, for the log line."""
+    """What is known about the call being served, for the log line.
 
-    operation: str
-    backend: str = ""
-    volume: str = ""
-    pod_uid: str = ""
-    target: str = ""
-    secrets: list[str] = field(default_factory=list)
+    (Plain classes here, not dataclasses: this module is on every kubelet call.)
+    """
+
+    __slots__ = ("backend", "operation", "pod_uid", "secrets", "target", "volume")
+
+    def __init__(self, operation: str) -> None:
+        self.operation = operation
+        self.backend = ""
+        self.volume = ""
+        self.pod_uid = ""
+        self.target = ""
+        self.secrets: list[str] = []
 
 
 Handler = Callable[[list[str], Call], Reply]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import logging.handlers
 import os
 import time
 from collections.abc import Callable
@@ -47,6 +46,33 @@ class _Redact(logging.Filter):
         return True
 
 
+class _ReopeningFileHandler(logging.FileHandler):
+    """Append to a file, reopening it when logrotate moved it away.
+
+    (What ``logging.handlers.WatchedFileHandler`` does, without importing ``logging.handlers``,
+    whose socket, pickle and queue imports cost every kubelet call a few milliseconds.)
+    """
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, mode="a", encoding="utf-8", delay=False)
+        self._identity = self._stat_identity()
+
+    def _stat_identity(self) -> tuple[int, int]:
+        try:
+            st = os.stat(self.baseFilename)
+        except OSError:
+            return (-1, -1)
+        return (st.st_dev, st.st_ino)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        current = self._stat_identity()
+        if current != self._identity:
+            self.close()
+            self.stream = self._open()
+            self._identity = self._stat_identity()
+        super().emit(record)
+
+
 def start_logging(call: Call, config: Callable[[], NodeConfig]) -> None:
     """Send flexhub's loggers (and warnings) to ``<log_dir>/flexhub.log``.
 
@@ -56,9 +82,7 @@ def start_logging(call: Call, config: Callable[[], NodeConfig]) -> None:
     try:
         cfg = config()
         os.makedirs(cfg.log_dir, mode=0o700, exist_ok=True)
-        handler: logging.Handler = logging.handlers.WatchedFileHandler(
-            cfg.log_dir / LOG_FILE, encoding="utf-8"
-        )
+        handler: logging.Handler = _ReopeningFileHandler(str(cfg.log_dir / LOG_FILE))
     except Exception:
         return
     handler.setFormatter(

@@ -196,7 +196,6 @@ def test_bad_mount_options_fail_cleanly_and_change_nothing(
 ) -> None:
     target = tmp_path / "pod"
     target.mkdir()
-    before = Path("/proc/self/mountinfo").read_text()
     reply = run_flexhub(["mount", str(target), raw], node_tree["config"])
     assert reply.status == "Failure", reply.reply
     assert reply.returncode == 1
@@ -206,7 +205,7 @@ def test_bad_mount_options_fail_cleanly_and_change_nothing(
     assert not os.path.ismount(target)
     assert list(target.iterdir()) == []
     assert not (node_tree["state"] / "pods").exists()
-    assert Path("/proc/self/mountinfo").read_text() == before
+    assert str(tmp_path) not in Path("/proc/self/mountinfo").read_text()
 
 
 def test_non_utf8_argv_is_a_failure(tmp_path: Path, node_tree: dict[str, Path]) -> None:
