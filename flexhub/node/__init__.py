@@ -5,7 +5,7 @@ Backends reach them through one :class:`Node` object (``self.node``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,8 @@ from typing import Any
 from flexhub.config import NodeConfig
 from flexhub.node.journal import Journal
 from flexhub.node.locks import lock as _lock
-from flexhub.node.mounts import MountTable, cleanup_mount_point
+from flexhub.node.mounts import MountTable, cleanup_mount_point, is_corrupted
+from flexhub.node.mounts import mount as _mount
 from flexhub.node.runner import CommandRunner, SubprocessRunner
 
 __all__ = ["Node"]
@@ -61,3 +62,31 @@ class Node:
     def unmount(self, target: Path) -> None:
         """Unmount everything stacked on ``target``, escalating (normal, forced, lazy)."""
         cleanup_mount_point(self.runner, target, self.config.unmount_timeout, self.mounts)
+
+    def mount(
+        self,
+        source: str,
+        target: Path,
+        fs_type: str | None = None,
+        options: Sequence[str] = (),
+        secrets: Sequence[str] = (),
+    ) -> None:
+        """``mount -t FS -o OPTS SOURCE TARGET`` bounded by ``mount_timeout``, options checked.
+
+        :param secrets: values to mask in logs and errors (a password inside ``options``).
+        :raises InvalidOptions: an option that could change what or how is mounted.
+        :raises CommandError: mount failed or timed out.
+        """
+        _mount(
+            self.runner,
+            source,
+            target,
+            fs_type=fs_type,
+            options=options,
+            timeout=self.config.mount_timeout,
+            secrets=secrets,
+        )
+
+    def is_corrupted(self, path: Path) -> bool:
+        """Whether ``path`` is a stale or broken mount point (``stat`` fails or hangs)."""
+        return is_corrupted(path)

@@ -363,3 +363,11 @@ def test_kubelet_hot_path_imports_stay_lean(args: list[str], tmp_path: Path) -> 
     assert "flexhub.kubelet" in modules
     heavy = sorted(m for m in modules if m.split(".")[0] in LEAN_FORBIDDEN)
     assert heavy == []
+
+
+def test_stevedore_cache_lives_in_state_dir_without_home(node_tree: dict[str, Path]) -> None:
+    # kubelet gives drivers no HOME; stevedore must not fall back to ~ or create "./~"
+    reply = run_flexhub(["attach", opts(ECHO), "node-1"], node_tree["config"])
+    assert reply.ok, reply.reply
+    assert (node_tree["state"] / "cache" / "python-entrypoints").is_dir()
+    assert not Path("/~").exists()

@@ -1,0 +1,189 @@
+"""Safe format and mount (the rules of Kubernetes' ``SafeFormatAndMount``), and growing."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Sequence
+
+from flexhub.errors import CommandError, InvalidOptions, VolumeError
+from flexhub.node.mounts import check_mount_options, mount
+from flexhub.node.runner import CommandRunner
+
+__all__ = [
+    "GROW_TOLERANCE",
+    "SUPPORTED_FS_TYPES",
+    "device_size",
+    "filesystem_size",
+    "format_and_mount",
+    "grow_filesystem",
+    "probe",
+]
+
+LOG = logging.getLogger(__name__)
+
+#: The filesystems flexhub creates, and the ``mkfs`` command line of each.
+MKFS: dict[str, tuple[str, ...]] = {
+    "ext4": ("mkfs.ext4", "-F", "-m0"),
+    "ext3": ("mkfs.ext3", "-F", "-m0"),
+    "xfs": ("mkfs.xfs", "-f"),
+}
+SUPPORTED_FS_TYPES = frozenset(MKFS)
+
+#: ``fsck`` exit bits (fsck(8)): 1 errors corrected, 2 reboot advised, 4 errors left.
+FSCK_ERRORS_UNCORRECTED = 4
+
+#: A filesystem this close (bytes) to its device's size counts as fully grown.
+GROW_TOLERANCE = 16 * 1024 * 1024
+
+
+def _is_ext(fs_type: str) -> bool:
+    return fs_type in ("ext2", "ext3", "ext4")
+
+
+def probe(runner: CommandRunner, device: str) -> tuple[str | None, str | None]:
+    """Return ``(filesystem type, partition table type)`` found on ``device`` by ``blkid -p``.
+
+    ``(None, None)`` means the device is blank (blkid exit 2).
+
+    :raises CommandError: blkid failed otherwise (including exit 8, ambivalent probing: a
+        device blkid is not sure about is never formatted).
+    """
+    result = runner(
+        ["blkid", "-p", "-s", "TYPE", "-s", "PTTYPE", "-o", "export", "--", device], check=False
+    )
+    if result.returncode == 2:
+        return None, None
+    if result.returncode != 0:
+        detail = (result.stderr.strip() or result.stdout.strip())[:200]
+        raise CommandError(
+            f"blkid -p {device} failed (exit {result.returncode}): {detail}",
+            returncode=result.returncode,
+        )
+    values: dict[str, str] = {}
+    for line in result.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    return values.get("TYPE") or None, values.get("PTTYPE") or None
+
+
+def format_and_mount(
+    runner: CommandRunner,
+    device: str,
+    target: str | os.PathLike[str],
+    fs_type: str,
+    read_only: bool,
+    options: Sequence[str] = (),
+    mount_timeout: float | None = None,
+) -> bool:
+    """Mount ``device`` on ``target`` as ``fs_type``, creating the filesystem only if blank.
+
+    The rules: probe with ``blkid -p``; refuse a partition table; format only a device with
+    no filesystem, and never for a read-only mount; a filesystem of another type is a failure
+    naming both types (never a reformat); ``fsck -a`` a read-write ext filesystem first
+    (exit 1 and 2 are fine, 4 and above fail).
+
+    :returns: whether the device was formatted by this call.
+    :raises InvalidOptions: ``fs_type`` is not supported, or a mount option is forbidden.
+    :raises VolumeError: the device's content forbids the mount.
+    :raises CommandError: a tool failed.
+    """
+    if fs_type not in SUPPORTED_FS_TYPES:
+        raise InvalidOptions(
+            f"fsType {fs_type!r} is not supported (use one of {', '.join(sorted(MKFS))})"
+        )
+    opts = check_mount_options(options)
+    existing, table = probe(runner, device)
+    formatted = False
+    if table is not None:
+        raise VolumeError(
+            f"{device} holds a {table} partition table; flexhub neither formats nor mounts "
+            "partitioned devices"
+        )
+    if existing is None:
+        if read_only:
+            raise VolumeError(
+                f"{device} has no filesystem and the volume is read-only: refusing to format it"
+            )
+        LOG.info("formatting blank device %s as %s", device, fs_type)
+        runner([*MKFS[fs_type], "--", device])
+        formatted = True
+    elif existing != fs_type:
+        raise VolumeError(
+            f"{device} already holds a {existing} filesystem but fsType {fs_type} was "
+            f"requested: refusing to reformat it"
+        )
+    elif not read_only and _is_ext(existing):
+        result = runner(["fsck", "-a", "--", device], check=False)
+        if result.returncode >= FSCK_ERRORS_UNCORRECTED:
+            detail = (result.stdout.strip() or result.stderr.strip())[-300:]
+            raise VolumeError(
+                f"fsck -a {device} found errors it could not fix (exit {result.returncode}): "
+                f"{detail}"
+            )
+        if result.returncode:
+            LOG.warning("fsck -a %s corrected errors (exit %d)", device, result.returncode)
+    final = [o for o in opts if o not in ("ro", "rw")]
+    if read_only:
+        final.append("ro")
+    mount(runner, device, target, fs_type=fs_type, options=final, timeout=mount_timeout)
+    return formatted
+
+
+def device_size(runner: CommandRunner, device: str) -> int:
+    """The size of a block device in bytes (``blockdev --getsize64``)."""
+    out = runner(["blockdev", "--getsize64", device]).stdout.strip()
+    try:
+        return int(out)
+    except ValueError:
+        raise CommandError(f"blockdev --getsize64 {device} printed {out[:50]!r}") from None
+
+
+def filesystem_size(runner: CommandRunner, device: str, mount_point: str, fs_type: str) -> int:
+    """The size in bytes the filesystem itself claims (its superblock, not ``statvfs``)."""
+    if _is_ext(fs_type):
+        out = runner(["dumpe2fs", "-h", "--", device]).stdout
+        count = re.search(r"^Block count:\s+(\d+)", out, re.M)
+        size = re.search(r"^Block size:\s+(\d+)", out, re.M)
+        if count and size:
+            return int(count.group(1)) * int(size.group(1))
+        raise CommandError(f"dumpe2fs -h {device}: no block count in its output")
+    if fs_type == "xfs":
+        out = runner(["xfs_info", mount_point]).stdout
+        data = re.search(r"^data\s+=\s+bsize=(\d+)\s+blocks=(\d+)", out, re.M)
+        if data:
+            return int(data.group(1)) * int(data.group(2))
+        raise CommandError(f"xfs_info {mount_point}: no data section in its output")
+    raise VolumeError(f"cannot measure a {fs_type} filesystem")
+
+
+def grow_filesystem(runner: CommandRunner, device: str, mount_point: str, fs_type: str) -> int:
+    """Grow the mounted filesystem to fill ``device``, and verify that it did.
+
+    ``resize2fs DEVICE`` for ext filesystems, ``xfs_growfs MOUNTPOINT`` for xfs. Success is
+    never reported without checking the superblock afterwards: the filesystem must have grown,
+    or already fill the device (a retried call).
+
+    :returns: the filesystem size in bytes.
+    :raises CommandError: the grow tool failed.
+    :raises VolumeError: the filesystem type cannot grow, or did not grow.
+    """
+    if _is_ext(fs_type):
+        argv = ["resize2fs", "--", device]
+    elif fs_type == "xfs":
+        argv = ["xfs_growfs", "-d", "--", mount_point]
+    else:
+        raise VolumeError(f"cannot grow a {fs_type} filesystem")
+    before = filesystem_size(runner, device, mount_point, fs_type)
+    runner(argv)
+    after = filesystem_size(runner, device, mount_point, fs_type)
+    space = device_size(runner, device)
+    if after <= before and space - after > GROW_TOLERANCE:
+        raise VolumeError(
+            f"the {fs_type} filesystem on {device} did not grow ({after} bytes on a "
+            f"{space}-byte device)"
+        )
+    LOG.info("filesystem on %s is %d bytes (was %d, device %d)", device, after, before, space)
+    return after

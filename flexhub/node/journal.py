@@ -1,0 +1,298 @@
+"""The state journal: one durable JSON record per pod volume directory and per staged volume.
+
+Layout under ``state_dir``::
+
+    pods/<sha256(target)>.json        PodRecord: a pod directory flexhub mounted
+    volumes/<sha256(volume_id)>.json  VolumeRecord: a block device attached and staged once
+
+Every file is written atomically (temporary file in the same directory, ``fsync``, rename,
+``fsync`` of the directory), mode 0600, and carries ``"version"``: :data:`SCHEMA_VERSION`.
+Records hold only what is needed to undo a mount, **never a secret**. A record that cannot be
+read (corrupt, half-written, unknown version, wrong shape) is logged and treated as missing;
+callers then fall back to the mount table. Unknown extra fields are ignored, so a later
+release may add fields without breaking this one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from flexhub.errors import StateError
+
+__all__ = ["SCHEMA_VERSION", "Journal", "PodRecord", "VolumeRecord"]
+
+LOG = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PodRecord:
+    """A pod volume directory flexhub mounted.
+
+    ``staging`` is set for block volumes (the target is a bind of it), ``None`` for
+    filesystem backends (the backend mounted ``target`` itself).
+    """
+
+    target: str
+    backend: str
+    volume_id: str
+    staging: str | None = None
+    read_only: bool = False
+    details: dict[str, str] = field(default_factory=dict)
+    created: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class VolumeRecord:
+    """A block device attached by a backend and mounted once on a staging directory.
+
+    Written first as an *intent* (``device == ""``) before the backend attaches anything, with
+    the volume's ``options`` (the backend's own keys, never a secret), so that a crash during
+    attach can still be undone: the backend is asked to attach again (idempotent) and detach.
+    """
+
+    volume_id: str
+    backend: str
+    device: str
+    staging: str
+    fs_type: str
+    details: dict[str, str] = field(default_factory=dict)
+    created: float = field(default_factory=time.time)
+    options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pending(self) -> bool:
+        """Whether this is an intent written before the attach returned."""
+        return not self.device
+
+
+_R = TypeVar("_R", PodRecord, VolumeRecord)
+
+_KINDS: dict[type[Any], str] = {PodRecord: "pod", VolumeRecord: "volume"}
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _check_type(name: str, value: Any, record_type: type[Any]) -> bool:
+    hints = {f.name: f.type for f in dataclasses.fields(record_type)}
+    hint = str(hints[name])
+    if hint == "str":
+        return isinstance(value, str)
+    if hint == "str | None":
+        return value is None or isinstance(value, str)
+    if hint == "bool":
+        return isinstance(value, bool)
+    if hint == "float":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint == "dict[str, str]":
+        return isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        )
+    return False  # pragma: no cover - every field type is listed above
+
+
+def _decode(record_type: type[_R], data: Any) -> _R:
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    if data.get("version") != SCHEMA_VERSION:
+        raise ValueError(f"unsupported schema version {data.get('version')!r}")
+    if data.get("kind") != _KINDS[record_type]:
+        raise ValueError(f"kind {data.get('kind')!r} is not {_KINDS[record_type]!r}")
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(record_type):
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"missing field {f.name!r}")
+            continue
+        if not _check_type(f.name, data[f.name], record_type):
+            raise ValueError(f"field {f.name!r} has the wrong type")
+        kwargs[f.name] = data[f.name]
+    return record_type(**kwargs)
+
+
+class Journal:
+    """The records under ``state_dir``.
+
+    :param state_dir: flexhub's state directory (created 0700 on first write).
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = Path(state_dir)
+        self.pods_dir = self.state_dir / "pods"
+        self.volumes_dir = self.state_dir / "volumes"
+
+    # -- files ---------------------------------------------------------------------------------
+
+    def _pod_path(self, target: str | os.PathLike[str]) -> Path:
+        return self.pods_dir / f"{_digest(os.fspath(target))}.json"
+
+    def _volume_path(self, volume_id: str) -> Path:
+        return self.volumes_dir / f"{_digest(volume_id)}.json"
+
+    def _write(self, path: Path, record: PodRecord | VolumeRecord) -> None:
+        data = {"version": SCHEMA_VERSION, "kind": _KINDS[type(record)]}
+        data.update(dataclasses.asdict(record))
+        payload = json.dumps(data, sort_keys=True, indent=1).encode("utf-8")
+        directory = path.parent
+        tmp = directory / f".{path.name}.{os.getpid()}.tmp"
+        try:
+            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            directory.mkdir(mode=0o700, exist_ok=True)
+            fd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
+            )
+            try:
+                os.fchmod(fd, 0o600)
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            self._sync_dir(directory)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise StateError(f"cannot write state record {path}: {exc.strerror}") from None
+
+    @staticmethod
+    def _sync_dir(directory: Path) -> None:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _read(self, path: Path, record_type: type[_R]) -> _R | None:
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            LOG.warning("cannot read state record %s (%s): ignoring it", path, exc.strerror)
+            return None
+        try:
+            return _decode(record_type, json.loads(raw.decode("utf-8")))
+        except (ValueError, TypeError) as exc:
+            LOG.warning(
+                "corrupt or unreadable state record %s (%s): falling back to the mount table",
+                path,
+                exc,
+            )
+            return None
+
+    def _delete(self, path: Path) -> None:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StateError(f"cannot delete state record {path}: {exc.strerror}") from None
+        with contextlib.suppress(OSError):
+            self._sync_dir(path.parent)
+
+    def _all(self, directory: Path, record_type: type[_R]) -> Iterator[_R]:
+        try:
+            names = sorted(os.listdir(directory))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            LOG.warning("cannot list %s: %s", directory, exc.strerror)
+            return
+        for name in names:
+            if name.startswith(".") or not name.endswith(".json"):
+                continue
+            record = self._read(directory / name, record_type)
+            if record is not None:
+                yield record
+
+    # -- pods ----------------------------------------------------------------------------------
+
+    def put_pod(self, record: PodRecord) -> None:
+        """Write (or replace) the record of ``record.target``."""
+        self._write(self._pod_path(record.target), record)
+
+    def get_pod(self, target: str | os.PathLike[str]) -> PodRecord | None:
+        """The record of ``target``; ``None`` when missing or unreadable."""
+        record = self._read(self._pod_path(target), PodRecord)
+        if record is not None and record.target != os.fspath(target):
+            LOG.warning("state record for %s names %s: ignoring it", target, record.target)
+            return None
+        return record
+
+    def delete_pod(self, target: str | os.PathLike[str]) -> None:
+        """Remove the record of ``target`` (readable or not); no-op when absent."""
+        self._delete(self._pod_path(target))
+
+    def pods(self) -> list[PodRecord]:
+        """Every readable pod record."""
+        return list(self._all(self.pods_dir, PodRecord))
+
+    def pods_of(self, volume_id: str) -> list[PodRecord]:
+        """The readable pod records of ``volume_id``."""
+        return [r for r in self.pods() if r.volume_id == volume_id]
+
+    # -- volumes -------------------------------------------------------------------------------
+
+    def put_volume(self, record: VolumeRecord) -> None:
+        """Write (or replace) the record of ``record.volume_id``."""
+        self._write(self._volume_path(record.volume_id), record)
+
+    def get_volume(self, volume_id: str) -> VolumeRecord | None:
+        """The record of ``volume_id``; ``None`` when missing or unreadable."""
+        record = self._read(self._volume_path(volume_id), VolumeRecord)
+        if record is not None and record.volume_id != volume_id:
+            LOG.warning(
+                "state record for volume %s names %s: ignoring it", volume_id, record.volume_id
+            )
+            return None
+        return record
+
+    def volume_by_staging(self, staging: str | os.PathLike[str]) -> VolumeRecord | None:
+        """The readable volume record whose staging directory is ``staging``."""
+        wanted = os.fspath(staging)
+        for record in self.volumes():
+            if record.staging == wanted:
+                return record
+        return None
+
+    def delete_volume(self, volume_id: str) -> None:
+        """Remove the record of ``volume_id``; no-op when absent."""
+        self._delete(self._volume_path(volume_id))
+
+    def delete_volume_by_prefix(self, prefix: str) -> None:
+        """Remove the volume records whose file name starts with ``prefix`` (a hash prefix).
+
+        For a record that cannot be read, so its volume id is unknown, but whose staging
+        directory (named by the same hash) is known.
+        """
+        if len(prefix) < 16 or not all(c in "0123456789abcdef" for c in prefix):
+            return
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(self.volumes_dir):
+                if name.startswith(prefix) and name.endswith(".json"):
+                    LOG.warning("deleting unreadable volume record %s", self.volumes_dir / name)
+                    self._delete(self.volumes_dir / name)
+
+    def volumes(self) -> list[VolumeRecord]:
+        """Every readable volume record."""
+        return list(self._all(self.volumes_dir, VolumeRecord))
+
+
+def record_details(details: Mapping[str, str]) -> dict[str, str]:
+    """Copy backend details into a plain ``dict[str, str]`` for a record."""
+    return {str(k): str(v) for k, v in details.items()}

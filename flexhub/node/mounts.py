@@ -1,0 +1,379 @@
+"""The mount table (``/proc/self/mountinfo``), mounting, and unmounting with escalation."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from flexhub.errors import CommandError, CommandTimeout, InvalidOptions, VolumeError
+from flexhub.node.runner import CommandRunner
+
+__all__ = [
+    "CORRUPTED_ERRNOS",
+    "MOUNTINFO",
+    "MountEntry",
+    "MountTable",
+    "bind_mount",
+    "check_mount_options",
+    "cleanup_mount_point",
+    "is_corrupted",
+    "mount",
+    "remount",
+    "unmount",
+]
+
+LOG = logging.getLogger(__name__)
+
+MOUNTINFO = Path("/proc/self/mountinfo")
+
+#: ``stat`` errors that mean a mount point is corrupted or stale (as ``IsCorruptedMnt``).
+CORRUPTED_ERRNOS = frozenset(
+    {
+        errno.ENOTCONN,
+        errno.ESTALE,
+        errno.EIO,
+        errno.EACCES,
+        errno.EHOSTDOWN,
+        errno.EWOULDBLOCK,
+        errno.ENODEV,
+    }
+)
+
+#: How many mounts stacked on one path :func:`cleanup_mount_point` removes before giving up.
+MAX_STACKED = 32
+
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+def _unescape(field: str) -> str:
+    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    """One line of ``/proc/self/mountinfo`` (paths unescaped)."""
+
+    mount_id: int
+    parent_id: int
+    major_minor: str
+    root: str
+    mount_point: str
+    options: tuple[str, ...]
+    fs_type: str
+    source: str
+    super_options: tuple[str, ...]
+
+    @property
+    def read_only(self) -> bool:
+        """Whether this mount (the per-mount flags, not the superblock) is read-only."""
+        return "ro" in self.options
+
+    @classmethod
+    def parse(cls, line: str) -> MountEntry:
+        """Parse one mountinfo line.
+
+        :raises ValueError: the line does not have the mountinfo shape.
+        """
+        fields = line.split()
+        sep = fields.index("-", 6)
+        if len(fields) < sep + 3:
+            raise ValueError(f"short mountinfo line: {line!r}")
+        return cls(
+            mount_id=int(fields[0]),
+            parent_id=int(fields[1]),
+            major_minor=fields[2],
+            root=_unescape(fields[3]),
+            mount_point=_unescape(fields[4]),
+            options=tuple(fields[5].split(",")),
+            fs_type=_unescape(fields[sep + 1]),
+            source=_unescape(fields[sep + 2]),
+            super_options=tuple(fields[sep + 3].split(",")) if len(fields) > sep + 3 else (),
+        )
+
+
+def _norm(path: str | os.PathLike[str]) -> str:
+    # No realpath: resolving a stale mount point can hang. Callers pass real paths.
+    return os.path.normpath(os.path.abspath(os.fspath(path)))
+
+
+class MountTable:
+    """Questions about the node's mounts, answered from a fresh read of mountinfo each time.
+
+    :param source: the mountinfo file (tests pass a fixture file).
+    """
+
+    def __init__(self, source: Path = MOUNTINFO) -> None:
+        self.source = source
+
+    def entries(self) -> list[MountEntry]:
+        """Every mount, in mountinfo order (malformed lines are skipped and logged)."""
+        try:
+            text = self.source.read_text("utf-8", errors="surrogateescape")
+        except OSError as exc:
+            raise VolumeError(f"cannot read {self.source}: {exc.strerror}") from None
+        return parse_mountinfo(text)
+
+    def at(self, path: str | os.PathLike[str]) -> MountEntry | None:
+        """The topmost mount whose mount point is exactly ``path``, or ``None``."""
+        wanted = _norm(path)
+        here = [e for e in self.entries() if e.mount_point == wanted]
+        if not here:
+            return None
+        covered = {e.parent_id for e in here}
+        top = [e for e in here if e.mount_id not in covered]
+        return (top or here)[-1]
+
+    def is_mount_point(self, path: str | os.PathLike[str]) -> bool:
+        """Whether something is mounted exactly at ``path`` (no ``stat``: safe on stale mounts)."""
+        return self.at(path) is not None
+
+    def users_of(self, entry: MountEntry) -> list[MountEntry]:
+        """Every mount of the same device (same ``major:minor``), ``entry`` itself included."""
+        return [e for e in self.entries() if e.major_minor == entry.major_minor]
+
+    def by_source(self, source: str) -> list[MountEntry]:
+        """Every mount whose source is ``source`` (a device path or ``server:/export``)."""
+        return [e for e in self.entries() if e.source == source]
+
+    def under(self, path: str | os.PathLike[str]) -> list[MountEntry]:
+        """Every mount whose mount point is ``path`` or below it."""
+        base = _norm(path)
+        prefix = base.rstrip("/") + "/"
+        return [
+            e for e in self.entries() if e.mount_point == base or e.mount_point.startswith(prefix)
+        ]
+
+
+def parse_mountinfo(text: str) -> list[MountEntry]:
+    """Parse the text of a mountinfo file."""
+    entries: list[MountEntry] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            entries.append(MountEntry.parse(line))
+        except (ValueError, IndexError):
+            LOG.warning("skipping malformed mountinfo line %r", line)
+    return entries
+
+
+def is_corrupted(path: Path, timeout: float = 5.0) -> bool:
+    """Whether ``stat(path)`` fails like a stale or broken mount, or hangs past ``timeout``.
+
+    A missing path is not corrupted. The ``stat`` runs in a daemon thread, so a hang costs
+    ``timeout`` seconds and one parked thread, never the call.
+    """
+    outcome: list[BaseException | None] = []
+
+    def probe() -> None:
+        try:
+            os.stat(path)
+            outcome.append(None)
+        except OSError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=probe, name=f"stat {path}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not outcome:
+        LOG.warning("stat of %s hung for %gs: treating it as a corrupted mount", path, timeout)
+        return True
+    error = outcome[0]
+    if isinstance(error, OSError) and error.errno in CORRUPTED_ERRNOS:
+        LOG.warning("%s is a corrupted mount point: %s", path, os.strerror(error.errno or 0))
+        return True
+    return False
+
+
+_FORBIDDEN_EXACT = frozenset(
+    {
+        "remount",
+        "bind",
+        "rbind",
+        "move",
+        "loop",
+        "owner",
+        "user",
+        "users",
+    }
+)
+_FORBIDDEN_PREFIXES = (
+    "make-",
+    "x-",
+    "loop=",
+    "offset=",
+    "sizelimit=",
+    "encryption=",
+    "helper=",
+    "source=",
+    "src=",
+    "mkfs",
+    "fsck",
+    "fd=",
+    "uhelper=",
+    "comment=",
+)
+_OPTION_CHARS = re.compile(r"[A-Za-z0-9_.=:/+-]+")
+
+
+def check_mount_options(options: Iterable[str]) -> tuple[str, ...]:
+    """Reject any mount option that could change what or how something is mounted.
+
+    Defense in depth behind the backend schemas: no option may name another source, turn
+    the mount into a bind/move/remount, change propagation, or smuggle in characters that
+    ``mount`` or a helper could interpret.
+
+    :returns: the options, unchanged, as a tuple.
+    :raises InvalidOptions: naming the first forbidden option.
+    """
+    checked: list[str] = []
+    for option in options:
+        lowered = option.lower()
+        if (
+            not _OPTION_CHARS.fullmatch(option)
+            or option.startswith(("-", "="))
+            or lowered in _FORBIDDEN_EXACT
+            or lowered.startswith(_FORBIDDEN_PREFIXES)
+        ):
+            raise InvalidOptions(f"mount option {option!r} is not allowed")
+        checked.append(option)
+    return tuple(checked)
+
+
+def mount(
+    runner: CommandRunner,
+    source: str,
+    target: str | os.PathLike[str],
+    fs_type: str | None = None,
+    options: Sequence[str] = (),
+    timeout: float | None = None,
+    secrets: Sequence[str] = (),
+) -> None:
+    """``mount [-t FS] [-o OPTS] SOURCE TARGET``, options checked first.
+
+    :raises InvalidOptions: a forbidden option.
+    :raises CommandError: mount failed (secrets masked).
+    """
+    argv = ["mount"]
+    if fs_type:
+        argv += ["-t", fs_type]
+    opts = check_mount_options(options)
+    if opts:
+        argv += ["-o", ",".join(opts)]
+    argv += ["--", source, os.fspath(target)]
+    runner(argv, timeout=timeout, secrets=secrets)
+
+
+def remount(
+    runner: CommandRunner,
+    target: str | os.PathLike[str],
+    options: Sequence[str],
+    timeout: float | None = None,
+) -> None:
+    """``mount -o remount,OPTS TARGET`` (the caller chooses the options: not user input)."""
+    runner(
+        ["mount", "-o", ",".join(["remount", *options]), "--", os.fspath(target)], timeout=timeout
+    )
+
+
+def bind_mount(
+    runner: CommandRunner,
+    source: str | os.PathLike[str],
+    target: str | os.PathLike[str],
+    read_only: bool,
+    table: MountTable | None = None,
+    timeout: float | None = None,
+) -> None:
+    """Bind-mount ``source`` on ``target``; if ``read_only``, remount the bind read-only.
+
+    The read-only flag is verified in mountinfo: a bind that stayed writable is undone and
+    reported as a failure.
+
+    :raises VolumeError: the bind did not become read-only.
+    """
+    table = table or MountTable()
+    runner(["mount", "--bind", "--", os.fspath(source), os.fspath(target)], timeout=timeout)
+    if not read_only:
+        return
+    try:
+        runner(["mount", "-o", "remount,bind,ro", "--", os.fspath(target)], timeout=timeout)
+        entry = table.at(target)
+        if entry is None or not entry.read_only:
+            raise VolumeError(f"bind mount on {target} did not become read-only")
+    except (CommandError, VolumeError):
+        try:
+            unmount(runner, target, timeout or 30.0, table)
+        except CommandError as exc:
+            LOG.error("cannot undo the writable bind mount on %s: %s", target, exc)
+        raise
+
+
+def _gone(table: MountTable, path: str, before: MountEntry) -> bool:
+    now = table.at(path)
+    return now is None or now.mount_id != before.mount_id
+
+
+def unmount(
+    runner: CommandRunner,
+    path: str | os.PathLike[str],
+    timeout: float,
+    table: MountTable | None = None,
+) -> None:
+    """Remove the topmost mount at ``path``: ``umount``, then ``umount -f``, then ``umount -l``.
+
+    Each step is bounded by ``timeout``. Nothing mounted there is success. The outcome of each
+    step is judged by re-reading mountinfo, not by umount's exit status.
+
+    :raises CommandError: every step failed and the mount is still there.
+    """
+    table = table or MountTable()
+    where = _norm(path)
+    before = table.at(where)
+    if before is None:
+        return
+    last: CommandError | None = None
+    for flags in ((), ("-f",), ("-l",)):
+        try:
+            runner(["umount", *flags, "--", where], timeout=timeout)
+        except CommandError as exc:
+            last = exc
+            if _gone(table, where, before):
+                return
+            LOG.warning("umount %s %s failed, escalating: %s", " ".join(flags), where, exc)
+            continue
+        if _gone(table, where, before):
+            return
+        last = CommandError(f"umount {where} succeeded but it is still mounted")
+    assert last is not None
+    if isinstance(last, CommandTimeout):
+        raise last
+    raise CommandError(f"cannot unmount {where}: {last}", returncode=last.returncode)
+
+
+def cleanup_mount_point(
+    runner: CommandRunner,
+    path: str | os.PathLike[str],
+    timeout: float,
+    table: MountTable | None = None,
+) -> None:
+    """Unmount every mount stacked on ``path``, stale or corrupted ones included.
+
+    The directory itself stays (kubelet removes it). A path that does not exist, or where
+    nothing is mounted, is success.
+
+    :raises CommandError: a mount could not be removed, even lazily.
+    """
+    table = table or MountTable()
+    where = _norm(path)
+    for _ in range(MAX_STACKED):
+        if not table.is_mount_point(where):
+            return
+        unmount(runner, where, timeout, table)
+    if table.is_mount_point(where):
+        raise CommandError(f"more than {MAX_STACKED} mounts stacked on {where}")

@@ -1,0 +1,255 @@
+"""Run external commands safely: no shell, no inherited stdio, a timeout, secrets masked."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from flexhub.errors import CommandError, CommandTimeout, one_line
+
+__all__ = [
+    "DEFAULT_ENV",
+    "CommandRunner",
+    "RecordingRunner",
+    "Result",
+    "SubprocessRunner",
+    "mask",
+    "mask_text",
+]
+
+LOG = logging.getLogger(__name__)
+
+#: The environment every command starts from (``env`` arguments are merged on top).
+DEFAULT_ENV: Mapping[str, str] = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+
+#: Substrings of an option or key name that mark the next value as secret.
+_SECRET_NAMES = ("password", "passwd", "secret", "token", "credential")
+_MASK = "***"
+_EXCERPT = 400
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a finished command produced."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class CommandRunner(Protocol):
+    """Something that runs a command; :class:`SubprocessRunner` in production."""
+
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        secrets: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> Result:
+        """Run ``argv`` and return its :class:`Result`.
+
+        :raises CommandError: ``check`` is true and the command exited non-zero.
+        :raises CommandTimeout: the command ran past ``timeout`` and was killed.
+        """
+        ...
+
+
+def mask_text(text: str, secrets: Sequence[str]) -> str:
+    """Replace every non-empty value of ``secrets`` in ``text`` with ``***``."""
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, _MASK)
+    return text
+
+
+def _names_secret(word: str) -> bool:
+    lowered = word.lower()
+    return any(name in lowered for name in _SECRET_NAMES)
+
+
+def mask(argv: Sequence[str], secrets: Sequence[str] = ()) -> list[str]:
+    """Return ``argv`` safe to log: secret values and secret-looking arguments masked.
+
+    Besides every value of ``secrets`` (also inside a longer argument), this masks the value
+    after ``-v``/``--value`` when the preceding ``-n``/``--name`` names a password-like key
+    (``iscsiadm -n node.session.auth.password -v X``), the value of ``--password X`` style
+    options and of ``password=X`` pairs in an option list.
+    """
+    masked: list[str] = []
+    previous_name = ""
+    hide_next = False
+    for index, arg in enumerate(argv):
+        if hide_next:
+            masked.append(_MASK)
+            hide_next = False
+            continue
+        text = mask_text(arg, secrets)
+        value_flag = index > 0 and arg in ("-v", "--value") and _names_secret(previous_name)
+        long_flag = arg.startswith("--") and "=" not in arg and _names_secret(arg)
+        if value_flag or long_flag:
+            hide_next = True
+        elif "=" in text:
+            text = ",".join(
+                f"{part.split('=', 1)[0]}={_MASK}"
+                if "=" in part and _names_secret(part.split("=", 1)[0])
+                else part
+                for part in text.split(",")
+            )
+        if index > 0 and argv[index - 1] in ("-n", "--name"):
+            previous_name = arg
+        masked.append(text)
+    return masked
+
+
+def _excerpt(result_text: str, secrets: Sequence[str]) -> str:
+    text = one_line(mask_text(result_text, secrets), limit=_EXCERPT)
+    return text
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    except PermissionError:  # pragma: no cover - the group is ours
+        proc.kill()
+
+
+class SubprocessRunner:
+    """The production runner.
+
+    Each command runs without a shell, with stdin from ``/dev/null``, its output captured, in
+    its own session (process group), and is killed with its whole group after ``timeout``.
+
+    :param timeout: default bound in seconds for one command.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        secrets: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> Result:
+        """Run ``argv``; see :class:`CommandRunner`."""
+        args = tuple(str(a) for a in argv)
+        if not args:
+            raise CommandError("empty command")
+        bound = self.timeout if timeout is None else timeout
+        shown = " ".join(mask(args, secrets))
+        full_env = dict(DEFAULT_ENV)
+        if env:
+            full_env.update(env)
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+                env=full_env,
+                text=True,
+                errors="replace",
+            )
+        except OSError as exc:
+            raise CommandError(f"{shown} could not start: {exc.strerror or exc}") from None
+        try:
+            stdout, stderr = proc.communicate(timeout=bound)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            try:
+                # Grandchildren outside the group may still hold the pipes: do not wait long.
+                stdout, stderr = proc.communicate(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                for pipe in (proc.stdout, proc.stderr):
+                    if pipe is not None:
+                        pipe.close()
+                proc.wait()
+                stdout = stderr = ""
+            LOG.debug("%s timed out after %.3fs", shown, time.monotonic() - started)
+            raise CommandTimeout(
+                f"{shown} timed out after {bound:g}s and was killed", returncode=None
+            ) from None
+        finally:
+            if proc.returncode is None:  # an unexpected exception: never leave it running
+                _kill_group(proc)
+                proc.wait()
+        elapsed = time.monotonic() - started
+        LOG.debug("%s exited %d in %.3fs", shown, proc.returncode, elapsed)
+        result = Result(args, proc.returncode, stdout or "", stderr or "")
+        if check and result.returncode != 0:
+            raise command_error(result, secrets)
+        return result
+
+
+def command_error(result: Result, secrets: Sequence[str] = ()) -> CommandError:
+    """Build the :class:`CommandError` for a failed ``result``, secrets masked."""
+    shown = " ".join(mask(result.argv, secrets))
+    output = result.stderr.strip() or result.stdout.strip()
+    excerpt = _excerpt(output, secrets)
+    message = f"{shown} failed (exit {result.returncode})"
+    if excerpt:
+        message += f": {excerpt}"
+    return CommandError(message, returncode=result.returncode, output=excerpt)
+
+
+@dataclass
+class RecordingRunner:
+    """A test runner: records every (masked) argv and answers from a script.
+
+    ``script`` maps an argv prefix (a tuple) to a :class:`Result` or an exception to raise,
+    or a callable ``argv -> Result``; the longest matching prefix wins; the default answer is
+    exit 0 with empty output.
+    """
+
+    script: dict[tuple[str, ...], object] = field(default_factory=dict)
+    calls: list[list[str]] = field(default_factory=list)
+
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        secrets: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> Result:
+        """Record ``argv`` and return the scripted answer."""
+        args = tuple(str(a) for a in argv)
+        self.calls.append(mask(args, secrets))
+        answer: object = None
+        best = -1
+        for prefix, value in self.script.items():
+            if args[: len(prefix)] == prefix and len(prefix) > best:
+                answer, best = value, len(prefix)
+        if isinstance(answer, BaseException):
+            raise answer
+        if callable(answer):
+            answer = answer(args)
+        if isinstance(answer, Result):
+            result = Result(args, answer.returncode, answer.stdout, answer.stderr)
+        else:
+            result = Result(args, 0, "", "")
+        if check and result.returncode != 0:
+            raise command_error(result, secrets)
+        return result
+
+    def answer(self, *prefix: str, rc: int = 0, stdout: str = "", stderr: str = "") -> None:
+        """Script the answer to commands starting with ``prefix``."""
+        self.script[tuple(prefix)] = Result(tuple(prefix), rc, stdout, stderr)

@@ -1,0 +1,616 @@
+"""Mount, unmount and expand a volume for a pod: locks, journal, shared staging, rollback.
+
+This is what the core dispatcher calls for ``mount``, ``unmount`` and ``expandfs``.
+
+Block volumes (:class:`~flexhub.backend.BlockBackend`) are attached and mounted once per node
+on ``<state_dir>/staging/<sha256(volume id)[:32]>`` and bind-mounted into each pod directory.
+The last pod's ``unmount`` unmounts the staging directory and detaches the device. Who uses a
+staging mount is derived from the journal's pod records and checked against mountinfo, so the
+count heals after a crash or a reboot.
+
+Every step is journalled **before** it is taken (the volume record before formatting, the pod
+record before the bind), so that an interrupted call leaves enough state for the retry, or
+for ``unmount``, to converge.
+
+Locks: ``("pod", target)`` then ``("volume", volume id)`` then ``("staging", staging dir)``,
+always in that order; never a global lock.
+
+fsGroup: the driver reports ``fsGroup: false`` so kubelet never chowns. For a read-write block
+volume with ``kubernetes.io/mounterArgs.FsGroup``, flexhub sets the group of the
+filesystem's root directory to the fsGroup and adds ``g+rwx`` and setgid (other bits kept).
+Only the root directory, never recursively. Filesystem backends (NFS) skip it. Pods sharing a
+staging mount share its root directory: the last fsGroup applied wins.
+
+Mount options of a block volume apply when its staging mount is made (the first pod on the
+node); later pods share that mount.
+
+Test hook: :func:`checkpoint` is called between steps with the names in :data:`CHECKPOINTS`.
+When the environment variable ``FLEXHUB_TEST_CRASH_AT`` equals the name, the process kills
+itself with SIGKILL, so tests can interrupt a mount at each step. It is inert otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import signal
+import stat
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from flexhub.backend import Attachment, Backend, BlockBackend, FilesystemBackend
+from flexhub.errors import BackendError, FlexhubError, VolumeError
+from flexhub.node import Node
+from flexhub.node.fs import format_and_mount, grow_filesystem
+from flexhub.node.journal import PodRecord, VolumeRecord, record_details
+from flexhub.node.mounts import (
+    MountEntry,
+    bind_mount,
+    check_mount_options,
+    cleanup_mount_point,
+    is_corrupted,
+    remount,
+)
+from flexhub.volume import Volume
+
+__all__ = [
+    "CHECKPOINTS",
+    "CRASH_ENV",
+    "UNMOUNT_CHECKPOINTS",
+    "apply_fs_group",
+    "checkpoint",
+    "expand_volume",
+    "mount_volume",
+    "staging_dir",
+    "unmount_volume",
+]
+
+LOG = logging.getLogger(__name__)
+
+CRASH_ENV = "FLEXHUB_TEST_CRASH_AT"
+
+#: The steps of a block mount, in order, at which :func:`checkpoint` may crash the process.
+CHECKPOINTS = (
+    "pod-record",
+    "volume-intent",
+    "attached",
+    "volume-record",
+    "staged",
+    "bound",
+    "done",
+)
+#: The steps of a block unmount at which :func:`checkpoint` may crash the process.
+UNMOUNT_CHECKPOINTS = ("unbound", "unstaged", "released")
+
+#: Seconds given to the ``stat`` of a possibly stale mount point.
+STAT_TIMEOUT = 5.0
+
+
+def checkpoint(name: str) -> None:
+    """Test hook: SIGKILL this process when ``$FLEXHUB_TEST_CRASH_AT`` is ``name``."""
+    if os.environ.get(CRASH_ENV) == name:
+        LOG.warning("test hook: crashing at checkpoint %s", name)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def staging_dir(node: Node, volume_id: str) -> Path:
+    """The directory where the block volume ``volume_id`` is mounted once for the node."""
+    import hashlib
+
+    digest = hashlib.sha256(volume_id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return _staging_root(node) / digest
+
+
+def _staging_root(node: Node) -> Path:
+    # mountinfo shows resolved paths; state_dir is ours (never stale), so resolving is safe.
+    return Path(os.path.realpath(node.state_dir)) / "staging"
+
+
+def _abs(target: Path) -> Path:
+    return Path(os.path.normpath(os.path.abspath(target)))
+
+
+def _backend_name(node: Node, backend: Backend, volume: Volume) -> str:
+    return volume.backend or node.backend or type(backend).__name__
+
+
+def _check_no_secret(backend_name: str, details: dict[str, str], volume: Volume) -> None:
+    secrets = volume.secrets.revealed()
+    for key, value in details.items():
+        if any(secret in value or secret in key for secret in secrets):
+            raise BackendError(
+                f"backend {backend_name!r} returned a secret in its details ({key!r}): "
+                "refusing to journal it"
+            )
+
+
+def apply_fs_group(root: Path, gid: int) -> None:
+    """Give ``root`` (a filesystem's root directory) group ``gid``, ``g+rwx`` and setgid."""
+    info = os.stat(root)
+    if info.st_gid != gid:
+        os.chown(root, -1, gid)
+    mode = stat.S_IMODE(info.st_mode) | stat.S_IRWXG | stat.S_ISGID
+    if mode != stat.S_IMODE(info.st_mode):
+        os.chmod(root, mode)
+
+
+@contextlib.contextmanager
+def _volume_locks(node: Node, volume_id: str | None, staging: Path) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        if volume_id is not None:
+            stack.enter_context(node.lock("volume", volume_id))
+        stack.enter_context(node.lock("staging", str(staging)))
+        yield
+
+
+def _same_device(entry: MountEntry | None, other: MountEntry | None) -> bool:
+    return entry is not None and other is not None and entry.major_minor == other.major_minor
+
+
+def _device_number(device: str) -> str | None:
+    try:
+        rdev = os.stat(device).st_rdev
+    except OSError:
+        return None
+    return f"{os.major(rdev)}:{os.minor(rdev)}"
+
+
+def _clean_if_corrupted(node: Node, path: Path) -> MountEntry | None:
+    """Unmount ``path`` if it is a corrupted mount point; return what is mounted there now."""
+    entry = node.mounts.at(path)
+    if entry is not None and is_corrupted(path, STAT_TIMEOUT):
+        LOG.warning(
+            "cleaning corrupted mount point %s (%s from %s)", path, entry.fs_type, entry.source
+        )
+        cleanup_mount_point(node.runner, path, node.config.unmount_timeout, node.mounts)
+        entry = node.mounts.at(path)
+    return entry
+
+
+# -- mount ---------------------------------------------------------------------------------------
+
+
+def mount_volume(node: Node, backend: Backend, target: Path, volume: Volume) -> None:
+    """Mount ``volume`` on the pod directory ``target``; idempotent, rolled back on failure.
+
+    :raises FlexhubError: the mount failed; what this call did was undone.
+    """
+    target = _abs(target)
+    check_mount_options(volume.mount_options)
+    volume_id = backend.volume_id(volume)
+    with node.lock("pod", str(target)):
+        if isinstance(backend, BlockBackend):
+            _mount_block(node, backend, target, volume, volume_id)
+        elif isinstance(backend, FilesystemBackend):
+            _mount_filesystem(node, backend, target, volume, volume_id)
+        else:
+            raise BackendError(f"backend {type(backend).__name__} is neither block nor filesystem")
+
+
+def _mount_filesystem(
+    node: Node, backend: FilesystemBackend, target: Path, volume: Volume, volume_id: str
+) -> None:
+    name = _backend_name(node, backend, volume)
+    with node.lock("volume", volume_id):
+        record = node.journal.get_pod(target)
+        entry = _clean_if_corrupted(node, target)
+        if entry is not None:
+            if record is not None and record.volume_id == volume_id and record.staging is None:
+                LOG.info("%s is already mounted (%s): nothing to do", target, volume_id)
+                return
+            raise VolumeError(f"{target} is already a mount point of {entry.source}")
+        node.journal.put_pod(PodRecord(str(target), name, volume_id, None, volume.read_only))
+        checkpoint("pod-record")
+        try:
+            target.mkdir(mode=0o750, parents=True, exist_ok=True)
+            details = record_details(backend.mount(target, volume))
+            _check_no_secret(name, details, volume)
+            checkpoint("bound")
+            node.journal.put_pod(
+                PodRecord(str(target), name, volume_id, None, volume.read_only, details)
+            )
+        except BaseException:
+            _undo_filesystem(node, backend, target)
+            raise
+        checkpoint("done")
+
+
+def _undo_filesystem(node: Node, backend: FilesystemBackend, target: Path) -> None:
+    try:
+        if node.mounts.is_mount_point(target):
+            backend.unmount(target, {})
+        cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
+        node.journal.delete_pod(target)
+    except (FlexhubError, OSError) as exc:
+        LOG.error("rollback of the mount on %s failed: %s", target, exc)
+
+
+def _mount_block(
+    node: Node, backend: BlockBackend, target: Path, volume: Volume, volume_id: str
+) -> None:
+    name = _backend_name(node, backend, volume)
+    fs_type = volume.fs_type_or_default()
+    staging = staging_dir(node, volume_id)
+    with _volume_locks(node, volume_id, staging):
+        staged = _clean_if_corrupted(node, staging)
+        here = _clean_if_corrupted(node, target)
+        record = node.journal.get_pod(target)
+        if here is not None:
+            if _same_device(here, staged) and here.read_only == volume.read_only:
+                if record is None or record.staging != str(staging):
+                    node.journal.put_pod(
+                        PodRecord(str(target), name, volume_id, str(staging), volume.read_only)
+                    )
+                if not _record_matches(node.journal.get_volume(volume_id), staged):
+                    LOG.warning("re-journalling the staged volume %s", volume_id)
+                    _attach_and_record(
+                        node, backend, volume, volume_id, name, staging, staged, _Progress()
+                    )
+                LOG.info("%s is already mounted (%s): nothing to do", target, volume_id)
+                return
+            if record is None or record.volume_id != volume_id:
+                raise VolumeError(f"{target} is already a mount point of {here.source}")
+            # Our own leftover (an interrupted call, or the wrong mode): start again.
+            cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
+        progress = _Progress()
+        try:
+            _do_mount_block(
+                node, backend, target, volume, volume_id, name, fs_type, staging, staged, progress
+            )
+        except BaseException:
+            _undo_block(node, backend, target, volume_id, staging, progress)
+            raise
+
+
+class _Progress:
+    """What a block mount call changed, for its rollback."""
+
+    def __init__(self) -> None:
+        self.attachment: Attachment | None = None
+        self.staged = False
+        self.pod_record = False
+        self.bound = False
+
+
+def _do_mount_block(
+    node: Node,
+    backend: BlockBackend,
+    target: Path,
+    volume: Volume,
+    volume_id: str,
+    name: str,
+    fs_type: str,
+    staging: Path,
+    staged: MountEntry | None,
+    progress: _Progress,
+) -> None:
+    journal = node.journal
+    journal.put_pod(PodRecord(str(target), name, volume_id, str(staging), volume.read_only))
+    progress.pod_record = True
+    checkpoint("pod-record")
+    vrecord = journal.get_volume(volume_id)
+    if staged is None or not _record_matches(vrecord, staged):
+        vrecord = _attach_and_record(
+            node, backend, volume, volume_id, name, staging, staged, progress
+        )
+    assert vrecord is not None
+    if staged is None:
+        staging.mkdir(mode=0o700, parents=True, exist_ok=True)
+        formatted = format_and_mount(
+            node.runner,
+            vrecord.device,
+            staging,
+            fs_type,
+            volume.read_only,
+            volume.mount_options,
+            node.config.mount_timeout,
+        )
+        progress.staged = True
+        LOG.info(
+            "staged %s (%s%s) on %s",
+            volume_id,
+            vrecord.device,
+            ", formatted" if formatted else "",
+            staging,
+        )
+        checkpoint("staged")
+        staged = node.mounts.at(staging)
+        if staged is None:
+            raise VolumeError(f"{staging} is not a mount point after mounting it")
+    if staged.fs_type != fs_type:
+        raise VolumeError(
+            f"{vrecord.device} holds a {staged.fs_type} filesystem but fsType {fs_type} was "
+            "requested"
+        )
+    if not volume.read_only and "ro" in staged.options:
+        LOG.info("remounting %s read-write for %s", staging, target)
+        remount(node.runner, staging, ["rw"], node.config.mount_timeout)
+    target.mkdir(mode=0o750, parents=True, exist_ok=True)
+    bind_mount(
+        node.runner, staging, target, volume.read_only, node.mounts, node.config.mount_timeout
+    )
+    progress.bound = True
+    checkpoint("bound")
+    if volume.fs_group is not None and not volume.read_only:
+        apply_fs_group(staging, volume.fs_group)
+    checkpoint("done")
+
+
+def _record_matches(record: VolumeRecord | None, staged: MountEntry | None) -> bool:
+    """Whether ``record`` names the device that is mounted on the staging directory."""
+    return (
+        record is not None
+        and staged is not None
+        and not record.pending
+        and _device_number(record.device) == staged.major_minor
+    )
+
+
+def _attach_and_record(
+    node: Node,
+    backend: BlockBackend,
+    volume: Volume,
+    volume_id: str,
+    name: str,
+    staging: Path,
+    staged: MountEntry | None,
+    progress: _Progress,
+) -> VolumeRecord:
+    """Journal the intent, attach (idempotent), journal the attachment."""
+    fs_type = volume.fs_type_or_default()
+    options = record_details(volume.options)
+    _check_no_secret(name, options, volume)
+    node.journal.put_volume(
+        VolumeRecord(volume_id, name, "", str(staging), fs_type, {}, options=options)
+    )
+    checkpoint("volume-intent")
+    attachment = backend.attach(volume)
+    progress.attachment = attachment
+    checkpoint("attached")
+    details = record_details(attachment.details)
+    _check_no_secret(name, details, volume)
+    if staged is not None and _device_number(attachment.device) != staged.major_minor:
+        raise VolumeError(
+            f"{staging} holds {staged.source}, not {attachment.device}: refusing to share it"
+        )
+    record = VolumeRecord(
+        volume_id, name, attachment.device, str(staging), fs_type, details, options=options
+    )
+    node.journal.put_volume(record)
+    checkpoint("volume-record")
+    return record
+
+
+def _undo_block(
+    node: Node,
+    backend: BlockBackend,
+    target: Path,
+    volume_id: str,
+    staging: Path,
+    progress: _Progress,
+) -> None:
+    """Undo a failed block mount: the bind, and the staging and device if nobody uses them."""
+    try:
+        if progress.bound or node.mounts.is_mount_point(target):
+            cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
+        node.journal.delete_pod(target)
+        if _users(node, staging, exclude=target):
+            return
+        cleanup_mount_point(node.runner, staging, node.config.unmount_timeout, node.mounts)
+        record = node.journal.get_volume(volume_id)
+        if progress.attachment is not None:
+            backend.detach(progress.attachment)
+        elif record is not None:
+            _detach(backend, record)
+        node.journal.delete_volume(volume_id)
+        _remove_dir(staging)
+    except (FlexhubError, OSError) as exc:
+        LOG.error("rollback of the mount of %s on %s failed: %s", volume_id, target, exc)
+
+
+def _users(node: Node, staging: Path, exclude: Path) -> list[str]:
+    """The pod directories still bound to the staging mount (journal checked by mountinfo).
+
+    Pod records of this staging directory whose target is no longer bound to it are stale
+    (a crash, a reboot) and are pruned; the caller holds the volume's locks, so no mount of
+    it is in flight. Binds found in mountinfo but missing from the journal (a lost record)
+    count too: a staging mount is never pulled from under a pod.
+    """
+    staged = node.mounts.at(staging)
+    users: set[str] = set()
+    for record in node.journal.pods():
+        if record.staging != str(staging) or record.target == str(exclude):
+            continue
+        bound = node.mounts.at(record.target)
+        if _same_device(bound, staged):
+            users.add(record.target)
+        else:
+            LOG.info("pruning stale pod record of %s (not bound to %s)", record.target, staging)
+            with contextlib.suppress(FlexhubError):
+                node.journal.delete_pod(record.target)
+    if staged is not None:
+        for entry in node.mounts.users_of(staged):
+            point = entry.mount_point
+            if point in (str(staging), str(exclude)) or point in users:
+                continue
+            if Path(point).parent == staging.parent:
+                continue  # another staging dir of the same device: not a pod
+            LOG.warning("%s is bound to %s without a pod record: counting it", point, staging)
+            users.add(point)
+    return sorted(users)
+
+
+def _detach(backend: BlockBackend, record: VolumeRecord) -> None:
+    """Release the device of ``record``; for an intent, attach again (idempotent) first."""
+    if not record.pending:
+        backend.detach(Attachment(record.device, dict(record.details)))
+        return
+    if not record.options:
+        LOG.warning("intent record of %s has no options: cannot release it", record.volume_id)
+        return
+    LOG.info("%s was interrupted during attach: re-attaching to detach it", record.volume_id)
+    volume = Volume(options=dict(record.options), fs_type=record.fs_type)
+    try:
+        attachment = backend.attach(volume)
+    except FlexhubError as exc:
+        LOG.warning(
+            "cannot re-attach %s to release it (%s): assuming nothing is attached",
+            record.volume_id,
+            exc,
+        )
+        return
+    backend.detach(attachment)
+
+
+def _remove_dir(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EBUSY):
+            raise
+
+
+# -- unmount -------------------------------------------------------------------------------------
+
+
+def unmount_volume(node: Node, target: Path, load_backend: Callable[[str], Backend]) -> None:
+    """Unmount the pod directory ``target`` and release what no other pod uses.
+
+    Idempotent: a directory that is not mounted, no longer exists, or has no (readable)
+    record is success after cleaning what remains. A corrupt record falls back to mountinfo.
+
+    :param load_backend: returns the backend instance of a journalled backend name.
+    """
+    target = _abs(target)
+    with node.lock("pod", str(target)):
+        record = node.journal.get_pod(target)
+        if record is not None and record.staging is None:
+            _unmount_filesystem(node, target, record, load_backend)
+            return
+        staging: Path | None = Path(record.staging) if record and record.staging else None
+        volume_id = record.volume_id if record else None
+        if record is None:
+            staging, volume_id = _guess_staging(node, target)
+        if staging is None:
+            cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
+            node.journal.delete_pod(target)
+            return
+        with _volume_locks(node, volume_id, staging):
+            cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
+            checkpoint("unbound")
+            _release(node, staging, volume_id, target, load_backend)
+            checkpoint("released")
+            node.journal.delete_pod(target)
+
+
+def _unmount_filesystem(
+    node: Node, target: Path, record: PodRecord, load_backend: Callable[[str], Backend]
+) -> None:
+    with node.lock("volume", record.volume_id):
+        if node.mounts.is_mount_point(target):
+            backend = load_backend(record.backend)
+            if isinstance(backend, FilesystemBackend):
+                backend.unmount(target, record.details)
+        cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
+        node.journal.delete_pod(target)
+
+
+def _guess_staging(node: Node, target: Path) -> tuple[Path | None, str | None]:
+    """Without a pod record: find the staging mount ``target`` is a bind of, from mountinfo."""
+    here = node.mounts.at(target)
+    if here is None:
+        return None, None
+    root = str(_staging_root(node))
+    for entry in node.mounts.users_of(here):
+        if entry.mount_point != str(target) and str(Path(entry.mount_point).parent) == root:
+            staging = Path(entry.mount_point)
+            record = node.journal.volume_by_staging(staging)
+            LOG.warning(
+                "no readable record for %s: it is a bind of %s (volume %s)",
+                target,
+                staging,
+                record.volume_id if record else "unknown",
+            )
+            return staging, record.volume_id if record else None
+    return None, None
+
+
+def _release(
+    node: Node,
+    staging: Path,
+    volume_id: str | None,
+    target: Path,
+    load_backend: Callable[[str], Backend],
+) -> None:
+    """Unmount the staging directory and detach the device, unless another pod uses them."""
+    users = _users(node, staging, exclude=target)
+    if users:
+        LOG.info("%s stays staged: still used by %d pod(s)", staging, len(users))
+        return
+    record = (
+        node.journal.get_volume(volume_id)
+        if volume_id is not None
+        else node.journal.volume_by_staging(staging)
+    )
+    staged = node.mounts.at(staging)
+    cleanup_mount_point(node.runner, staging, node.config.unmount_timeout, node.mounts)
+    checkpoint("unstaged")
+    if record is None:
+        if staged is not None:
+            LOG.warning(
+                "no readable record for %s: %s unmounted but left attached", staging, staged.source
+            )
+        node.journal.delete_volume_by_prefix(staging.name)
+    else:
+        backend = load_backend(record.backend)
+        if not isinstance(backend, BlockBackend):
+            raise BackendError(f"backend {record.backend!r} is not a block backend")
+        _detach(backend, record)
+        node.journal.delete_volume(record.volume_id)
+    _remove_dir(staging)
+    LOG.info("released %s", record.volume_id if record else staging)
+
+
+# -- expand --------------------------------------------------------------------------------------
+
+
+def expand_volume(
+    node: Node, backend: Backend, target: Path, volume: Volume, new_size: int
+) -> None:
+    """Grow the volume to ``new_size`` bytes and its filesystem with it, verified.
+
+    :raises VolumeError: the volume is not staged on this node, or the filesystem did not grow.
+    """
+    volume_id = backend.volume_id(volume)
+    if isinstance(backend, FilesystemBackend):
+        with node.lock("volume", volume_id):
+            backend.expand(_abs(target), volume, new_size)
+        return
+    if not isinstance(backend, BlockBackend):
+        raise BackendError(f"backend {type(backend).__name__} is neither block nor filesystem")
+    staging = staging_dir(node, volume_id)
+    with _volume_locks(node, volume_id, staging):
+        record = node.journal.get_volume(volume_id)
+        staged = node.mounts.at(staging)
+        if record is None or staged is None:
+            raise VolumeError(f"volume {volume_id} is not mounted on this node")
+        if _device_number(record.device) != staged.major_minor:
+            raise VolumeError(
+                f"{record.device} is no longer the device mounted on {staging}: "
+                "remount the volume before expanding it"
+            )
+        if "ro" in staged.options:
+            raise VolumeError(f"volume {volume_id} is mounted read-only: cannot grow it")
+        started = time.monotonic()
+        backend.expand(Attachment(record.device, dict(record.details)), volume, new_size)
+        size = grow_filesystem(node.runner, record.device, str(staging), staged.fs_type)
+        LOG.info(
+            "expanded %s to %d bytes (filesystem %d) in %.2fs",
+            volume_id,
+            new_size,
+            size,
+            time.monotonic() - started,
+        )

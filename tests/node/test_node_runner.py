@@ -1,0 +1,137 @@
+"""The command runner: no shell, no inherited stdio, group kill on timeout, secrets masked."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from flexhub.errors import CommandError, CommandTimeout
+from flexhub.node.runner import RecordingRunner, Result, SubprocessRunner, mask
+
+
+def test_mask_hides_secret_values_and_iscsiadm_passwords() -> None:
+    argv = [
+        "iscsiadm",
+        "-m",
+        "node",
+        "-n",
+        "node.session.auth.password",
+        "-v",
+        "s3cr3t",
+        "-n",
+        "node.session.auth.username",
+        "-v",
+        "alice",
+    ]
+    assert mask(argv) == [
+        "iscsiadm",
+        "-m",
+        "node",
+        "-n",
+        "node.session.auth.password",
+        "-v",
+        "***",
+        "-n",
+        "node.session.auth.username",
+        "-v",
+        "alice",
+    ]
+    assert mask(["mount", "-o", "user=bob,password=p,ro", "//s/x", "/m"]) == [
+        "mount",
+        "-o",
+        "user=bob,password=***,ro",
+        "//s/x",
+        "/m",
+    ]
+    assert mask(["tool", "--password", "pw", "x"]) == ["tool", "--password", "***", "x"]
+    assert mask(["tool", "prefix-TOPSECRET-suffix"], ["TOPSECRET"]) == ["tool", "prefix-***-suffix"]
+
+
+def test_runs_without_shell_with_devnull_stdin_and_minimal_env() -> None:
+    run = SubprocessRunner(timeout=10)
+    assert run(["echo", "$HOME", "*"]).stdout == "$HOME *\n"  # no shell expansion
+    assert run(["cat"]).stdout == ""  # stdin is /dev/null: returns at once
+    env = run(["env"], env={"EXTRA": "1"}).stdout.splitlines()
+    assert "PATH=/usr/sbin:/usr/bin:/sbin:/bin" in env and "LC_ALL=C" in env
+    assert "EXTRA=1" in env and not any(line.startswith("HOME=") for line in env)
+    # Its own session, hence its own process group.
+    out = run(["sh", "-c", "ps -o sid= -p $$; ps -o pgid= -p $$; echo $$"]).stdout.split()
+    assert out[0] == out[1] == out[2]
+
+
+def test_failure_names_command_and_exit_status_with_secrets_masked() -> None:
+    run = SubprocessRunner(timeout=10)
+    with pytest.raises(CommandError) as info:
+        run(["sh", "-c", "echo bad pass=$0 >&2; exit 3", "hunter2"], secrets=["hunter2"])
+    message = str(info.value)
+    assert message.startswith("sh -c")
+    assert "failed (exit 3)" in message and "bad pass=***" in message
+    assert "hunter2" not in message and info.value.returncode == 3
+    assert run(["false"], check=False).returncode == 1
+    with pytest.raises(CommandError, match="could not start"):
+        run(["/nonexistent/tool"])
+
+
+def test_debug_log_is_masked(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="flexhub.node.runner")
+    SubprocessRunner(timeout=10)(["echo", "topsecret"], secrets=["topsecret"])
+    assert "echo *** exited 0" in caplog.text and "topsecret" not in caplog.text
+
+
+def test_timeout_kills_the_whole_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child"
+    run = SubprocessRunner(timeout=10)
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout, match=r"timed out after 0\.5s"):
+        run(["sh", "-c", f"sleep 30 & echo $! > {pidfile}; wait"], timeout=0.5)
+    assert time.monotonic() - started < 3
+    child = int(pidfile.read_text())
+    time.sleep(0.1)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for init to reap it does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_timeout_returns_even_if_an_escaped_grandchild_holds_the_pipes(tmp_path: Path) -> None:
+    pidfile = tmp_path / "escaped"
+    run = SubprocessRunner(timeout=10)
+    started = time.monotonic()
+    try:
+        with pytest.raises(CommandTimeout):
+            # setsid puts the grandchild out of our group; it keeps stdout open.
+            run(
+                ["sh", "-c", f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 30' & wait"],
+                timeout=0.5,
+            )
+        assert time.monotonic() - started < 5
+    finally:
+        if pidfile.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def test_recording_runner_scripts_by_longest_prefix() -> None:
+    runner = RecordingRunner()
+    runner.answer("blkid", rc=2)
+    runner.answer("blkid", "-p", "/dev/x", rc=0, stdout="TYPE=ext4\n")
+    runner.script[("boom",)] = CommandError("boom")
+    assert runner(["blkid", "-p", "/dev/x"]).stdout == "TYPE=ext4\n"
+    assert runner(["blkid", "/dev/y"], check=False).returncode == 2
+    assert runner(["other"]) == Result(("other",), 0, "", "")
+    with pytest.raises(CommandError):
+        runner(["boom"])
+    runner(["login", "pw"], secrets=["pw"])
+    assert runner.calls[-1] == ["login", "***"]
