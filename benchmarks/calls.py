@@ -19,17 +19,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from flexhub.harness import Kubelet, go_json
 from flexhub.install import install
 
+HEAVY = {"typer", "rich", "pydantic", "jsonschema", "stevedore", "yaml"}
 
-def timed(func: object, runs: int) -> list[float]:
+
+def timed(func: Callable[[], object], runs: int) -> list[float]:
     samples = []
     for _ in range(runs):
         started = time.perf_counter()
-        func()  # type: ignore[operator]
+        func()
         samples.append((time.perf_counter() - started) * 1000)
     return samples
 
@@ -37,28 +40,8 @@ def timed(func: object, runs: int) -> list[float]:
 def report(name: str, samples: list[float]) -> None:
     samples.sort()
     p90 = samples[int(len(samples) * 0.9) - 1] if len(samples) >= 10 else max(samples)
-    print(f"{name:<34} median {statistics.median(samples):7.1f} ms   p90 {p90:7.1f} ms   n={len(samples)}")
-
-
-def import_profile(args: list[str], config: Path) -> None:
-    """Cumulative import time of the kubelet path (stderr is captured before flexhub runs)."""
-    code = (
-        "import os, sys\n"
-        "from flexhub.__main__ import main\n"
-        f"main({args!r})\n"
-    )
-    with tempfile.TemporaryFile() as err:
-        subprocess.run(
-            [sys.executable, "-I", "-X", "importtime", "-c", code],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "FLEXHUB_CONFIG": str(config)},
-            cwd="/", check=False,
-        )
-        err.seek(0)
-        lines = err.read().decode().splitlines()
-    # lines after flexhub redirects fd 2 are lost, so also report sys.modules
-    total = sum(int(line.split("|")[1]) for line in lines if line.startswith("import time:") and line.split("|")[1].strip().isdigit())
-    print(f"  imports before stream protection: {total / 1000:.1f} ms self time")
+    median = statistics.median(samples)
+    print(f"{name:<40} median {median:7.1f} ms   p90 {p90:7.1f} ms   n={len(samples)}")
 
 
 def main() -> int:
@@ -78,19 +61,23 @@ def main() -> int:
         report("init", timed(kubelet.init, runs))
         j = go_json(Kubelet.base_options({"backend": "loopfile", "file": "b.img"}, pv="pv"))
         report("getvolumename", timed(lambda: kubelet.call("getvolumename", j), runs))
-        report("unmount (unknown dir)", timed(lambda: kubelet.call("unmount", str(root / "none")), runs))
+        unknown = str(root / "none")
+        report("unmount (unknown dir)", timed(lambda: kubelet.call("unmount", unknown), runs))
         if os.geteuid() == 0:
             user = {"backend": "loopfile", "file": "bench.img", "size": "64Mi"}
             uid = kubelet.new_pod_uid()
-            first = timed(lambda: kubelet.mount(uid, "pv", Kubelet.mount_options(user, pv="pv", pod_uid=uid)), 1)
-            report("mount (create+mkfs ext4, first)", first)
+            opts = Kubelet.mount_options(user, pv="pv", pod_uid=uid)
+            report(
+                "mount (create+mkfs ext4, first)", timed(lambda: kubelet.mount(uid, "pv", opts), 1)
+            )
             report("unmount (last user, detach)", timed(lambda: kubelet.unmount(uid, "pv"), 1))
-            mounts, unmounts = [], []
+            mounts: list[float] = []
+            unmounts: list[float] = []
             for _ in range(max(3, runs // 3)):
-                uid = kubelet.new_pod_uid()
-                opts = Kubelet.mount_options(user, pv="pv", pod_uid=uid)
-                mounts += timed(lambda: kubelet.mount(uid, "pv", opts), 1)
-                unmounts += timed(lambda: kubelet.unmount(uid, "pv"), 1)
+                pod = kubelet.new_pod_uid()
+                pod_opts = Kubelet.mount_options(user, pv="pv", pod_uid=pod)
+                mounts += timed(lambda p=pod, o=pod_opts: kubelet.mount(p, "pv", o), 1)  # type: ignore[misc]
+                unmounts += timed(lambda p=pod: kubelet.unmount(p, "pv"), 1)  # type: ignore[misc]
             report("mount (existing fs: attach+fsck+mount)", mounts)
             report("unmount (last user: detach)", unmounts)
         for args in (["init"], ["unmount", str(root / "none")]):
@@ -99,10 +86,15 @@ def main() -> int:
                 f"main({args!r})\n"
                 f"open({str(root / 'mods')!r}, 'w').write('\\n'.join(sys.modules))\n"
             )
-            subprocess.run([sys.executable, "-I", "-c", code], env={"FLEXHUB_CONFIG": str(config)},
-                           stdin=subprocess.DEVNULL, capture_output=True, check=False)
+            subprocess.run(
+                [sys.executable, "-I", "-c", code],
+                env={"FLEXHUB_CONFIG": str(config)},
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                check=False,
+            )
             mods = (root / "mods").read_text().split()
-            heavy = sorted({m.split(".")[0] for m in mods} & {"typer", "rich", "pydantic", "jsonschema", "stevedore", "yaml"})
+            heavy = sorted({m.split(".")[0] for m in mods} & HEAVY)
             print(f"{args[0]}: {len(mods)} modules loaded; heavy ones: {heavy or 'none'}")
     return 0
 
