@@ -1,0 +1,1 @@
+"""Real-kernel VM test rig for flexhub (qemu + stock Debian kernel)."""

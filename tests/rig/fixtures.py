@@ -1,0 +1,65 @@
+"""pytest plugin of the VM rig: the session-scoped ``vm`` fixture and the
+``vm`` marker.  Load it with ``pytest_plugins = ["tests.rig.fixtures"]``.
+
+The fixture skips (one line) only where the machine cannot run the rig at all
+(not root, no qemu, no kernel).  With ``CI=true`` it fails instead of
+skipping: the CI machine must run the VM tests.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.rig import services
+from tests.rig.vm import VM, RigError, unavailable_reason
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "vm: runs inside the qemu VM rig (real kernel NFS/iSCSI, needs root)"
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses the ``vm`` fixture with ``vm``."""
+    for item in items:
+        if "vm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.vm)
+
+
+def _on_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_rig() -> None:
+    """Skip the calling test if this machine cannot run the rig (fail on CI)."""
+    reason = unavailable_reason()
+    if reason:
+        if _on_ci():
+            pytest.fail(f"CI=true but {reason}", pytrace=False)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def vm() -> Iterator[VM]:
+    """A booted guest (node set up: modules, udevd, iscsid), shared by the
+    session and always killed at the end."""
+    require_rig()
+    machine = VM()
+    try:
+        machine.start()
+        services.setup_node(machine)
+    except RigError as exc:
+        machine.close()
+        pytest.fail(f"VM rig failed to start: {exc}", pytrace=False)
+    except BaseException:
+        machine.close()
+        raise
+    try:
+        yield machine
+    finally:
+        machine.close()

@@ -1,0 +1,353 @@
+"""Guest services for the VM rig: node setup, a kernel NFS server and a
+kernel LIO iSCSI target, all driven from host tests through a :class:`VM`.
+
+Everything listens on loopback only (127.0.0.1 and, for a second iSCSI
+portal, 127.0.0.2 — all of 127/8 is local on ``lo``).  Backing storage lives
+on tmpfs inside the guest.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+
+from tests.rig.vm import RIG_DIR, SYSTEM_PYTHON, VM, Result, RigError
+
+GUEST_INITIATOR = "iqn.2026-01.io.flexhub:rig-node"
+NFS_ROOT = "/srv"
+NFS_EXPORT = "/srv/export"
+LUN_DIR = "/var/lib/flexhub-rig/luns"
+LIO = str(RIG_DIR / "lio.py")
+MiB = 1024 * 1024
+
+NODE_MODULES = ["loop", "sd_mod", "iscsi_tcp"]
+
+
+def setup_node(vm: VM) -> None:
+    """Make the guest look like a Kubernetes node: kernel modules, udevd (for
+    /dev/disk/by-path), an initiator name and a running iscsid."""
+    vm.run(["modprobe", "-a", *NODE_MODULES])
+    vm.run(["/lib/systemd/systemd-udevd", "--daemon"])
+    vm.write_file("/etc/iscsi/initiatorname.iscsi", f"InitiatorName={GUEST_INITIATOR}\n")
+    vm.run(["iscsid"])
+
+
+def _pids(vm: VM, name: str) -> list[str]:
+    res = vm.run(["pidof", name], check=False)
+    return res.stdout.split()
+
+
+_KILL_SCRIPT = """
+for name; do pids=$(pidof "$name") && kill $pids; done
+for i in $(seq 50); do
+    alive=
+    for name; do pidof "$name" >/dev/null && alive=1; done
+    [ -z "$alive" ] && exit 0
+    sleep 0.1
+done
+exit 1
+"""
+
+
+def _kill(vm: VM, *names: str) -> None:
+    """Stop guest daemons by the pids pidof reports; wait up to 5 s for them."""
+    vm.run(["/bin/sh", "-c", _KILL_SCRIPT, "kill", *names], check=False)
+
+
+# --------------------------------------------------------------------------
+# NFS
+
+
+@dataclass
+class NfsServer:
+    """A running guest NFS server.  v4 clients mount ``{host}:{v4_path}``,
+    v3 clients ``{host}:{v3_path}``; ``local_dir`` is the exported directory as
+    seen on the server side."""
+
+    host: str = "127.0.0.1"
+    v4_path: str = "/export"
+    v3_path: str = NFS_EXPORT
+    local_dir: str = NFS_EXPORT
+
+    def source(self, version: str = "4.2") -> str:
+        """The mount source for NFS version ``version`` ("3", "4", "4.1", "4.2")."""
+        path = self.v3_path if version.startswith("3") else self.v4_path
+        return f"{self.host}:{path}"
+
+
+def start_nfs_server(vm: VM, size: str = "256m", threads: int = 8) -> NfsServer:
+    """Start the kernel NFS server exporting a tmpfs (v3 and v4, pseudo-root /srv)."""
+    vm.run(["modprobe", "nfsd"])
+    vm.run(["mkdir", "-p", NFS_ROOT])
+    if vm.run(["mountpoint", "-q", NFS_ROOT], check=False).rc != 0:
+        vm.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "rig-nfs", NFS_ROOT])
+    vm.run(["mkdir", "-p", NFS_EXPORT])
+    vm.run(["chmod", "0777", NFS_EXPORT])
+    if vm.run(["mountpoint", "-q", "/proc/fs/nfsd"], check=False).rc != 0:
+        vm.run(["mount", "-t", "nfsd", "nfsd", "/proc/fs/nfsd"])
+    opts = "rw,sync,no_subtree_check,no_root_squash,insecure"
+    vm.write_file(
+        "/etc/exports",
+        f"{NFS_ROOT} 127.0.0.0/8({opts},fsid=0,crossmnt)\n"
+        f"{NFS_EXPORT} 127.0.0.0/8({opts},fsid=1)\n",
+    )
+    vm.run(["mkdir", "-p", "/run/rpcbind"])
+    if not _pids(vm, "rpcbind"):
+        vm.run(["rpcbind", "-w"])
+    if not _pids(vm, "rpc.statd"):
+        vm.run(["rpc.statd", "--no-notify"])
+    vm.run(["exportfs", "-ra"])
+    if not _pids(vm, "rpc.mountd"):
+        vm.run(["rpc.mountd"])
+    vm.run(["rpc.nfsd", str(threads)])
+    return NfsServer()
+
+
+def stop_nfs_server(vm: VM) -> None:
+    """Stop the NFS server and drop its exports (client mounts must be gone)."""
+    vm.run(["rpc.nfsd", "0"], check=False)
+    vm.run(["exportfs", "-ua"], check=False)
+    _kill(vm, "rpc.mountd", "rpc.statd", "rpcbind")
+    vm.run(["umount", "/proc/fs/nfsd"], check=False)
+    vm.run(["umount", NFS_ROOT], check=False)
+
+
+# --------------------------------------------------------------------------
+# iSCSI (kernel LIO target via rtslib-fb)
+
+
+@dataclass
+class Chap:
+    userid: str
+    password: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"userid": self.userid, "password": self.password}
+
+
+@dataclass
+class IscsiTarget:
+    """A guest LIO target: one TPG with LUNs 0..n-1 on every portal."""
+
+    iqn: str
+    portals: list[str]
+    lun_paths: list[str]
+    lun_sizes: list[int]
+    session_chap: Chap | None = None
+    discovery_chap: Chap | None = None
+    initiators: list[str] | None = None
+    down: set[str] = field(default_factory=set)
+
+    @property
+    def portal(self) -> str:
+        return self.portals[0]
+
+
+def _lio(vm: VM, action: str, spec: dict[str, object]) -> dict[str, object]:
+    """Run a lio.py action: in the agent when it runs under a python with
+    rtslib (fast), else as ``/usr/bin/python3 lio.py`` (about 2 s more)."""
+    resp = vm.request({"op": "lio", "action": action, "spec": spec}, 60)
+    if resp["rc"] == 0:
+        result: dict[str, object] = resp["result"]
+        return result
+    if resp["rc"] != 126:
+        raise RigError(f"lio.py {action} {spec!r} failed:\n{resp.get('stderr', '')}")
+    res = vm.run([SYSTEM_PYTHON, LIO, action, json.dumps(spec)], timeout=60)
+    answer: dict[str, object] = json.loads(res.stdout.strip().splitlines()[-1])
+    return answer
+
+
+def _ensure_lio(vm: VM) -> None:
+    vm.run(["modprobe", "-a", "target_core_mod", "target_core_file", "iscsi_target_mod"])
+    vm.run(["mkdir", "-p", LUN_DIR, "/etc/rtslib-fb-target"])
+    if vm.run(["mountpoint", "-q", LUN_DIR], check=False).rc != 0:
+        vm.run(["mount", "-t", "tmpfs", "-o", "mode=0700", "rig-luns", LUN_DIR])
+
+
+def iscsi_target(
+    vm: VM,
+    lun_sizes: list[int] | None = None,
+    portals: list[str] | None = None,
+    session_chap: Chap | None = None,
+    discovery_chap: Chap | None = None,
+    initiators: list[str] | None = None,
+    iqn: str | None = None,
+) -> IscsiTarget:
+    """Create an LIO target with fileio LUNs (sparse files on tmpfs) of the
+    given sizes (default one 64 MiB LUN) on the given portals (default
+    127.0.0.1:3260).  ``initiators=None`` accepts any initiator; otherwise only
+    the listed IQNs (use :data:`GUEST_INITIATOR` for the guest's own)."""
+    _ensure_lio(vm)
+    sizes = lun_sizes or [64 * MiB]
+    iqn = iqn or f"iqn.2026-01.io.flexhub:rig-{uuid.uuid4().hex[:8]}"
+    short = iqn.rsplit(":", 1)[-1]
+    paths = [f"{LUN_DIR}/{short}-lun{i}.img" for i in range(len(sizes))]
+    for path, size in zip(paths, sizes, strict=True):
+        vm.run(["truncate", "-s", str(size), path])
+    target = IscsiTarget(
+        iqn=iqn,
+        portals=portals or ["127.0.0.1:3260"],
+        lun_paths=paths,
+        lun_sizes=list(sizes),
+        session_chap=session_chap,
+        discovery_chap=discovery_chap,
+        initiators=initiators,
+    )
+    _lio(
+        vm,
+        "create",
+        {
+            "iqn": iqn,
+            "portals": target.portals,
+            "luns": [{"path": p, "size": s} for p, s in zip(paths, sizes, strict=True)],
+            "session_chap": session_chap.as_dict() if session_chap else None,
+            "discovery_chap": discovery_chap.as_dict() if discovery_chap else None,
+            "initiators": initiators,
+        },
+    )
+    return target
+
+
+def delete_iscsi_target(vm: VM, target: IscsiTarget) -> None:
+    """Delete the target, its LUNs and backing files (initiators should have
+    logged out first)."""
+    _lio(vm, "delete", {"iqn": target.iqn})
+    vm.run(["rm", "-f", *target.lun_paths])
+
+
+def grow_lun(vm: VM, target: IscsiTarget, lun: int, new_size: int) -> None:
+    """Grow LUN ``lun`` to ``new_size`` bytes on the target side.  The
+    initiator sees it after a rescan (``iscsiadm -m session -R``)."""
+    vm.run(["truncate", "-s", str(new_size), target.lun_paths[lun]])
+    _lio(vm, "resize", {"iqn": target.iqn, "lun": lun, "size": new_size})
+    target.lun_sizes[lun] = new_size
+
+
+def portal_down(vm: VM, target: IscsiTarget, portal: str) -> None:
+    """Stop serving ``portal`` and reset established connections to it."""
+    _lio(vm, "portal_down", {"iqn": target.iqn, "portal": portal})
+    target.down.add(portal)
+
+
+def portal_up(vm: VM, target: IscsiTarget, portal: str) -> None:
+    """Serve ``portal`` again."""
+    _lio(vm, "portal_up", {"iqn": target.iqn, "portal": portal})
+    target.down.discard(portal)
+
+
+def lun_mkfs(
+    vm: VM, target: IscsiTarget, lun: int, fstype: str = "ext4", extra: list[str] | None = None
+) -> Result:
+    """Make a filesystem directly on a LUN's backing file (target side)."""
+    force = {"xfs": "-f", "btrfs": "-f"}.get(fstype, "-F")
+    return vm.run([f"mkfs.{fstype}", force, *(extra or []), target.lun_paths[lun]], timeout=120)
+
+
+def lun_write(vm: VM, target: IscsiTarget, lun: int, data: bytes, offset: int = 0) -> None:
+    """Write raw bytes at ``offset`` into a LUN's backing file (target side)."""
+    tmp = f"/tmp/rig-lun-write-{uuid.uuid4().hex[:8]}"
+    vm.write_file(tmp, data)
+    vm.run(
+        [
+            "dd",
+            f"if={tmp}",
+            f"of={target.lun_paths[lun]}",
+            "bs=64k",
+            f"seek={offset}",
+            "oflag=seek_bytes",
+            "conv=notrunc",
+            "status=none",
+        ]
+    )
+    vm.run(["rm", "-f", tmp])
+
+
+def reset_iscsi(vm: VM) -> None:
+    """Log out every initiator session, forget all nodes/discovery records and
+    delete every LIO target: a clean slate between tests."""
+    vm.run(["iscsiadm", "-m", "node", "--logoutall=all"], check=False, timeout=60)
+    vm.run(["iscsiadm", "-m", "node", "-o", "delete"], check=False)
+    vm.run(["iscsiadm", "-m", "discoverydb", "-o", "delete"], check=False)
+    vm.run(["rm", "-rf", "/etc/iscsi/nodes", "/etc/iscsi/send_targets"], check=False)
+    if vm.run(["test", "-d", "/sys/kernel/config/target/iscsi"], check=False).rc == 0:
+        _lio(vm, "delete", {})
+    vm.run(["/bin/sh", "-c", f"rm -f {LUN_DIR}/*.img"], check=False)
+
+
+# --------------------------------------------------------------------------
+# initiator side (open-iscsi in the guest), for rig tests and test set-up
+
+
+def discover(vm: VM, portal: str, chap: Chap | None = None, check: bool = True) -> Result:
+    """SendTargets discovery against ``portal``, with discovery CHAP if given."""
+    base = ["iscsiadm", "-m", "discoverydb", "-t", "sendtargets", "-p", portal]
+    vm.run([*base, "-o", "delete"], check=False)
+    vm.run([*base, "-o", "new"])
+    if chap:
+        for name, value in (
+            ("authmethod", "CHAP"),
+            ("username", chap.userid),
+            ("password", chap.password),
+        ):
+            vm.run([*base, "-o", "update", "-n", f"discovery.sendtargets.auth.{name}", "-v", value])
+    return vm.run([*base, "--discover"], check=check, timeout=60)
+
+
+def login(vm: VM, iqn: str, portal: str, chap: Chap | None = None, check: bool = True) -> Result:
+    """Create the node record (if discovery did not) and log in."""
+    base = ["iscsiadm", "-m", "node", "-T", iqn, "-p", portal]
+    if vm.run([*base], check=False).rc != 0:
+        vm.run([*base, "-o", "new"])
+    settings = (
+        [("authmethod", "CHAP"), ("username", chap.userid), ("password", chap.password)]
+        if chap
+        else [("authmethod", "None")]
+    )
+    for name, value in settings:
+        vm.run([*base, "-o", "update", "-n", f"node.session.auth.{name}", "-v", value])
+    return vm.run([*base, "--login"], check=check, timeout=90)
+
+
+def logout(vm: VM, iqn: str, portal: str | None = None, check: bool = True) -> Result:
+    """Log out of ``iqn`` (on one portal, or all)."""
+    argv = ["iscsiadm", "-m", "node", "-T", iqn]
+    if portal:
+        argv += ["-p", portal]
+    return vm.run([*argv, "--logout"], check=check, timeout=60)
+
+
+def session_disks(vm: VM, iqn: str | None = None) -> list[str]:
+    """/dev names of the SCSI disks of the current iSCSI sessions (of ``iqn``),
+    found through sysfs, sorted by name; waits for udev first."""
+    vm.run(["udevadm", "settle", "--timeout=30"], check=False)
+    script = (
+        "for s in /sys/class/iscsi_session/session*; do "
+        '[ -n "$1" ] && [ "$(cat $s/targetname)" != "$1" ] && continue; '
+        'for b in $s/device/target*/*/block/*; do [ -e "$b" ] && echo /dev/${b##*/}; done; '
+        "done; true"
+    )
+    res = vm.run(["/bin/sh", "-c", script, "sh", iqn or ""])
+    return sorted(res.stdout.split())
+
+
+# --------------------------------------------------------------------------
+# multipath (device-mapper multipath over the two-portal target)
+
+MULTIPATH_CONF = "defaults {\n    user_friendly_names no\n    find_multipaths no\n}\n"
+
+
+def start_multipathd(vm: VM, conf: str = MULTIPATH_CONF) -> None:
+    """Start multipathd with ``conf`` as /etc/multipath.conf (by default every
+    path is multipathed, maps named by WWID under /dev/mapper)."""
+    vm.run(["modprobe", "dm_multipath"])
+    vm.write_file("/etc/multipath.conf", conf)
+    if not _pids(vm, "multipathd"):
+        vm.run(["multipathd"])
+
+
+def stop_multipathd(vm: VM) -> None:
+    """Stop multipathd and flush unused maps."""
+    vm.run(["multipathd", "shutdown"], check=False)
+    _kill(vm, "multipathd")
+    vm.run(["multipath", "-F"], check=False)

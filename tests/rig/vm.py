@@ -1,0 +1,625 @@
+"""Host side of the flexhub VM rig: boot a stock Debian kernel under qemu and
+run commands in it.
+
+The guest needs no disk image.  A ~1.5 MB busybox initramfs (built once into
+``/var/tmp/flexhub-rig/<kver>/<hash>/``) loads virtio-pci, 9p and overlay,
+mounts the host's ``/`` read-only over virtio-9p under a tmpfs overlay and
+switch_roots into it; ``stage2.sh`` then starts ``agent.py`` as PID 1, which
+serves JSON requests on a virtio-serial port.  The guest therefore sees the
+host's python, nfs-utils, open-iscsi, rtslib and this checkout at the same
+paths, and nothing it writes reaches the host.
+
+qemu always dies with us: ``close()`` kills it, an ``atexit`` hook closes every
+VM still open, and qemu gets ``PR_SET_PDEATHSIG`` so even a SIGKILLed pytest
+takes it down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import contextlib
+import ctypes
+import gzip
+import hashlib
+import io
+import json
+import lzma
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RIG_DIR = Path(__file__).resolve().parent
+CACHE_ROOT = Path(os.environ.get("FLEXHUB_RIG_CACHE", "/var/tmp/flexhub-rig"))
+GUEST_PYTHON = "/root/.pyenv/versions/3.11.7/bin/python3"
+SYSTEM_PYTHON = "/usr/bin/python3"
+QEMU = "qemu-system-x86_64"
+BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
+INITRAMFS_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
+KUBELET_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+class RigError(RuntimeError):
+    """The rig itself failed (boot, agent, transport)."""
+
+
+class CommandError(RigError):
+    """A command run with ``check=True`` exited non-zero."""
+
+    def __init__(self, result: Result) -> None:
+        self.result = result
+        super().__init__(
+            f"guest command {result.argv!r} exited {result.rc}"
+            f"{' (timed out)' if result.timed_out else ''}:\n{result.output}"
+        )
+
+
+@dataclass
+class Result:
+    """Outcome of one guest command."""
+
+    argv: list[str]
+    rc: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    duration: float = 0.0
+    pid: int | None = None
+
+    @property
+    def output(self) -> str:
+        """stdout followed by stderr (exactly interleaved when run with merge=True)."""
+        return self.stdout + self.stderr
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+def _version_key(ver: str) -> list[tuple[int, object]]:
+    return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"[.\-+~]", ver)]
+
+
+def find_kernel() -> str | None:
+    """Newest /boot/vmlinuz-<ver> that has modules with 9p and overlay."""
+    found = []
+    for vmlinuz in Path("/boot").glob("vmlinuz-*"):
+        ver = vmlinuz.name.removeprefix("vmlinuz-")
+        moddir = Path("/lib/modules") / ver
+        if (moddir / "modules.dep").exists() and any(moddir.rglob("9pnet_virtio.ko*")):
+            found.append(ver)
+    return max(found, key=_version_key) if found else None
+
+
+def unavailable_reason() -> str | None:
+    """Why this machine cannot run the rig at all, or None if it can."""
+    if os.geteuid() != 0:
+        return "VM rig needs root (9p export of / and guest mounts)"
+    if shutil.which(QEMU) is None:
+        return f"VM rig needs {QEMU} (run .ci/install-rig.sh)"
+    if not any(os.path.exists(p) for p in BUSYBOX_CANDIDATES):
+        return "VM rig needs busybox-static (run .ci/install-rig.sh)"
+    if find_kernel() is None:
+        return "VM rig needs a Debian kernel in /boot with modules (linux-image-amd64)"
+    return None
+
+
+# --------------------------------------------------------------------------
+# initramfs
+
+
+class _Cpio:
+    """Minimal newc cpio writer."""
+
+    def __init__(self) -> None:
+        self.buf = io.BytesIO()
+        self.ino = 1
+
+    def _entry(
+        self, name: str, mode: int, data: bytes = b"", rdev: tuple[int, int] = (0, 0)
+    ) -> None:
+        nameb = name.encode() + b"\0"
+        fields = [self.ino, mode, 0, 0, 1, 0, len(data), 0, 0, rdev[0], rdev[1], len(nameb), 0]
+        self.ino += 1
+        self.buf.write(b"070701" + b"".join(b"%08X" % f for f in fields) + nameb)
+        self.buf.write(b"\0" * (-(110 + len(nameb)) % 4))
+        self.buf.write(data)
+        self.buf.write(b"\0" * (-len(data) % 4))
+
+    def dir(self, name: str) -> None:
+        self._entry(name, 0o040755)
+
+    def file(self, name: str, data: bytes, mode: int = 0o644) -> None:
+        self._entry(name, 0o100000 | mode, data)
+
+    def chardev(self, name: str, major: int, minor: int) -> None:
+        self._entry(name, 0o020600, rdev=(major, minor))
+
+    def finish(self) -> bytes:
+        self._entry("TRAILER!!!", 0)
+        return self.buf.getvalue()
+
+
+def _module_files(kver: str) -> list[Path]:
+    """Module files (dependencies first) for the initramfs modules."""
+    files: list[Path] = []
+    for mod in INITRAMFS_MODULES:
+        out = subprocess.run(
+            ["modprobe", "-S", kver, "--show-depends", mod],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if parts and parts[0] == "insmod":
+                path = Path(parts[1])
+                if path not in files:
+                    files.append(path)
+    return files
+
+
+def build_initramfs(kver: str) -> Path:
+    """Build (or reuse from the cache) the initramfs for kernel ``kver``."""
+    busybox = next(p for p in BUSYBOX_CANDIDATES if os.path.exists(p))
+    init = (RIG_DIR / "init.sh").read_bytes()
+    mods = _module_files(kver)
+    key = hashlib.sha256(init)
+    for item in [Path(busybox), *mods]:
+        st = item.stat()
+        key.update(f"{item}:{st.st_size}:{st.st_mtime_ns}".encode())
+    out_dir = CACHE_ROOT / kver / key.hexdigest()[:16]
+    image = out_dir / "initramfs.cpio.gz"
+    if image.exists():
+        return image
+    cpio = _Cpio()
+    for d in ("bin", "dev", "mods", "proc", "sys"):
+        cpio.dir(d)
+    cpio.chardev("dev/console", 5, 1)
+    cpio.chardev("dev/null", 1, 3)
+    cpio.file("bin/busybox", Path(busybox).read_bytes(), 0o755)
+    cpio.file("init", init, 0o755)
+    order = []
+    for i, path in enumerate(mods):
+        data = path.read_bytes()
+        name = path.name
+        if name.endswith(".xz"):
+            data, name = lzma.decompress(data), name[:-3]
+        elif name.endswith(".zst"):
+            data = subprocess.run(
+                ["zstd", "-dc", str(path)], check=True, capture_output=True
+            ).stdout
+            name = name[:-4]
+        name = f"{i:02d}-{name}"
+        cpio.file(f"mods/{name}", data)
+        order.append(name)
+    cpio.file("mods/order", ("\n".join(order) + "\n").encode())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = image.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(gzip.compress(cpio.finish(), compresslevel=6))
+    tmp.rename(image)
+    return image
+
+
+def kernel_image(kver: str) -> Path:
+    """An uncompressed ELF vmlinux for ``kver`` if the kernel supports PVH
+    boot (qemu then skips firmware and in-guest decompression, about 4 s under
+    TCG), else the bzImage itself."""
+    bzimage = Path(f"/boot/vmlinuz-{kver}")
+    try:
+        config = Path(f"/boot/config-{kver}").read_text()
+    except OSError:
+        return bzimage
+    if "CONFIG_PVH=y" not in config:
+        return bzimage
+    st = bzimage.stat()
+    out = CACHE_ROOT / kver / f"vmlinux-{st.st_size}-{st.st_mtime_ns}"
+    if out.exists():
+        return out
+    data = bzimage.read_bytes()
+    elf = b""
+    off = data.find(b"\xfd7zXZ\x00")
+    if off >= 0:
+        elf = lzma.LZMADecompressor().decompress(data[off:])
+    else:
+        off = data.find(b"\x28\xb5\x2f\xfd")
+        if off >= 0 and shutil.which("zstd"):
+            elf = subprocess.run(["zstd", "-dc"], input=data[off:], capture_output=True).stdout
+        else:
+            off = data.find(b"\x1f\x8b\x08")
+            if off >= 0:
+                elf = zlib.decompressobj(31).decompress(data[off:])
+    if not elf.startswith(b"\x7fELF"):
+        return bzimage
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(elf)
+    tmp.rename(out)
+    return out
+
+
+# --------------------------------------------------------------------------
+# the VM
+
+_LIVE: weakref.WeakSet[VM] = weakref.WeakSet()
+
+
+def _close_all() -> None:
+    for vm in list(_LIVE):
+        vm.close()
+
+
+atexit.register(_close_all)
+
+
+WORKDIR_PREFIX = "flexhub-rig-"
+
+
+def _remove_stale_workdirs() -> None:
+    """Remove work directories left by a SIGKILLed session (owner pid gone)."""
+    for owner in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*/owner"):
+        try:
+            pid = int(owner.read_text())
+        except (OSError, ValueError):
+            continue
+        if not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(owner.parent, ignore_errors=True)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    # Ignore SIGINT so that ^C in pytest reaches pytest, which closes us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@dataclass
+class VM:
+    """One qemu guest with the rig agent.  Use as a context manager or call
+    ``start()`` and, always, ``close()``."""
+
+    memory_mb: int = 1024
+    smp: int = 1
+    kernel: str | None = None
+    boot_timeout: float = 180.0
+    python: str = GUEST_PYTHON
+    agent_python: str = field(
+        default_factory=lambda: SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else GUEST_PYTHON
+    )
+    boot_seconds: float = 0.0
+    workdir: Path | None = None
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _sock: socket.socket | None = field(default=None, repr=False)
+    _buf: bytes = field(default=b"", repr=False)
+    _next_id: int = field(default=1, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    # ---- lifecycle ----------------------------------------------------
+
+    def start(self) -> VM:
+        """Boot the guest and wait until the agent answers."""
+        reason = unavailable_reason()
+        if reason:
+            raise RigError(reason)
+        kver = self.kernel or find_kernel()
+        assert kver is not None
+        self.kernel = kver
+        t0 = time.monotonic()
+        initrd = build_initramfs(kver)
+        image = kernel_image(kver)
+        _remove_stale_workdirs()
+        self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+        (self.workdir / "owner").write_text(f"{os.getpid()}\n")
+        sock_path = self.workdir / "agent.sock"
+        append = " ".join(
+            [
+                "console=ttyS0",
+                "quiet",
+                "loglevel=4",
+                "panic=-1",
+                "rdinit=/init",
+                f"rig.stage2={RIG_DIR / 'stage2.sh'}",
+                f"rig.python={self.agent_python}",
+                f"rig.agent={RIG_DIR / 'agent.py'}",
+            ]
+        )
+        argv = [
+            QEMU,
+            "-accel",
+            "tcg,thread=multi",
+            "-cpu",
+            "max",
+            "-smp",
+            str(self.smp),
+            "-m",
+            str(self.memory_mb),
+            "-nodefaults",
+            "-display",
+            "none",
+            "-no-reboot",
+            "-monitor",
+            "none",
+            "-kernel",
+            str(image),
+            "-initrd",
+            str(initrd),
+            "-append",
+            append,
+            "-serial",
+            f"file:{self.workdir / 'console.log'}",
+            "-fsdev",
+            "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap",
+            "-device",
+            "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot",
+            "-device",
+            "virtio-serial-pci",
+            "-chardev",
+            f"socket,id=rig,path={sock_path},server=on,wait=off",
+            "-device",
+            "virtserialport,chardev=rig,name=rig",
+        ]
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=open(self.workdir / "qemu.log", "wb"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
+        _LIVE.add(self)
+        try:
+            self._connect(sock_path, t0 + self.boot_timeout)
+            self._wait_agent(t0 + self.boot_timeout)
+        except BaseException:
+            self.close()
+            raise
+        self.boot_seconds = time.monotonic() - t0
+        return self
+
+    def _connect(self, path: Path, deadline: float) -> None:
+        while True:
+            self._check_alive()
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(str(path))
+                self._sock = s
+                return
+            except OSError:
+                s.close()
+                if time.monotonic() > deadline:
+                    raise RigError("qemu never opened the agent socket" + self._logs()) from None
+                time.sleep(0.02)
+
+    def _wait_agent(self, deadline: float) -> None:
+        while True:
+            req_id = self._send({"op": "ping"})
+            try:
+                self._recv(req_id, min(deadline, time.monotonic() + 1.0))
+                return
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise RigError(
+                        f"guest agent did not answer within {self.boot_timeout:.0f}s" + self._logs()
+                    ) from None
+
+    def _check_alive(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            raise RigError("qemu is not running" + self._logs())
+
+    def _logs(self) -> str:
+        parts = []
+        if self.workdir:
+            for name in ("qemu.log", "console.log"):
+                try:
+                    text = (self.workdir / name).read_text(errors="replace")
+                except OSError:
+                    continue
+                parts.append(f"\n--- {name} (tail) ---\n" + "\n".join(text.splitlines()[-40:]))
+        return "".join(parts)
+
+    def console_log(self) -> str:
+        """The guest's serial console so far."""
+        if not self.workdir:
+            return ""
+        try:
+            return (self.workdir / "console.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def close(self) -> None:
+        """Kill qemu (always safe to call, idempotent) and remove the workdir."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        _LIVE.discard(self)
+        if self.workdir is not None and not os.environ.get("FLEXHUB_RIG_KEEP"):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> VM:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- transport ----------------------------------------------------
+
+    def _send(self, req: dict[str, Any]) -> int:
+        if self._sock is None:
+            raise RigError("VM is not running")
+        req_id = self._next_id
+        self._next_id += 1
+        req["id"] = req_id
+        self._sock.sendall(json.dumps(req).encode() + b"\n")
+        return req_id
+
+    def _recv(self, req_id: int, deadline: float) -> dict[str, Any]:
+        assert self._sock is not None
+        while True:
+            while b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                try:
+                    resp: dict[str, Any] = json.loads(line)
+                except ValueError:
+                    continue
+                if resp.get("id") == req_id:
+                    return resp
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            self._sock.settimeout(min(remaining, 1.0))
+            try:
+                chunk = self._sock.recv(1 << 20)
+            except TimeoutError:
+                self._check_alive()
+                continue
+            if not chunk:
+                raise RigError("agent connection closed" + self._logs())
+            self._buf += chunk
+
+    def request(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send one raw request; wait ``timeout`` (+ margin) for its answer."""
+        with self._lock:
+            self._check_alive()
+            req_id = self._send(req)
+            try:
+                return self._recv(req_id, time.monotonic() + timeout + 15)
+            except TimeoutError:
+                self.close()
+                raise RigError(f"agent gave no answer to {req!r}; VM killed") from None
+
+    # ---- API ----------------------------------------------------------
+
+    def run(
+        self,
+        argv: list[str],
+        timeout: float = 60,
+        check: bool = True,
+        input: str | None = None,
+        env: dict[str, str] | None = None,
+        env_add: dict[str, str] | None = None,
+        cwd: str | None = None,
+        merge: bool = False,
+    ) -> Result:
+        """Run argv (no shell) in the guest.  ``env`` replaces the default
+        environment, ``env_add`` extends it; ``merge`` sends stderr into stdout."""
+        resp = self.request(
+            {
+                "op": "run",
+                "argv": list(argv),
+                "timeout": timeout,
+                "input": input,
+                "env": env,
+                "env_add": env_add,
+                "cwd": cwd,
+                "merge": merge,
+            },
+            timeout,
+        )
+        result = Result(
+            argv=list(argv),
+            rc=int(resp["rc"]),
+            stdout=str(resp.get("stdout", "")),
+            stderr=str(resp.get("stderr", "")),
+            timed_out=bool(resp.get("timed_out")),
+            duration=float(resp.get("duration", 0.0)),
+        )
+        if check and result.rc != 0:
+            raise CommandError(result)
+        return result
+
+    def sh(self, script: str, timeout: float = 60, check: bool = True) -> Result:
+        """Convenience: run a /bin/sh -c script in the guest (tests only)."""
+        return self.run(["/bin/sh", "-c", script], timeout=timeout, check=check)
+
+    def spawn(self, argv: list[str], log: str | None = None) -> int:
+        """Start argv in the background in the guest; returns its pid."""
+        resp = self.request({"op": "run", "argv": list(argv), "background": True, "log": log}, 30)
+        if resp.get("rc") != 0:
+            raise RigError(f"cannot spawn {argv!r}: {resp.get('stderr')}")
+        return int(resp["pid"])
+
+    def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
+        """Write a file in the guest (parents are created)."""
+        raw = data.encode() if isinstance(data, str) else data
+        resp = self.request(
+            {
+                "op": "write_file",
+                "path": path,
+                "mode": mode,
+                "data": base64.b64encode(raw).decode(),
+            },
+            30,
+        )
+        if resp.get("rc") != 0:
+            raise RigError(f"cannot write {path}: {resp.get('stderr')}")
+
+    def read_file(self, path: str) -> bytes:
+        """Read a file from the guest."""
+        resp = self.request({"op": "read_file", "path": path}, 30)
+        if resp.get("rc") != 0:
+            raise RigError(f"cannot read {path}: {resp.get('stderr')}")
+        return base64.b64decode(str(resp["data"]))
+
+    def install_flexhub(self, plugin_dir: str, config: str | None = None) -> str:
+        """Install the driver in the guest the way a node does; returns its path."""
+        argv = [self.python, "-m", "flexhub", "install", "--plugin-dir", plugin_dir]
+        if config is not None:
+            argv += ["--config", config]
+        self.run(argv, cwd=str(RIG_DIR.parent.parent), timeout=120)
+        driver = f"{plugin_dir.rstrip('/')}/k8s~flexhub/flexhub"
+        self.run(["test", "-x", driver])
+        return driver
+
+    def call_driver(self, driver: str, argv: list[str], timeout: float = 300) -> tuple[int, str]:
+        """Call the driver as kubelet does: argv, stdin /dev/null, stderr into
+        stdout, ``env -i PATH=...``, cwd /.  Returns (rc, output)."""
+        result = self.run(
+            [driver, *argv],
+            timeout=timeout,
+            check=False,
+            env=dict(KUBELET_ENV),
+            cwd="/",
+            merge=True,
+        )
+        return result.rc, result.output
+
+
+def main() -> None:
+    """``python -m tests.rig.vm [cmd ...]``: boot, run a command, report timing."""
+    argv = sys.argv[1:] or ["uname", "-a"]
+    with VM() as vm:
+        print(f"booted {vm.kernel} in {vm.boot_seconds:.2f}s", file=sys.stderr)
+        t = time.monotonic()
+        res = vm.run(argv, check=False)
+        print(res.output, end="")
+        print(f"rc={res.rc} in {time.monotonic() - t:.3f}s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
