@@ -5,7 +5,8 @@
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root LANG=C.UTF-8
 mount -t tmpfs -o mode=0755 tmpfs /run
-mount -t tmpfs -o mode=1777 tmpfs /tmp
+# /tmp stays the overlay's (writes land in its tmpfs upper layer): a tmpfs here would hide
+# a checkout that lives under /tmp, as CI's clone may.
 mkdir -p /dev/pts /dev/shm /run/lock
 mount -t devpts -o gid=5,mode=0620,ptmxmode=0666 devpts /dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
