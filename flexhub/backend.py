@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from flexhub.errors import (
     BackendError,
@@ -42,10 +42,9 @@ from flexhub.errors import (
     StateError,
     VolumeError,
 )
+from flexhub.node import Node
+from flexhub.node.runner import CommandRunner, Result
 from flexhub.volume import PodInfo, Secret, Secrets, Volume
-
-if TYPE_CHECKING:
-    from flexhub.node import Node
 
 __all__ = [
     "Attachment",
@@ -53,6 +52,7 @@ __all__ = [
     "BackendError",
     "BlockBackend",
     "CommandError",
+    "CommandRunner",
     "CommandTimeout",
     "FilesystemBackend",
     "FlexhubError",
@@ -61,21 +61,13 @@ __all__ = [
     "Node",
     "NotSupported",
     "PodInfo",
+    "Result",
     "Secret",
     "Secrets",
     "StateError",
     "Volume",
     "VolumeError",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # Node is re-exported lazily so that importing this module stays cheap.
-    if name == "Node":
-        from flexhub.node import Node
-
-        return Node
-    raise AttributeError(name)
 
 
 @dataclass(frozen=True)
