@@ -1,0 +1,734 @@
+"""The ``iscsi`` backend: a LUN of an iSCSI target, through open-iscsi (and multipath).
+
+Options follow the in-tree Kubernetes iSCSI plugin, so existing PVs translate directly::
+
+    options: {backend: iscsi, targetPortal: "10.0.0.5", portals: "10.0.1.5:3260",
+              iqn: "iqn.2001-05.com.example:storage.db", lun: "0",
+              chapAuthSession: "true"}
+
+CHAP credentials come from the PV's ``secretRef`` under the in-tree key names
+(``node.session.auth.username``, ``discovery.sendtargets.auth.password``, ...).
+
+Life cycle (the core holds the volume lock, formats safely, stages, binds and counts pods):
+
+* :meth:`IscsiBackend.attach`, under a lock per target: SendTargets discovery on each portal
+  (with discovery CHAP when asked), the node record set to ``node.startup=manual`` and
+  ``node.session.scan=manual`` (plus session CHAP), a login per portal (a subset may fail
+  when one path works; an existing session is reused), a scan of the one requested LUN on
+  every session, a bounded wait for its disks in sysfs (udev not needed), and the multipath
+  map when there are several paths and multipathd runs (else the first path).
+* :meth:`IscsiBackend.detach`: flush, remove the multipath map and the LUN's SCSI disks;
+  then log out and delete the target's node records only when no other LUN of the target is
+  still in use on the node (live disks in the target's sessions, and flexhub's journal of
+  staged volumes); finally delete the dedicated iface flexhub made for ``initiatorName``
+  when nothing uses it any more.
+* :meth:`IscsiBackend.expand`: rescan the LUN's disks (and resize the multipath map), then
+  check that the device reached the new size.
+
+Secrets: CHAP values are passed to every command as ``secrets`` (masked by the runner) and
+scrubbed from every message built from iscsiadm's output; attachment details (journaled)
+never hold one. They are visible in ``/proc/<pid>/cmdline`` of iscsiadm while it runs (it
+has no other way to take them), and open-iscsi keeps them in its own node and discovery
+databases under ``/etc/iscsi`` (root-only), as it must to log in again after a reconnect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from flexhub.backend import (
+    Attachment,
+    BlockBackend,
+    CommandError,
+    InvalidOptions,
+    Volume,
+    VolumeError,
+)
+from flexhub_iscsi._iscsiadm import (
+    ERR_NO_OBJS,
+    ERR_SESS_EXISTS,
+    ERR_SESS_NOT_FOUND,
+    Iscsiadm,
+    IscsiadmError,
+)
+from flexhub_iscsi._options import (
+    DISCOVERY,
+    IFACE_PREFIX,
+    SESSION,
+    Chap,
+    Portal,
+    Settings,
+    Target,
+    chap_for,
+    dedicated_iface,
+    parse_portal,
+    parse_target,
+)
+from flexhub_iscsi._sysfs import Session, Sysfs
+
+__all__ = ["IscsiBackend"]
+
+LOG = logging.getLogger(__name__)
+
+_BACKEND = "iscsi"
+#: Seconds between two looks at sysfs while waiting for a device.
+_POLL = 0.1
+#: Seconds between two scans of a LUN that has not appeared yet.
+_RESCAN = 2.0
+#: Seconds to wait for the kernel to drop deleted disks.
+_GONE_TIMEOUT = 10.0
+#: Seconds to wait for a rescanned device to show its new size.
+_RESIZE_WAIT = 5.0
+#: Attempts to flush a multipath map that is still busy.
+_FLUSH_ATTEMPTS = 3
+#: The settings of the base iface a dedicated iface copies (how it reaches the network).
+_IFACE_COPIED = frozenset(
+    {
+        "iface.transport_name",
+        "iface.hwaddress",
+        "iface.net_ifacename",
+        "iface.ipaddress",
+        "iface.prefix_len",
+        "iface.vlan_id",
+        "iface.mtu",
+    }
+)
+
+
+class IscsiBackend(BlockBackend):
+    """Block volumes on LUNs of iSCSI targets."""
+
+    schema_package = "flexhub_iscsi"
+
+    #: Where sysfs and device nodes are; tests point these at a fake tree.
+    sysfs: Sysfs = Sysfs()
+
+    # --------------------------------------------------------------------------- helpers
+
+    def _settings(self) -> Settings:
+        return Settings.from_table(self.node.settings)
+
+    @staticmethod
+    def _credentials(volume: Volume, target: Target) -> tuple[Chap | None, Chap | None]:
+        discovery = chap_for(volume, DISCOVERY) if target.chap_discovery else None
+        session = chap_for(volume, SESSION) if target.chap_session else None
+        return discovery, session
+
+    @contextlib.contextmanager
+    def _target_locks(self, iqn: str, iface: str) -> Iterator[None]:
+        # Always target first, then iface: attach and detach take them in this order. Only a
+        # dedicated iface (made and deleted by flexhub) needs its own lock.
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.node.lock("iscsi-target", iqn))
+            if iface.startswith(IFACE_PREFIX):
+                stack.enter_context(self.node.lock("iscsi-iface", iface))
+            yield
+
+    # --------------------------------------------------------------------------- API
+
+    def check(self, volume: Volume) -> None:
+        """Check the portals and, for ``mount`` (the only call with secrets), the CHAP keys.
+
+        ``expandfs`` and the other calls carry no secrets (kubelet sends them only to
+        ``mount``), so their credentials are not required.
+        """
+        target = parse_target(volume.options)
+        if volume.pod is not None:
+            self._credentials(volume, target)
+        self._settings()
+
+    def volume_id(self, volume: Volume) -> str:
+        """``iscsi:<iqn>:<lun>``, whatever the portals: one LUN is one volume."""
+        return parse_target(volume.options).volume_id
+
+    def attach(self, volume: Volume) -> Attachment:
+        """Log in to the target (reusing sessions), scan the LUN and return its device."""
+        target = parse_target(volume.options)
+        discovery, session = self._credentials(volume, target)
+        settings = self._settings()
+        secrets = [
+            *(discovery.values() if discovery else ()),
+            *(session.values() if session else ()),
+        ]
+        adm = Iscsiadm(self.node.runner, settings.command_timeout, secrets)
+        iface = target.iface
+        if target.initiator_name:
+            iface = dedicated_iface(target.iface, target.initiator_name)
+        started = time.monotonic()
+        with self._target_locks(target.iqn, iface):
+            before = self._lun_disks(target.iqn, iface, target.lun)
+            try:
+                if target.initiator_name:
+                    self._ensure_dedicated_iface(adm, target.iface, iface, target.initiator_name)
+                else:
+                    self._check_iface(adm, iface)
+                portals = self._login(adm, settings, target, iface, discovery, session)
+                logged_in = time.monotonic()
+                disks = self._wait_disks(target, iface, settings.device_timeout)
+                device, mpath = self._pick_device(adm, disks, settings.multipath_timeout)
+            except BaseException:
+                self._cleanup_failed_attach(adm, target, iface, before)
+                raise
+        LOG.info(
+            "iscsi: %s lun %d on %s via %s (%d path(s)%s); login %.2fs, device %.2fs",
+            target.iqn,
+            target.lun,
+            device,
+            iface,
+            len(disks),
+            f", multipath {mpath}" if mpath else "",
+            logged_in - started,
+            time.monotonic() - logged_in,
+        )
+        details = {
+            "iqn": target.iqn,
+            "lun": str(target.lun),
+            "iface": iface,
+            "portals": ",".join(portals),
+            "devices": ",".join(disks),
+            "multipath": mpath,
+            "iface_created": "true" if iface.startswith(IFACE_PREFIX) else "false",
+        }
+        return Attachment(device, details)
+
+    def detach(self, attachment: Attachment) -> None:
+        """Remove the LUN's devices; log out only when no other LUN of the target is used."""
+        details = attachment.details
+        iqn = details.get("iqn", "")
+        lun_text = details.get("lun", "")
+        if not iqn or not lun_text.isdigit():
+            raise VolumeError(
+                f"iscsi: the journal record of {attachment.device} has no target/LUN: "
+                "cannot release it"
+            )
+        lun = int(lun_text)
+        iface = details.get("iface") or "default"
+        portals = [p for p in details.get("portals", "").split(",") if p]
+        settings = self._settings()
+        adm = Iscsiadm(self.node.runner, settings.command_timeout)
+        with self._target_locks(iqn, iface):
+            self._remove_lun(adm, iqn, iface, lun, attachment.device, details.get("multipath", ""))
+            self._logout_if_unused(adm, iqn, iface, lun, portals)
+            if iface.startswith(IFACE_PREFIX):
+                self._delete_iface_if_unused(adm, iface, exclude=f"iscsi:{iqn}:{lun}")
+
+    def expand(self, attachment: Attachment, volume: Volume, new_size: int) -> None:
+        """Rescan the LUN on every path (and the multipath map) until it has ``new_size``."""
+        details = attachment.details
+        iqn = details.get("iqn", "")
+        lun = int(details.get("lun", "0") or 0)
+        iface = details.get("iface") or "default"
+        mpath = details.get("multipath", "")
+        settings = self._settings()
+        with self._target_locks(iqn, iface):
+            disks = self._lun_disks(iqn, iface, lun)
+            if not disks:
+                raise VolumeError(f"iscsi: LUN {lun} of {iqn} has no device on this node")
+            for disk in disks:
+                self.sysfs.rescan(disk)
+            if mpath:
+                self._run(
+                    ["multipathd", "resize", "map", mpath],
+                    what=f"resize multipath map {mpath}",
+                    timeout=settings.command_timeout,
+                )
+            name = self.sysfs.block_name(attachment.device)
+            # The rescan and the map resize are synchronous: wait briefly, not device_timeout.
+            deadline = time.monotonic() + min(_RESIZE_WAIT, settings.device_timeout)
+            size = self.sysfs.size(name) if name else None
+            while (size or 0) < new_size and time.monotonic() < deadline:
+                time.sleep(_POLL * 5)
+                size = self.sysfs.size(name) if name else None
+            if size is None or size < new_size:
+                raise VolumeError(
+                    f"iscsi: {attachment.device} (LUN {lun} of {iqn}) has {size or 0} bytes "
+                    f"after a rescan, {new_size} requested: grow the LUN on the target first"
+                )
+            LOG.info("iscsi: %s is %d bytes after the rescan", attachment.device, size)
+
+    # --------------------------------------------------------------------------- attach steps
+
+    def _run(self, argv: Sequence[str], *, what: str, timeout: float) -> None:
+        try:
+            self.node.runner(argv, timeout=timeout)
+        except CommandError as exc:
+            raise VolumeError(f"iscsi: cannot {what}: {exc.message}") from None
+
+    def _check_iface(self, adm: Iscsiadm, iface: str) -> None:
+        """Make sure the iface exists (``default`` always does)."""
+        if iface == "default":
+            return
+        try:
+            adm.run(["-m", "iface", "-I", iface, "-o", "show"], what=f"read iface {iface}")
+        except IscsiadmError as exc:
+            raise InvalidOptions(
+                f"iscsiInterface {iface!r} does not exist on this node ({exc.message})"
+            ) from None
+
+    def _ensure_dedicated_iface(
+        self, adm: Iscsiadm, base: str, iface: str, initiator_name: str
+    ) -> None:
+        """Create ``iface`` as a copy of ``base`` carrying ``initiator_name`` (idempotent)."""
+        shown = adm.run(
+            ["-m", "iface", "-I", iface, "-o", "show"],
+            what=f"read iface {iface}",
+            ok=(0, 1, 2, 6, 21),
+        )
+        if shown.returncode == 0:
+            current = _iface_params(shown.stdout).get("iface.initiatorname", "")
+            if current == initiator_name:
+                return
+        else:
+            try:
+                base_params = _iface_params(
+                    adm.run(
+                        ["-m", "iface", "-I", base, "-o", "show"], what=f"read iface {base}"
+                    ).stdout
+                )
+            except IscsiadmError as exc:
+                raise InvalidOptions(
+                    f"iscsiInterface {base!r} does not exist on this node ({exc.message})"
+                ) from None
+            adm.run(["-m", "iface", "-I", iface, "-o", "new"], what=f"create iface {iface}")
+            LOG.info(
+                "iscsi: created iface %s (a copy of %s) for initiator %s",
+                iface,
+                base,
+                initiator_name,
+            )
+            for key, value in sorted(base_params.items()):
+                if key not in _IFACE_COPIED or value == "0":
+                    continue
+                adm.run(
+                    ["-m", "iface", "-I", iface, "-o", "update", "-n", key, "-v", value],
+                    what=f"set {key} of iface {iface}",
+                )
+        adm.run(
+            [
+                "-m",
+                "iface",
+                "-I",
+                iface,
+                "-o",
+                "update",
+                "-n",
+                "iface.initiatorname",
+                "-v",
+                initiator_name,
+            ],
+            what=f"set the initiator name of iface {iface}",
+        )
+
+    def _discover(
+        self, adm: Iscsiadm, settings: Settings, portal: Portal, iface: str, chap: Chap | None
+    ) -> None:
+        """SendTargets discovery on ``portal``: adds node records it lacks, changes no other."""
+        base = ["-m", "discoverydb", "-t", "sendtargets", "-p", str(portal), "-I", iface]
+        if chap is not None:
+            # The discovery record is per portal and iface, shared by every target behind the
+            # portal: one discovery at a time, and its credentials are wiped afterwards so
+            # that open-iscsi's database does not keep them (only discovery reads them).
+            with self.node.lock("iscsi-discovery", f"{iface} {portal}"):
+                adm.run(
+                    [*base, "-o", "new"],
+                    what=f"create the discovery record of {portal}",
+                    ok=(0, 6, 15),
+                )
+                try:
+                    for name, value in chap.settings():
+                        adm.run(
+                            [*base, "-o", "update", "-n", name, "-v", value],
+                            what=f"set {name} for discovery on {portal}",
+                        )
+                    adm.run(
+                        [*base, "--discover", "-o", "new"],
+                        what=f"discover targets on {portal}",
+                        timeout=settings.login_timeout,
+                    )
+                finally:
+                    self._forget_discovery_chap(adm, base, chap)
+        else:
+            adm.run(
+                [
+                    "-m",
+                    "discovery",
+                    "-t",
+                    "sendtargets",
+                    "-p",
+                    str(portal),
+                    "-I",
+                    iface,
+                    "-o",
+                    "new",
+                ],
+                what=f"discover targets on {portal}",
+                timeout=settings.login_timeout,
+            )
+
+    def _forget_discovery_chap(self, adm: Iscsiadm, base: list[str], chap: Chap) -> None:
+        """Blank the credentials of a discovery record (best effort, logged)."""
+        for name, _ in reversed(chap.settings()):
+            value = "None" if name.endswith("authmethod") else ""
+            try:
+                adm.run([*base, "-o", "update", "-n", name, "-v", value], what=f"clear {name}")
+            except IscsiadmError as exc:
+                LOG.warning("iscsi: cannot clear %s of a discovery record: %s", name, exc.message)
+
+    def _prepare_node(
+        self, adm: Iscsiadm, portal: Portal, iqn: str, iface: str, chap: Chap | None
+    ) -> None:
+        """Create or update the node record: manual startup and scan, session CHAP."""
+        base = ["-m", "node", "-T", iqn, "-p", str(portal), "-I", iface]
+        shown = adm.run(
+            base, what=f"read the node record of {iqn} on {portal}", ok=(0, ERR_NO_OBJS)
+        )
+        if shown.returncode == ERR_NO_OBJS:
+            # The target answered discovery with other addresses (NAT, a name): add ours.
+            adm.run([*base, "-o", "new"], what=f"create the node record of {iqn} on {portal}")
+        settings: list[tuple[str, str]] = [
+            ("node.startup", "manual"),
+            ("node.session.scan", "manual"),
+        ]
+        settings += chap.settings() if chap is not None else [(SESSION + "authmethod", "None")]
+        for name, value in settings:
+            try:
+                adm.run(
+                    [*base, "-o", "update", "-n", name, "-v", value],
+                    what=f"set {name} for {iqn} on {portal}",
+                )
+            except IscsiadmError:
+                if name != "node.session.scan":
+                    raise
+                LOG.warning("iscsi: this iscsiadm has no node.session.scan: sessions scan all LUNs")
+
+    def _login(
+        self,
+        adm: Iscsiadm,
+        settings: Settings,
+        target: Target,
+        iface: str,
+        discovery: Chap | None,
+        session: Chap | None,
+    ) -> list[str]:
+        """Log in on every portal (reusing sessions); returns the portals with a session.
+
+        :raises VolumeError: no portal could be logged in (every portal's error, scrubbed).
+        """
+        existing = {s.portal for s in self.sysfs.sessions_of(target.iqn, iface)}
+        logged: list[str] = []
+        errors: list[str] = []
+        pending: list[Portal] = []
+        for portal in target.portals:
+            if str(portal) in existing:
+                LOG.info("iscsi: reusing the session to %s on %s", target.iqn, portal)
+                logged.append(str(portal))
+                continue
+            try:
+                self._discover(adm, settings, portal, iface, discovery)
+                self._prepare_node(adm, portal, target.iqn, iface, session)
+            except VolumeError as exc:
+                LOG.warning("iscsi: portal %s of %s skipped: %s", portal, target.iqn, exc.message)
+                errors.append(exc.message)
+                continue
+            pending.append(portal)
+
+        def login(portal: Portal) -> str | None:
+            try:
+                adm.run(
+                    ["-m", "node", "-T", target.iqn, "-p", str(portal), "-I", iface, "--login"],
+                    what=f"log in to {target.iqn} on {portal}",
+                    ok=(0, ERR_SESS_EXISTS),
+                    timeout=settings.login_timeout,
+                )
+            except VolumeError as exc:
+                LOG.warning("iscsi: login to %s on %s failed: %s", target.iqn, portal, exc.message)
+                return exc.message
+            return None
+
+        if len(pending) > 1:
+            with ThreadPoolExecutor(max_workers=min(len(pending), 8)) as pool:
+                outcomes = list(pool.map(login, pending))
+        else:
+            outcomes = [login(p) for p in pending]
+        for portal, error in zip(pending, outcomes, strict=True):
+            if error is None:
+                logged.append(str(portal))
+            else:
+                errors.append(error)
+        if not logged:
+            raise VolumeError(
+                f"iscsi: could not log in to {target.iqn} on any portal: " + "; ".join(errors)
+            )
+        if errors:
+            LOG.warning(
+                "iscsi: %s: %d of %d portal(s) failed, going on with %s",
+                target.iqn,
+                len(errors),
+                len(target.portals),
+                ", ".join(logged),
+            )
+        return logged
+
+    def _lun_disks(self, iqn: str, iface: str, lun: int) -> list[str]:
+        return [
+            disk
+            for session in self.sysfs.sessions_of(iqn, iface)
+            for disk in self.sysfs.lun_disks(session, lun)
+        ]
+
+    def _wait_disks(self, target: Target, iface: str, timeout: float) -> list[str]:
+        """Scan the LUN on every logged-in session; wait for its disks (all paths, bounded).
+
+        :raises VolumeError: no disk appeared within ``timeout``.
+        """
+        deadline = time.monotonic() + timeout
+        scanned: dict[int, float] = {}
+        disks: list[str] = []
+        while True:
+            sessions = [s for s in self.sysfs.sessions_of(target.iqn, iface) if s.logged_in]
+            disks = []
+            missing: list[Session] = []
+            for session in sessions:
+                found = [
+                    d
+                    for d in self.sysfs.lun_disks(session, target.lun)
+                    if self.sysfs.node_exists(d)
+                ]
+                disks.extend(found)
+                if not found:
+                    missing.append(session)
+            now = time.monotonic()
+            if (disks and not missing) or now >= deadline:
+                break
+            for session in missing:
+                if now - scanned.get(session.sid, -_RESCAN) >= _RESCAN:
+                    scanned[session.sid] = now
+                    try:
+                        self.sysfs.scan(session, target.lun)
+                    except OSError as exc:
+                        LOG.warning("iscsi: cannot scan session %d: %s", session.sid, exc)
+            time.sleep(_POLL)
+        if not disks:
+            raise VolumeError(
+                f"iscsi: LUN {target.lun} of {target.iqn} did not appear within {timeout:g}s "
+                "(does the target export this LUN to this initiator?)"
+            )
+        if missing:
+            LOG.warning(
+                "iscsi: LUN %d of %s: %d of %d path(s) appeared within %gs",
+                target.lun,
+                target.iqn,
+                len(disks),
+                len(disks) + len(missing),
+                timeout,
+            )
+        return disks
+
+    def _multipathd_running(self) -> bool:
+        try:
+            result = self.node.runner(["multipathd", "show", "daemon"], timeout=5, check=False)
+        except CommandError:
+            return False
+        return result.returncode == 0 and "pid" in result.stdout
+
+    def _pick_device(self, adm: Iscsiadm, disks: list[str], timeout: float) -> tuple[str, str]:
+        """The device to use: the multipath map over ``disks`` if there is one, else a disk."""
+        first = str(self.sysfs.dev / disks[0])
+        if len(disks) == 1:
+            mpath = self._holder_map(disks)
+            if mpath is None:
+                return first, ""
+            return self._map_device(*mpath), mpath[1]
+        if not self._multipathd_running():
+            LOG.warning(
+                "iscsi: %d paths (%s) but multipathd is not running: using %s only",
+                len(disks),
+                ", ".join(disks),
+                first,
+            )
+            return first, ""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self._holder_map(disks)
+            if found is not None and set(disks) <= set(self.sysfs.slaves(found[0])):
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(_POLL)
+        if found is None:
+            LOG.warning(
+                "iscsi: multipathd made no map over %s within %gs: using %s only",
+                ", ".join(disks),
+                timeout,
+                first,
+            )
+            return first, ""
+        return self._map_device(*found), found[1]
+
+    def _holder_map(self, disks: list[str]) -> tuple[str, str] | None:
+        """``(dm-N, map name)`` of a multipath map holding one of ``disks``."""
+        for disk in disks:
+            for holder in self.sysfs.holders(disk):
+                name = self.sysfs.multipath_map(holder)
+                if name:
+                    return holder, name
+        return None
+
+    def _map_device(self, dm: str, name: str) -> str:
+        mapper = self.sysfs.dev / "mapper" / name
+        return str(mapper) if mapper.exists() else str(self.sysfs.dev / dm)
+
+    def _cleanup_failed_attach(
+        self, adm: Iscsiadm, target: Target, iface: str, before: list[str]
+    ) -> None:
+        """After a failed attach: drop the disks it made, log out if nothing else is used."""
+        try:
+            for disk in self._lun_disks(target.iqn, iface, target.lun):
+                if disk not in before:
+                    self.sysfs.delete(disk)
+            self._logout_if_unused(
+                adm, target.iqn, iface, target.lun, [str(p) for p in target.portals]
+            )
+            if iface.startswith(IFACE_PREFIX):
+                self._delete_iface_if_unused(adm, iface, exclude=target.volume_id)
+        except (VolumeError, OSError) as exc:
+            LOG.error(
+                "iscsi: cleaning up after the failed attach of %s failed: %s", target.iqn, exc
+            )
+
+    # --------------------------------------------------------------------------- detach steps
+
+    def _remove_lun(
+        self, adm: Iscsiadm, iqn: str, iface: str, lun: int, device: str, mpath: str
+    ) -> None:
+        """Flush and remove the multipath map and the SCSI disks of the LUN (found in sysfs)."""
+        disks = self._lun_disks(iqn, iface, lun)
+        dm = self.sysfs.find_map(mpath) if mpath else None
+        if dm is not None:
+            self._flush(str(self.sysfs.dev / dm))
+            for attempt in range(1, _FLUSH_ATTEMPTS + 1):
+                result = self.node.runner(
+                    ["multipath", "-f", mpath], timeout=adm.timeout, check=False
+                )
+                if result.returncode == 0 or self.sysfs.find_map(mpath) is None:
+                    break
+                if attempt == _FLUSH_ATTEMPTS:
+                    raise VolumeError(
+                        f"iscsi: cannot remove multipath map {mpath}: "
+                        f"{' '.join((result.stderr or result.stdout).split())[:300]}"
+                    )
+                time.sleep(1.0)
+        elif mpath:
+            LOG.info("iscsi: multipath map %s is already gone", mpath)
+        for disk in disks:
+            self._flush(str(self.sysfs.dev / disk))
+            self.sysfs.delete(disk)
+        deadline = time.monotonic() + _GONE_TIMEOUT
+        while self._lun_disks(iqn, iface, lun) and time.monotonic() < deadline:
+            time.sleep(_POLL)
+        left = self._lun_disks(iqn, iface, lun)
+        if left:
+            raise VolumeError(f"iscsi: the disks {', '.join(left)} of LUN {lun} of {iqn} stay")
+        if disks:
+            LOG.info("iscsi: removed %s (LUN %d of %s)", ", ".join(disks), lun, iqn)
+        elif device:
+            LOG.info("iscsi: LUN %d of %s had no disk left (%s)", lun, iqn, device)
+
+    def _flush(self, device: str) -> None:
+        if not os.path.exists(device):
+            return
+        result = self.node.runner(["blockdev", "--flushbufs", device], timeout=60, check=False)
+        if result.returncode != 0:
+            LOG.warning("iscsi: flushing %s failed: %s", device, result.stderr.strip()[:200])
+
+    def _users(self, iqn: str, iface: str, lun: int) -> list[str]:
+        """What still uses the target's sessions through ``iface``, besides LUN ``lun``.
+
+        Live disks of other LUNs in the sessions (whoever scanned them), and flexhub's staged
+        volumes of the same target whose staging directory is still mounted.
+        """
+        users: set[str] = set()
+        for session in self.sysfs.sessions_of(iqn, iface):
+            for other, disks in self.sysfs.luns_in_use(session).items():
+                if other != lun:
+                    users.add(f"LUN {other} ({', '.join(disks)})")
+        for record in self.node.journal.volumes():
+            details = record.details
+            if record.backend != _BACKEND or details.get("iqn") != iqn:
+                continue
+            if (details.get("iface") or "default") != iface or details.get("lun") == str(lun):
+                continue
+            if os.path.ismount(record.staging):
+                users.add(f"LUN {details.get('lun')} (staged on {record.staging})")
+        return sorted(users)
+
+    def _logout_if_unused(
+        self, adm: Iscsiadm, iqn: str, iface: str, lun: int, portals: list[str]
+    ) -> None:
+        users = self._users(iqn, iface, lun)
+        if users:
+            LOG.info(
+                "iscsi: %s stays logged in through %s: used by %s", iqn, iface, "; ".join(users)
+            )
+            return
+        sessions = self.sysfs.sessions_of(iqn, iface)
+        to_logout = list(dict.fromkeys([*portals, *(s.portal for s in sessions)]))
+        failures: list[str] = []
+        for portal in to_logout:
+            try:
+                parse_portal(portal)
+                adm.run(
+                    ["-m", "node", "-T", iqn, "-p", portal, "-I", iface, "--logout"],
+                    what=f"log out of {iqn} on {portal}",
+                    ok=(0, ERR_SESS_NOT_FOUND, ERR_NO_OBJS),
+                )
+            except (VolumeError, InvalidOptions) as exc:
+                failures.append(exc.message)
+        left = self.sysfs.sessions_of(iqn, iface)
+        if left:
+            raise VolumeError(
+                f"iscsi: {iqn} is still logged in on {', '.join(s.portal for s in left)} "
+                f"after the logout: {'; '.join(failures) or 'no error reported'}"
+            )
+        adm.run(
+            ["-m", "node", "-T", iqn, "-I", iface, "-o", "delete"],
+            what=f"delete the node records of {iqn}",
+            ok=(0, ERR_NO_OBJS),
+        )
+        LOG.info("iscsi: logged out of %s (%s) and deleted its node records", iqn, iface)
+
+    def _delete_iface_if_unused(self, adm: Iscsiadm, iface: str, exclude: str) -> None:
+        """Delete a flexhub-made iface once no session and no staged volume uses it."""
+        if any(s.iface == iface for s in self.sysfs.sessions()):
+            return
+        for record in self.node.journal.volumes():
+            if (
+                record.backend == _BACKEND
+                and record.details.get("iface") == iface
+                and record.volume_id != exclude
+                and os.path.ismount(record.staging)
+            ):
+                return
+        adm.run(
+            ["-m", "iface", "-I", iface, "-o", "delete"],
+            what=f"delete iface {iface}",
+            ok=(0, ERR_NO_OBJS, 1, 6),
+        )
+        LOG.info("iscsi: deleted iface %s", iface)
+
+
+def _iface_params(text: str) -> dict[str, str]:
+    """``iscsiadm -m iface -o show`` output as ``{name: value}``, unset values left out."""
+    params: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(" = ")
+        name, value = name.strip(), value.strip()
+        if not sep or not name.startswith("iface.") or value in ("", "<empty>"):
+            continue
+        params[name] = value
+    return params

@@ -1,0 +1,628 @@
+"""Unit tests of the iscsi backend: argv sequences, masking, reference counts, bad input.
+
+Nothing here touches the machine: sysfs is a tree under ``tmp_path`` and iscsiadm is played
+by :class:`FakeIscsi`. The real-kernel tests are in ``tests/vm/test_iscsi.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from flexhub_iscsi import IscsiBackend
+from flexhub_iscsi._options import Portal, dedicated_iface, parse_portal, parse_target
+from flexhub_iscsi._sysfs import Sysfs
+
+from flexhub.backend import Attachment, InvalidOptions, Volume, VolumeError
+from flexhub.errors import FlexhubError
+from flexhub.node import Node
+from flexhub.node.journal import VolumeRecord
+from flexhub.validation import validate_options
+from flexhub.volume import PodInfo
+
+from .conftest import IQN, FakeIscsi, FakeSysfs, MiB
+
+PASSWORD = "s3cr3t-Pa55word"
+USERNAME = "chap-user-7"
+PASSWORD_IN = "mutual-Pa55-in"
+USERNAME_IN = "target-user-in"
+DISC_PASSWORD = "d1sc-Pa55word"
+DISC_USERNAME = "disc-user-3"
+ALL_SECRETS = (PASSWORD, USERNAME, PASSWORD_IN, USERNAME_IN, DISC_PASSWORD, DISC_USERNAME)
+
+SESSION_SECRETS = {
+    "node.session.auth.username": USERNAME,
+    "node.session.auth.password": PASSWORD,
+}
+DISCOVERY_SECRETS = {
+    "discovery.sendtargets.auth.username": DISC_USERNAME,
+    "discovery.sendtargets.auth.password": DISC_PASSWORD,
+}
+
+
+def options(**extra: str) -> dict[str, str]:
+    base = {"backend": "iscsi", "targetPortal": "127.0.0.1", "iqn": IQN, "lun": "0"}
+    base.update(extra)
+    return base
+
+
+def make_volume(secrets: dict[str, str] | None = None, *, pod: bool = True, **extra: str) -> Volume:
+    from flexhub.volume import Secret, Secrets
+
+    return Volume(
+        options=options(**extra),
+        fs_type="ext4",
+        pod=PodInfo(name="p", namespace="ns", uid="u") if pod else None,
+        secrets=Secrets({k: Secret(v) for k, v in (secrets or {}).items()}),
+    )
+
+
+def flat(calls: list[list[str]]) -> str:
+    return "\n".join(" ".join(c) for c in calls)
+
+
+# --------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(
+    ("text", "portal"),
+    [
+        ("10.0.0.5", Portal("10.0.0.5", 3260)),
+        ("10.0.0.5:3261", Portal("10.0.0.5", 3261)),
+        ("[fd00::5]", Portal("fd00::5", 3260)),
+        ("[FD00::5]:3262", Portal("fd00::5", 3262)),
+        ("storage.example.com", Portal("storage.example.com", 3260)),
+    ],
+)
+def test_parse_portal(text: str, portal: Portal) -> None:
+    assert parse_portal(text) == portal
+
+
+def test_portal_str_brackets_ipv6() -> None:
+    assert str(Portal("fd00::5", 3260)) == "[fd00::5]:3260"
+    assert str(Portal("10.0.0.5", 3260)) == "10.0.0.5:3260"
+
+
+@pytest.mark.parametrize("text", ["fd00::5", "[fd00::5", "host:0", "host:70000", ":3260"])
+def test_parse_portal_refuses(text: str) -> None:
+    with pytest.raises(InvalidOptions):
+        parse_portal(text)
+
+
+def test_target_portals_deduplicated_first_is_target_portal() -> None:
+    target = parse_target(
+        options(targetPortal="10.0.0.1", portals="10.0.0.2:3260, 10.0.0.1:3260,[fd00::1]")
+    )
+    assert [str(p) for p in target.portals] == ["10.0.0.1:3260", "10.0.0.2:3260", "[fd00::1]:3260"]
+    assert target.volume_id == f"iscsi:{IQN}:0"
+
+
+def test_volume_id_ignores_portals(backend: IscsiBackend) -> None:
+    one = make_volume(targetPortal="10.0.0.1")
+    two = make_volume(targetPortal="10.0.0.2", portals="10.0.0.1")
+    assert backend.volume_id(one) == backend.volume_id(two) == f"iscsi:{IQN}:0"
+
+
+GOOD = [
+    options(),
+    options(
+        targetPortal="[fd00::1]:3260",
+        portals="10.0.0.2,10.0.0.3:3261",
+        iqn="iqn.2001-05.com.example:storage.disk2.sys1.xyz",
+        lun="16383",
+        iscsiInterface="iface0",
+        initiatorName="iqn.2024-02.io.node:worker-1",
+        chapAuthDiscovery="true",
+        chapAuthSession="false",
+        mountOptions="noatime,discard",
+    ),
+    options(iqn="eui.02004567A425678D"),
+    options(iqn="naa.52004567BA64678D"),
+    options(iqn="naa.6001405c0f7e8e2b4e2b4f6a8bb9f3c1"),
+]
+
+BAD = [
+    ({"lun": "16384"}, "lun"),
+    ({"lun": "-1"}, "lun"),
+    ({"lun": "01"}, "lun"),
+    ({"iqn": "iqn.2024-13.org.example:x"}, "iqn"),
+    ({"iqn": "iqn.24-01.org.example"}, "iqn"),
+    ({"iqn": "eui.1234"}, "iqn"),
+    ({"iqn": "naa.123"}, "iqn"),
+    ({"iqn": f"{IQN} -o delete"}, "iqn"),
+    ({"targetPortal": "fd00::1"}, "targetPortal"),
+    ({"targetPortal": "10.0.0.1:99999"}, "targetPortal"),
+    ({"targetPortal": "-p"}, "targetPortal"),
+    ({"portals": "10.0.0.1;10.0.0.2"}, "portals"),
+    ({"chapAuthSession": "yes"}, "chapAuthSession"),
+    ({"iscsiInterface": "../x"}, "iscsiInterface"),
+    ({"initiatorName": "worker-1"}, "initiatorName"),
+    ({"mountOptions": "remount"}, "mountOptions"),
+    ({"secretRef": "x"}, "secretRef"),
+]
+
+
+@pytest.mark.parametrize("opts", GOOD)
+def test_schema_accepts(opts: dict[str, str]) -> None:
+    validate_options(IscsiBackend, {**opts, "kubernetes.io/fsType": "xfs"})
+
+
+@pytest.mark.parametrize(("change", "key"), BAD)
+def test_schema_refuses(change: dict[str, str], key: str) -> None:
+    with pytest.raises(InvalidOptions) as info:
+        validate_options(IscsiBackend, {**options(), **change})
+    assert key in str(info.value)
+
+
+@pytest.mark.parametrize("missing", ["targetPortal", "iqn", "lun"])
+def test_schema_requires(missing: str) -> None:
+    opts = options()
+    del opts[missing]
+    with pytest.raises(InvalidOptions, match=missing):
+        validate_options(IscsiBackend, opts)
+
+
+def test_schema_file_is_the_shared_one() -> None:
+    import flexhub_iscsi
+
+    link = Path(flexhub_iscsi.__file__).parent / "schema.json"
+    assert link.is_symlink() and os.readlink(link) == "../../../schemas/iscsi.json"
+    assert IscsiBackend.schema()["$id"] == "https://flexhub.invalid/schemas/iscsi.json"
+
+
+# --------------------------------------------------------------------------- check
+
+
+@pytest.mark.parametrize(
+    ("flags", "secrets", "missing"),
+    [
+        ({"chapAuthSession": "true"}, {}, "node.session.auth.username"),
+        (
+            {"chapAuthSession": "true"},
+            {"node.session.auth.username": USERNAME},
+            "node.session.auth.password",
+        ),
+        (
+            {"chapAuthDiscovery": "true"},
+            {"discovery.sendtargets.auth.username": DISC_USERNAME},
+            "discovery.sendtargets.auth.password",
+        ),
+        (
+            {"chapAuthSession": "true"},
+            {**SESSION_SECRETS, "node.session.auth.username_in": USERNAME_IN},
+            "node.session.auth.password_in",
+        ),
+        (
+            {"chapAuthDiscovery": "true", "chapAuthSession": "true"},
+            {**SESSION_SECRETS, "discovery.sendtargets.auth.password": DISC_PASSWORD},
+            "discovery.sendtargets.auth.username",
+        ),
+    ],
+)
+def test_check_names_missing_chap_key_not_values(
+    backend: IscsiBackend,
+    runner: FakeIscsi,
+    flags: dict[str, str],
+    secrets: dict[str, str],
+    missing: str,
+) -> None:
+    with pytest.raises(InvalidOptions) as info:
+        backend.check(make_volume(secrets, **flags))
+    assert missing in str(info.value)
+    for value in ALL_SECRETS:
+        assert value not in str(info.value)
+    assert runner.calls == []
+
+
+def test_check_without_pod_does_not_need_secrets(backend: IscsiBackend) -> None:
+    # expandfs carries no secrets (kubelet sends them to mount only)
+    backend.check(make_volume({}, pod=False, chapAuthSession="true", chapAuthDiscovery="true"))
+
+
+def test_check_refuses_bad_node_config(tmp_path: Path) -> None:
+    from flexhub.config import NodeConfig
+
+    config = NodeConfig(state_dir=tmp_path, backends={"iscsi": {"device_timeout": -1}})
+    with pytest.raises(FlexhubError, match="device_timeout"):
+        IscsiBackend(Node(config, backend="iscsi")).check(make_volume())
+    config = NodeConfig(state_dir=tmp_path, backends={"iscsi": {"device_timout": 3}})
+    with pytest.raises(FlexhubError, match="device_timout"):
+        IscsiBackend(Node(config, backend="iscsi")).check(make_volume())
+
+
+def test_bad_options_fail_before_any_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through kubelet's entry point: an invalid iqn is a Failure and runs nothing."""
+    from flexhub import kubelet
+    from flexhub.node import runner as runner_module
+
+    ran: list[object] = []
+    monkeypatch.setattr(runner_module.subprocess, "Popen", lambda *a, **k: ran.append(a))
+    config = tmp_path / "flexhub.toml"
+    config.write_text(f'state_dir = "{tmp_path}/state"\nlog_dir = "{tmp_path}/log"\n')
+    monkeypatch.setenv("FLEXHUB_CONFIG", str(config))
+    monkeypatch.setattr(kubelet, "_CONFIG", [])
+    target = tmp_path / "pod"
+    target.mkdir()
+    for bad in ({"iqn": "not-an-iqn"}, {"lun": "99999"}, {"chapAuthSession": "true"}):
+        opts = {
+            **options(**bad),
+            "kubernetes.io/pod.uid": "u",
+            "kubernetes.io/secret/node.session.auth.username": "dXNlcg==",
+        }
+        call = kubelet.Call(operation="mount")
+        reply = kubelet.handle([str(target), json.dumps(opts)], call)
+        assert reply.status == "Failure", reply
+        assert ran == []
+    assert "node.session.auth.password" in reply.message
+
+
+# --------------------------------------------------------------------------- attach
+
+
+def test_attach_sequence_without_chap(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    attachment = backend.attach(make_volume())
+    node = ["iscsiadm", "-m", "node", "-T", IQN, "-p", "127.0.0.1:3260", "-I", "default"]
+    discovery = ["iscsiadm", "-m", "discovery", "-t", "sendtargets", "-p", "127.0.0.1:3260"]
+    assert runner.iscsiadm_calls() == [
+        [*discovery, "-I", "default", "-o", "new"],
+        node,
+        [*node, "-o", "update", "-n", "node.startup", "-v", "manual"],
+        [*node, "-o", "update", "-n", "node.session.scan", "-v", "manual"],
+        [*node, "-o", "update", "-n", "node.session.auth.authmethod", "-v", "None"],
+        [*node, "--login"],
+    ]
+    assert attachment.device == str(backend.sysfs.dev / "sda")
+    assert dict(attachment.details) == {
+        "iqn": IQN,
+        "lun": "0",
+        "iface": "default",
+        "portals": "127.0.0.1:3260",
+        "devices": "sda",
+        "multipath": "",
+        "iface_created": "false",
+    }
+    # only the requested LUN was scanned, on the one session
+    assert [lun for _, lun in backend.sysfs.scans] == [0]  # type: ignore[attr-defined]
+
+
+def test_scan_writes_one_lun_triple(tmp_path: Path) -> None:
+    fake = FakeSysfs(tmp_path / "sys", tmp_path / "dev")
+    session = fake.add_session(IQN, "127.0.0.1:3260")
+    Sysfs.scan(fake, session, 7)
+    scan = tmp_path / "sys" / "class" / "scsi_host" / f"host{session.host}" / "scan"
+    assert scan.read_text() == "0 0 7"
+
+
+def test_attach_with_chap_masks_every_value(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    secrets = {
+        **SESSION_SECRETS,
+        **DISCOVERY_SECRETS,
+        "node.session.auth.username_in": USERNAME_IN,
+        "node.session.auth.password_in": PASSWORD_IN,
+    }
+    volume = make_volume(secrets, chapAuthSession="true", chapAuthDiscovery="true")
+    backend.check(volume)
+    attachment = backend.attach(volume)
+    text = flat(runner.calls)
+    for value in ALL_SECRETS:
+        assert value not in text
+        assert value not in json.dumps(dict(attachment.details))
+    disc = ["iscsiadm", "-m", "discoverydb", "-t", "sendtargets", "-p", "127.0.0.1:3260"]
+    disc += ["-I", "default"]
+    assert [*disc, "-o", "update", "-n", "discovery.sendtargets.auth.authmethod", "-v", "CHAP"] in (
+        runner.calls
+    )
+    assert [*disc, "-o", "update", "-n", "discovery.sendtargets.auth.password", "-v", "***"] in (
+        runner.calls
+    )
+    assert [*disc, "--discover", "-o", "new"] in runner.calls
+    # afterwards the discovery record forgets the credentials (open-iscsi keeps it on disk)
+    after = runner.calls[runner.calls.index([*disc, "--discover", "-o", "new"]) + 1 :]
+    assert [*disc, "-o", "update", "-n", "discovery.sendtargets.auth.password", "-v", "***"] in (
+        after
+    )
+    assert [*disc, "-o", "update", "-n", "discovery.sendtargets.auth.authmethod", "-v", "None"] in (
+        after
+    )
+    blanked = [r for r in runner.raw if "discovery.sendtargets.auth.password" in r][-1]
+    assert blanked[-1] == ""
+    node = ["iscsiadm", "-m", "node", "-T", IQN, "-p", "127.0.0.1:3260", "-I", "default"]
+    assert [*node, "-o", "update", "-n", "node.session.auth.username", "-v", "***"] in runner.calls
+    assert [*node, "-o", "update", "-n", "node.session.auth.password_in", "-v", "***"] in (
+        runner.calls
+    )
+    # the raw values did reach iscsiadm, and every call that carried one declared it
+    for raw, declared in zip(runner.raw, runner.secrets_seen, strict=True):
+        for value in ALL_SECRETS:
+            if value in raw:
+                assert value in declared
+    assert any(PASSWORD in raw for raw in runner.raw)
+    assert any(DISC_PASSWORD in raw for raw in runner.raw)
+
+
+def test_login_error_echoing_secret_is_scrubbed(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    runner.answer(
+        "--login",
+        rc=24,
+        stderr=f"iscsiadm: Login failed: user {USERNAME} password {PASSWORD} rejected",
+    )
+    volume = make_volume(SESSION_SECRETS, chapAuthSession="true")
+    with pytest.raises(VolumeError) as info:
+        backend.attach(volume)
+    message = str(info.value)
+    assert "authentication failed" in message and "CHAP" in message
+    assert PASSWORD not in message and USERNAME not in message
+    assert backend.sysfs.sessions() == []
+
+
+def test_timeout_message_is_scrubbed(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    from flexhub.errors import CommandTimeout
+
+    def hang(args: tuple[str, ...]) -> object:
+        raise CommandTimeout(f"iscsiadm {' '.join(args)} timed out")
+
+    runner.answers.append((("node.session.auth.password",), hang))  # type: ignore[arg-type]
+    with pytest.raises(VolumeError) as info:
+        backend.attach(make_volume(SESSION_SECRETS, chapAuthSession="true"))
+    assert PASSWORD not in str(info.value) and "timed out" in str(info.value)
+
+
+def test_one_portal_failing_is_tolerated(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    runner.answer("127.0.0.2:3260", "discovery", rc=4, stderr="connection refused")
+    attachment = backend.attach(make_volume(portals="127.0.0.2"))
+    assert attachment.details["portals"] == "127.0.0.1:3260"
+    assert attachment.device.endswith("/sda")
+
+
+def test_every_portal_failing_is_a_failure_naming_each(
+    backend: IscsiBackend, runner: FakeIscsi
+) -> None:
+    runner.answer("discovery", rc=4, stderr="iscsiadm: cannot make connection")
+    with pytest.raises(VolumeError) as info:
+        backend.attach(make_volume(portals="127.0.0.2"))
+    assert "127.0.0.1:3260" in str(info.value) and "127.0.0.2:3260" in str(info.value)
+    assert not any("--login" in c for c in runner.calls)
+
+
+def test_existing_session_is_reused(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    sysfs: FakeSysfs = backend.sysfs  # type: ignore[assignment]
+    session = sysfs.add_session(IQN, "127.0.0.1:3260")
+    sysfs.add_disk(session, 1)
+    attachment = backend.attach(make_volume())
+    assert runner.iscsiadm_calls() == []
+    assert attachment.details["portals"] == "127.0.0.1:3260"
+    # attach again (idempotent): same device, still no command
+    again = backend.attach(make_volume())
+    assert again.device == attachment.device and runner.iscsiadm_calls() == []
+
+
+def test_missing_lun_times_out_and_logs_out(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    with pytest.raises(VolumeError, match=r"LUN 5 .* did not appear within 0.5s"):
+        backend.attach(make_volume(lun="5"))
+    assert backend.sysfs.sessions() == []
+    assert ["iscsiadm", "-m", "node", "-T", IQN, "-I", "default", "-o", "delete"] in runner.calls
+
+
+def test_failed_attach_keeps_session_of_other_lun(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    sysfs: FakeSysfs = backend.sysfs  # type: ignore[assignment]
+    session = sysfs.add_session(IQN, "127.0.0.1:3260")
+    sysfs.add_disk(session, 1)
+    with pytest.raises(VolumeError):
+        backend.attach(make_volume(lun="5"))
+    assert len(sysfs.sessions()) == 1
+    assert not any("--logout" in c for c in runner.calls)
+
+
+# --------------------------------------------------------------------------- multipath
+
+
+def two_portal_attach(backend: IscsiBackend, runner: FakeIscsi, *, mpath: bool) -> Attachment:
+    sysfs: FakeSysfs = backend.sysfs  # type: ignore[assignment]
+    runner.multipathd = mpath
+
+    def daemon(args: tuple[str, ...]) -> object:
+        from flexhub.node.runner import Result
+
+        disks = [d for s in sysfs.sessions() for d in sysfs.lun_disks(s, 0)]
+        if len(disks) == 2 and sysfs.find_map("mpatha") is None:
+            sysfs.add_map("mpatha", disks)
+        return Result(args, 0, "pid 42 idle\n", "")
+
+    if mpath:
+        runner.answers.append((("show", "daemon"), daemon))  # type: ignore[arg-type]
+    return backend.attach(make_volume(portals="127.0.0.2:3260"))
+
+
+def test_two_paths_with_multipathd_use_the_map(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    attachment = two_portal_attach(backend, runner, mpath=True)
+    assert attachment.device == str(backend.sysfs.dev / "dm-0")
+    assert attachment.details["multipath"] == "mpatha"
+    assert attachment.details["devices"] == "sda,sdb"
+    assert attachment.details["portals"] == "127.0.0.1:3260,127.0.0.2:3260"
+    backend.detach(attachment)
+    assert ["multipath", "-f", "mpatha"] in runner.calls
+    flushes = [c for c in runner.calls if c[:2] == ["blockdev", "--flushbufs"]]
+    assert flushes[0][-1].endswith("/dm-0")
+    assert backend.sysfs.sessions() == []
+
+
+def test_two_paths_without_multipathd_use_the_first(
+    backend: IscsiBackend, runner: FakeIscsi
+) -> None:
+    attachment = two_portal_attach(backend, runner, mpath=False)
+    assert attachment.device == str(backend.sysfs.dev / "sda")
+    assert attachment.details["multipath"] == ""
+    assert attachment.details["devices"] == "sda,sdb"
+
+
+# --------------------------------------------------------------------------- detach
+
+
+def journal_staged(node: Node, lun: int, staging: str) -> None:
+    node.journal.put_volume(
+        VolumeRecord(
+            f"iscsi:{IQN}:{lun}",
+            "iscsi",
+            "/dev/sdz",
+            staging,
+            "ext4",
+            {"iqn": IQN, "lun": str(lun), "iface": "default"},
+        )
+    )
+
+
+def test_detach_keeps_session_while_another_lun_is_used(
+    backend: IscsiBackend, runner: FakeIscsi
+) -> None:
+    zero = backend.attach(make_volume(lun="0"))
+    one = backend.attach(make_volume(lun="1"))
+    assert (
+        runner.iscsiadm_calls().count(
+            [
+                "iscsiadm",
+                "-m",
+                "node",
+                "-T",
+                IQN,
+                "-p",
+                "127.0.0.1:3260",
+                "-I",
+                "default",
+                "--login",
+            ]
+        )
+        == 1
+    )
+    backend.detach(zero)
+    assert not any("--logout" in c or "delete" in c for c in runner.calls)
+    assert len(backend.sysfs.sessions()) == 1
+    assert backend.sysfs.deleted == ["sda"]  # type: ignore[attr-defined]
+    backend.detach(one)
+    assert runner.iscsiadm_calls()[-2:] == [
+        ["iscsiadm", "-m", "node", "-T", IQN, "-p", "127.0.0.1:3260", "-I", "default", "--logout"],
+        ["iscsiadm", "-m", "node", "-T", IQN, "-I", "default", "-o", "delete"],
+    ]
+    assert backend.sysfs.sessions() == []
+
+
+def test_detach_counts_journal_of_a_staged_lun(
+    backend: IscsiBackend, runner: FakeIscsi, node: Node
+) -> None:
+    zero = backend.attach(make_volume(lun="0"))
+    journal_staged(node, 1, "/")  # LUN 1 staged (its disk may be failing): "/" is a mount
+    backend.detach(zero)
+    assert not any("--logout" in c for c in runner.calls)
+
+
+def test_detach_ignores_stale_journal_records(
+    backend: IscsiBackend, runner: FakeIscsi, node: Node, tmp_path: Path
+) -> None:
+    zero = backend.attach(make_volume(lun="0"))
+    journal_staged(node, 1, str(tmp_path / "not-mounted"))  # after a reboot, say
+    backend.detach(zero)
+    assert any("--logout" in c for c in runner.calls)
+
+
+def test_detach_after_reboot_tolerates_no_session(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    attachment = Attachment(
+        "/dev/sdq", {"iqn": IQN, "lun": "0", "iface": "default", "portals": "127.0.0.1:3260"}
+    )
+    backend.detach(attachment)  # No matching sessions (21): fine
+    backend.detach(attachment)
+    assert backend.sysfs.deleted == []  # type: ignore[attr-defined]
+
+
+def test_detach_never_deletes_a_disk_of_another_target(
+    backend: IscsiBackend, runner: FakeIscsi
+) -> None:
+    sysfs: FakeSysfs = backend.sysfs  # type: ignore[assignment]
+    other = sysfs.add_session("iqn.2024-01.org.example:other", "127.0.0.1:3260")
+    sysfs.add_disk(other, 0)  # sda now belongs to another target
+    attachment = Attachment("/dev/sda", {"iqn": IQN, "lun": "0", "devices": "sda"})
+    backend.detach(attachment)
+    assert sysfs.deleted == []
+
+
+def test_detach_failed_logout_is_reported(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    attachment = backend.attach(make_volume())
+    runner.answer("--logout", rc=10, stderr="iscsiadm: logout failed")
+    with pytest.raises(VolumeError, match="still logged in"):
+        backend.detach(attachment)
+
+
+def test_detach_without_details_is_an_error(backend: IscsiBackend) -> None:
+    with pytest.raises(VolumeError, match="no target"):
+        backend.detach(Attachment("/dev/sda", {}))
+
+
+# --------------------------------------------------------------------------- iface
+
+
+def test_initiator_name_makes_and_removes_a_dedicated_iface(
+    backend: IscsiBackend, runner: FakeIscsi
+) -> None:
+    name = "iqn.2024-02.io.node:worker-1"
+    iface = dedicated_iface("default", name)
+    runner.answer("iface", iface, "show", rc=21, stderr="iscsiadm: Could not read iface")
+    runner.answer(
+        "iface",
+        "default",
+        "show",
+        stdout="iface.iscsi_ifacename = default\niface.transport_name = tcp\n"
+        "iface.initiatorname = <empty>\niface.mtu = 0\n",
+    )
+    attachment = backend.attach(make_volume(initiatorName=name))
+    assert attachment.details["iface"] == iface and attachment.details["iface_created"] == "true"
+    cmds = runner.iscsiadm_calls()
+    upd = ["iscsiadm", "-m", "iface", "-I", iface, "-o", "update", "-n"]
+    assert ["iscsiadm", "-m", "iface", "-I", iface, "-o", "new"] in cmds
+    assert [*upd, "iface.transport_name", "-v", "tcp"] in cmds
+    assert [*upd, "iface.initiatorname", "-v", name] in cmds
+    assert not any("iface.mtu" in c for c in cmds)
+    assert all(c[c.index("-I") + 1] == iface for c in cmds if "-m" in c and "node" in c)
+    backend.detach(attachment)
+    assert runner.iscsiadm_calls()[-1] == ["iscsiadm", "-m", "iface", "-I", iface, "-o", "delete"]
+
+
+def test_missing_iface_is_invalid_options(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    runner.answer("iface", "eth9", "show", rc=21, stderr="iscsiadm: Could not read iface eth9")
+    with pytest.raises(InvalidOptions, match="eth9"):
+        backend.attach(make_volume(iscsiInterface="eth9"))
+    assert not any("--login" in c for c in runner.calls)
+
+
+# --------------------------------------------------------------------------- expand
+
+
+def test_expand_rescans_and_checks_the_size(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    sysfs: FakeSysfs = backend.sysfs  # type: ignore[assignment]
+    attachment = backend.attach(make_volume())
+    sysfs.exported[IQN][0] = 128 * MiB
+    backend.expand(attachment, make_volume(pod=False), 128 * MiB)
+    assert sysfs.size("sda") == 128 * MiB
+
+
+def test_expand_refuses_when_the_lun_did_not_grow(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    attachment = backend.attach(make_volume())
+    with pytest.raises(VolumeError, match="grow the LUN on the target first"):
+        backend.expand(attachment, make_volume(pod=False), 128 * MiB)
+
+
+def test_expand_resizes_the_multipath_map(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    sysfs: FakeSysfs = backend.sysfs  # type: ignore[assignment]
+    attachment = two_portal_attach(backend, runner, mpath=True)
+    sysfs.exported[IQN][0] = 96 * MiB
+
+    def resize(args: tuple[str, ...]) -> object:
+        from flexhub.node.runner import Result
+
+        sysfs.set_size("dm-0", 96 * MiB)
+        return Result(args, 0, "ok\n", "")
+
+    runner.answers.append((("resize", "map"), resize))  # type: ignore[arg-type]
+    backend.expand(attachment, make_volume(pod=False), 96 * MiB)
+    assert ["multipathd", "resize", "map", "mpatha"] in runner.calls
