@@ -19,6 +19,17 @@ from flexhub.errors import UsageError
 __all__ = ["driver_dir_name", "install", "render_shim", "uninstall"]
 
 
+_BOOTSTRAP = """import sys
+try:
+    from flexhub.__main__ import main
+except BaseException as exc:
+    import json
+    reason = "%s: %s" % (type(exc).__name__, exc)
+    print(json.dumps({"status": "Failure", "message": "flexhub cannot start: " + reason}))
+    sys.exit(1)
+sys.exit(main())"""
+
+
 def driver_dir_name(driver: str) -> tuple[str, str]:
     """``vendor/name`` → (``vendor~name``, ``name``), checked like kubelet's IsQualifiedName."""
     import re
@@ -46,7 +57,9 @@ def render_shim(python: str, config: Path | None) -> str:
     if config is not None:
         lines.append(f"FLEXHUB_CONFIG={shlex.quote(str(config))}")
         lines.append("export FLEXHUB_CONFIG")
-    lines.append('exec "$PY" -I -m flexhub "$@" 2>/dev/null')
+    # Python, not the shell, starts flexhub, so that even a broken installation answers
+    # kubelet with one JSON object instead of a traceback or nothing.
+    lines.append(f'exec "$PY" -I -c \'{_BOOTSTRAP}\' "$@" 2>/dev/null')
     return "\n".join(lines) + "\n"
 
 

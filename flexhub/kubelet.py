@@ -138,6 +138,7 @@ def parse_options(raw: str, call: Call) -> dict[str, str]:
     for key, value in data.items():
         if key.startswith(SECRET_PREFIX) and isinstance(value, str):
             call.secrets.append(value)
+            call.secrets.extend(_decoded(value))
     for key, value in data.items():
         shown = key if len(key) <= 80 else key[:77] + "..."
         if not isinstance(value, str):
@@ -150,6 +151,17 @@ def parse_options(raw: str, call: Call) -> dict[str, str]:
     call.volume = data.get("kubernetes.io/pvOrVolumeName", "")
     call.pod_uid = data.get("kubernetes.io/pod.uid", "")
     return data
+
+
+def _decoded(value: str) -> list[str]:
+    """The decoded text of a base64 secret value, so that it is scrubbed too."""
+    import base64
+    import binascii
+
+    try:
+        return [base64.b64decode(value, validate=True).decode("utf-8")]
+    except (binascii.Error, ValueError):
+        return []
 
 
 def _json_type(value: object) -> str:

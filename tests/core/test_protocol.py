@@ -263,6 +263,35 @@ def test_secret_values_never_reach_reply_or_log(tmp_path: Path, node_tree: dict[
     assert '"op": "mount"' in log
 
 
+def test_decoded_secrets_are_scrubbed_from_internal_errors(
+    tmp_path: Path, node_tree: dict[str, Path]
+) -> None:
+    secret = "s3cr3t-decoded"
+    raw = mount_opts({"backend": "echo", "tag": "leak"}, secrets={"password": secret})
+    reply = run_flexhub(["mount", str(tmp_path), raw], node_tree["config"])
+    assert reply.status == "Failure"
+    assert reply.message == "internal error: RuntimeError: cannot log in with ***"
+    log = (node_tree["log"] / "flexhub.log").read_text()
+    assert secret not in log and "cannot log in with ***" in log
+
+
+def test_shim_answers_json_when_flexhub_cannot_start(tmp_path: Path) -> None:
+    from flexhub.install import install
+
+    # a real interpreter that has no flexhub installed (kept away from site-packages by -I)
+    bare = tmp_path / "venv"
+    subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(bare)], check=True)
+    driver = install(tmp_path / "plugins", python=str(bare / "bin" / "python"))
+    proc = subprocess.run(
+        [str(driver), "init"], stdin=subprocess.DEVNULL, capture_output=True, cwd="/", check=False
+    )
+    assert proc.stderr == b""
+    reply = parse_reply(proc.stdout)
+    assert proc.returncode == 1
+    assert reply["status"] == "Failure"
+    assert "flexhub cannot start: ModuleNotFoundError" in reply["message"]
+
+
 def test_one_structured_log_line_per_call(node_tree: dict[str, Path]) -> None:
     run_flexhub(["init"], node_tree["config"])
     run_flexhub(["getvolumename", opts(ECHO)], node_tree["config"])
