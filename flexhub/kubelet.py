@@ -269,9 +269,14 @@ def op_mount(args: list[str], call: Call) -> Reply:
     target = _directory(args[0], "mount directory")
     call.target = str(target)
     volume, backend, node = _validated(args[1], call, with_pod=True)
-    if not target.is_dir():
-        raise UsageError(f"mount directory {target} does not exist or is not a directory")
+    from flexhub.node.mounts import is_corrupted
     from flexhub.node.volumes import mount_volume
+
+    # A stale mount (a restarted NFS server) fails or hangs a plain stat: probe it with a
+    # bound, and let mount_volume clean it up before mounting again.
+    stale = node.mounts.is_mount_point(target) and is_corrupted(target)
+    if not stale and not target.is_dir():
+        raise UsageError(f"mount directory {target} does not exist or is not a directory")
 
     mount_volume(node, backend, target, volume)
     return Reply()

@@ -164,7 +164,7 @@ def parse_mountinfo(text: str) -> list[MountEntry]:
 
 
 def is_corrupted(path: Path, timeout: float = 5.0) -> bool:
-    """Whether ``stat(path)`` fails like a stale or broken mount, or hangs past ``timeout``.
+    """Whether ``stat``/``statvfs`` of ``path`` fail like a stale mount, or hang past ``timeout``.
 
     A missing path is not corrupted. The ``stat`` runs in a daemon thread, so a hang costs
     ``timeout`` seconds and one parked thread, never the call.
@@ -174,6 +174,9 @@ def is_corrupted(path: Path, timeout: float = 5.0) -> bool:
     def probe() -> None:
         try:
             os.stat(path)
+            # stat may be answered from the NFS attribute cache for up to a minute;
+            # statvfs always asks the server
+            os.statvfs(path)
             outcome.append(None)
         except OSError as exc:
             outcome.append(exc)
@@ -340,7 +343,8 @@ def unmount(
     last: CommandError | None = None
     for flags in ((), ("-f",), ("-l",)):
         try:
-            runner(["umount", *flags, "--", where], timeout=timeout)
+            # -c: no canonicalisation, which would stat a dead mount and hang
+            runner(["umount", "-c", *flags, "--", where], timeout=timeout)
         except CommandError as exc:
             last = exc
             if _gone(table, where, before):

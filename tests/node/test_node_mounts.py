@@ -118,14 +118,14 @@ def test_unmount_escalates_until_the_mount_is_gone(tmp_path: Path) -> None:
     info = tmp_path / "mountinfo"
     info.write_text("40 22 7:3 / /p rw - ext4 /dev/loop3 rw\n")
     runner = RecordingRunner()
-    runner.answer("umount", "--", rc=16, stderr="target is busy")
+    runner.answer("umount", "-c", "--", rc=16, stderr="target is busy")
 
     def forced(argv: tuple[str, ...]):  # umount -f fails too, lazily detaching works
         from flexhub.node.runner import Result
 
         return Result(argv, 16, "", "busy")
 
-    runner.script[("umount", "-f")] = forced
+    runner.script[("umount", "-c", "-f")] = forced
 
     def lazy(argv: tuple[str, ...]):
         from flexhub.node.runner import Result
@@ -133,12 +133,12 @@ def test_unmount_escalates_until_the_mount_is_gone(tmp_path: Path) -> None:
         info.write_text("")
         return Result(argv, 0, "", "")
 
-    runner.script[("umount", "-l")] = lazy
+    runner.script[("umount", "-c", "-l")] = lazy
     unmount(runner, "/p", 5, MountTable(info))
     assert runner.calls == [
-        ["umount", "--", "/p"],
-        ["umount", "-f", "--", "/p"],
-        ["umount", "-l", "--", "/p"],
+        ["umount", "-c", "--", "/p"],
+        ["umount", "-c", "-f", "--", "/p"],
+        ["umount", "-c", "-l", "--", "/p"],
     ]
 
 

@@ -1,0 +1,373 @@
+"""The ``nfs`` backend: an NFS export mounted on the pod's volume directory.
+
+A PV names a server and an exported path, and optionally a version, mount options and a
+sub-directory::
+
+    options: {backend: nfs, server: nfs1.example.com, share: /exports/team,
+              nfsVersion: "4.1", mountOptions: "nconnect=4,noatime",
+              subPath: app/data, createSubPath: "true", subPathMode: "0770"}
+
+One NFS mount per pod directory (a :class:`~flexhub.backend.FilesystemBackend`): the kernel
+already shares one NFS superblock, and so one TCP connection and one page cache, between the
+mounts of the same export with the same options, so a node-wide staging mount plus bind
+mounts would add a second mount to clean up per volume and win nothing.
+
+Mount (``mount -t nfs -o OPTS -- server:/share[/subPath] TARGET``):
+
+* ``vers=`` comes from ``nfsVersion`` (or ``vers=``/``nfsvers=`` in ``mountOptions``, or
+  ``kubernetes.io/fsType: nfs4`` which means ``vers=4``); absent, the client negotiates.
+* Defaults, each added only when the PV does not set it: ``hard`` (a write is never silently
+  dropped; a dead server makes I/O wait, not fail) and ``retry=0`` (``mount.nfs`` gives up at
+  the first definite error instead of retrying for two minutes: kubelet retries the call with
+  back-off anyway, and the error reaches the pod's events at once). Everything else is the
+  kernel's default (for TCP: ``timeo=600,retrans=2``).
+* ``kubernetes.io/readwrite: ro`` (or ``ro`` in ``mountOptions``) adds ``ro``; the result is
+  checked in mountinfo.
+* The command runs under ``[nfs] mount_timeout`` (default: the node's ``mount_timeout``). On
+  timeout the node's runner kills its whole process group (``mount`` and ``mount.nfs``), and
+  the directory is unmounted again in case the kernel finished the mount at the last moment.
+* ``createSubPath: "true"``: the export's root is first mounted read-write on a private
+  directory under ``<state_dir>/nfs-tmp/``, ``mkdir -p -m MODE`` makes the sub-directory
+  (``subPathMode``, default ``0750``, applies to the last segment; missing parents get the
+  ``mkdir`` default), and that mount is removed before the pod's mount.
+* A stale mount already on the directory (ESTALE after a server restart) is unmounted and
+  mounted again; the same export already mounted and healthy is success; anything else
+  mounted there is a failure.
+
+Unmount: when the mount answers ``stat`` and ``statvfs`` within ``[nfs] stat_timeout``
+(default 5 s; ``statvfs`` always asks the server, so a stale handle shows at once), a plain
+``umount`` bounded by ``[nfs] unmount_timeout`` (default: the node's ``unmount_timeout``). When
+it does not (a dead or unreachable server, a stale handle), or the plain step fails,
+``umount -f -l``: the forced flag aborts the RPCs in flight, the lazy flag detaches the mount at
+once. After the detach the kernel's farewell to a dead NFSv4 server can block that command until
+it is killed, so the step is bounded by ``[nfs] force_unmount_timeout`` (default 5 s) and its
+success is judged from mountinfo, not from its exit status. No step canonicalizes the path
+(``-c``: a ``stat`` of a dead hard mount blocks) or runs the ``umount.nfs`` helper (``-i``: for
+v3 it calls the server's mountd). A dead server therefore costs at most
+``stat_timeout + force_unmount_timeout`` (10 s by default), a live one a plain ``umount``.
+
+fsGroup: ignored. The driver reports ``fsGroup: false``, so kubelet never chowns, and flexhub
+never chowns an NFS share (a recursive chown of a shared export is slow, races other clients
+and is often refused by root squashing). Give the export the right owner on the server, or use
+``createSubPath`` with ``subPathMode``.
+
+Expansion: success without change (an NFS volume's size is the server's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flexhub.backend import (
+    CommandError,
+    CommandTimeout,
+    FilesystemBackend,
+    FlexhubError,
+    Volume,
+    VolumeError,
+)
+from flexhub_nfs._options import Plan, build_plan
+
+__all__ = ["DEFAULT_FORCE_TIMEOUT", "DEFAULT_STAT_TIMEOUT", "NFS_TYPES", "NfsBackend"]
+
+LOG = logging.getLogger(__name__)
+
+#: Filesystem types an NFS mount shows in mountinfo.
+NFS_TYPES = frozenset({"nfs", "nfs4"})
+#: Seconds the health ``stat`` of a mount point may take before it counts as hung.
+DEFAULT_STAT_TIMEOUT = 5.0
+#: Seconds the forced and lazy ``umount`` of a dead mount may run before it is killed.
+DEFAULT_FORCE_TIMEOUT = 5.0
+#: Age in seconds after which a leftover ``nfs-tmp`` directory is garbage.
+TEMP_MAX_AGE = 3600.0
+
+#: ``stat`` errors that mean an NFS mount point is stale or its server is gone.
+_STALE_ERRNOS = frozenset(
+    {errno.ESTALE, errno.EIO, errno.ENOTCONN, errno.EHOSTDOWN, errno.ETIMEDOUT, errno.EACCES}
+)
+_ID_PREFIX = "nfs:"
+
+
+def _probe(path: Path, timeout: float) -> bool:
+    """Whether ``stat`` and ``statvfs`` of ``path`` answer within ``timeout`` without a
+    stale-mount error.
+
+    ``statvfs`` asks the server every time (``FSSTAT``), where ``stat`` may be answered from
+    the attribute cache, so a stale handle or a dead server shows at once. Both run in a
+    daemon thread: a dead hard mount parks that thread, never the call.
+    """
+    outcome: list[OSError | None] = []
+
+    def run() -> None:
+        try:
+            os.stat(path)
+            os.statvfs(path)
+            outcome.append(None)
+        except OSError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, name=f"stat {path}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not outcome:
+        LOG.warning("stat of %s hung for %gs: treating the NFS mount as dead", path, timeout)
+        return False
+    error = outcome[0]
+    if error is not None and error.errno in _STALE_ERRNOS:
+        LOG.warning("%s is a stale NFS mount: %s", path, os.strerror(error.errno or 0))
+        return False
+    return True
+
+
+def _same_source(shown: str, wanted: str) -> bool:
+    return shown.rstrip("/") == wanted.rstrip("/")
+
+
+class NfsBackend(FilesystemBackend):
+    """NFS exports mounted straight onto pod directories."""
+
+    schema_package = "flexhub_nfs"
+
+    # --------------------------------------------------------------------------- settings
+
+    def _seconds(self, key: str, default: float) -> float:
+        value: Any = self.node.settings.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise FlexhubError(f"node config: [nfs] {key} must be a positive number")
+        return float(value)
+
+    @property
+    def mount_timeout(self) -> float:
+        """Bound of one ``mount`` command: ``[nfs] mount_timeout`` or the node's."""
+        return self._seconds("mount_timeout", self.node.config.mount_timeout)
+
+    @property
+    def unmount_timeout(self) -> float:
+        """Bound of each ``umount`` step: ``[nfs] unmount_timeout`` or the node's."""
+        return self._seconds("unmount_timeout", self.node.config.unmount_timeout)
+
+    @property
+    def force_timeout(self) -> float:
+        """Bound of the forced and lazy ``umount``: ``[nfs] force_unmount_timeout`` (5 s)."""
+        return self._seconds("force_unmount_timeout", DEFAULT_FORCE_TIMEOUT)
+
+    @property
+    def stat_timeout(self) -> float:
+        """Bound of the health ``stat`` of a mount point: ``[nfs] stat_timeout`` (5 s)."""
+        return self._seconds("stat_timeout", DEFAULT_STAT_TIMEOUT)
+
+    # --------------------------------------------------------------------------- API
+
+    def check(self, volume: Volume) -> None:
+        """Check everything the schema cannot: contradictions, ranges, addresses."""
+        build_plan(volume)
+        if volume.fs_group is not None:
+            LOG.debug("fsGroup %d ignored: flexhub never chowns an NFS share", volume.fs_group)
+
+    def volume_id(self, volume: Volume) -> str:
+        """``nfs:<host>:<path>``, e.g. ``nfs:nfs1.example.com:/exports/team/app``."""
+        return _ID_PREFIX + build_plan(volume).source
+
+    def mount(self, target: Path, volume: Volume) -> Mapping[str, str]:
+        """Mount the export (or its sub-directory) on ``target``.
+
+        :raises CommandTimeout: the server did not answer within the mount timeout.
+        :raises CommandError: ``mount`` failed (its message says why).
+        :raises VolumeError: something else is mounted on ``target``, or the mount is not
+            what was asked for (read-only).
+        """
+        plan = build_plan(volume)
+        details = {"source": plan.source, "server": plan.host}
+        if self._already_mounted(target, plan):
+            LOG.info("%s already holds %s: nothing to do", target, plan.source)
+            return self._with_version(target, details)
+        if plan.create_sub_path:
+            self._create_sub_path(plan)
+        started = time.monotonic()
+        self._mount(plan.source, target, plan.options, plan)
+        entry = self.node.mounts.at(target)
+        if entry is None or entry.fs_type not in NFS_TYPES:
+            self._cleanup(target)
+            raise VolumeError(f"{target} is not an NFS mount after mounting {plan.source}")
+        if plan.read_only and not entry.read_only:
+            self._cleanup(target)
+            raise VolumeError(f"the mount of {plan.source} on {target} did not become read-only")
+        LOG.info(
+            "mounted %s on %s (%s) in %.3fs",
+            plan.source,
+            target,
+            ",".join(plan.options),
+            time.monotonic() - started,
+        )
+        return self._with_version(target, details)
+
+    def unmount(self, target: Path, details: Mapping[str, str]) -> None:
+        """Unmount ``target``, also when its server is gone; see the module docstring.
+
+        :raises CommandError: the mount is still there after the lazy unmount.
+        """
+        self._unmount(target)
+        self.node.unmount(target)  # anything else stacked there: the core's escalation
+
+    # --------------------------------------------------------------------------- mount
+
+    def _already_mounted(self, target: Path, plan: Plan) -> bool:
+        """Whether ``target`` already holds a healthy mount of ``plan``; cleans a stale one."""
+        entry = self.node.mounts.at(target)
+        if entry is None:
+            return False
+        if entry.fs_type in NFS_TYPES and _same_source(entry.source, plan.source):
+            if _probe(target, self.stat_timeout):
+                if entry.read_only != plan.read_only:
+                    raise VolumeError(
+                        f"{target} already holds {plan.source} "
+                        f"{'read-only' if entry.read_only else 'read-write'}"
+                    )
+                return True
+            LOG.warning("%s holds a stale mount of %s: mounting it again", target, plan.source)
+            self._unmount(target)  # raises rather than stack a new mount on a stale one
+            return False
+        raise VolumeError(f"{target} is already a mount point of {entry.source}")
+
+    def _mount(self, source: str, target: Path, options: tuple[str, ...], plan: Plan) -> None:
+        """Run the mount command under the mount timeout; leave ``target`` clean on failure."""
+        argv = ["mount", "-t", "nfs", "-o", ",".join(options), "--", source, str(target)]
+        bound = self.mount_timeout
+        try:
+            self.node.runner(argv, timeout=bound)
+        except CommandTimeout:
+            self._cleanup(target)
+            raise CommandTimeout(
+                f"NFS server {plan.host} did not answer within {bound:g}s: mount of {source} "
+                "abandoned and its processes killed"
+            ) from None
+        except CommandError as exc:
+            self._cleanup(target)
+            output = exc.output or str(exc)
+            missing = "No such file or directory" in output
+            if missing and plan.sub_path and not plan.create_sub_path:
+                raise VolumeError(
+                    f'{source} does not exist on the server (createSubPath: "true" creates it)'
+                ) from None
+            raise CommandError(
+                f"mount of NFS export {source} failed (exit {exc.returncode}): {output}",
+                returncode=exc.returncode,
+                output=output,
+            ) from None
+
+    def _with_version(self, target: Path, details: dict[str, str]) -> dict[str, str]:
+        """Add the negotiated version (``vers=`` of the superblock) to ``details``."""
+        entry = self.node.mounts.at(target)
+        if entry is not None:
+            for option in (*entry.super_options, *entry.options):
+                if option.startswith("vers="):
+                    details["vers"] = option[len("vers=") :]
+                    break
+        return details
+
+    def _create_sub_path(self, plan: Plan) -> None:
+        """Mount the export's root on a private directory and make the sub-directory."""
+        base = Path(os.path.realpath(self.node.state_dir)) / "nfs-tmp"
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._collect_temp(base)
+        temp = base / secrets.token_hex(8)
+        temp.mkdir(mode=0o700)
+        try:
+            self._mount(plan.root_source, temp, plan.root_options, plan)
+            try:
+                mode = f"{plan.sub_path_mode:04o}"
+                self.node.runner(
+                    ["mkdir", "-p", "-m", mode, "--", str(temp / plan.sub_path)],
+                    timeout=self.mount_timeout,
+                )
+                LOG.info("made sure %s/%s exists (mode %s)", plan.root_source, plan.sub_path, mode)
+            except CommandTimeout:
+                raise CommandTimeout(
+                    f"NFS server {plan.host} did not answer within {self.mount_timeout:g}s "
+                    f"while creating {plan.sub_path} in {plan.share}"
+                ) from None
+            except CommandError as exc:
+                raise VolumeError(
+                    f"cannot create {plan.sub_path} in {plan.root_source}: "
+                    f"{exc.output or exc.message}"
+                ) from None
+            finally:
+                self._cleanup(temp)
+        finally:
+            with contextlib.suppress(OSError):
+                temp.rmdir()
+
+    def _collect_temp(self, base: Path) -> None:
+        """Unmount and remove ``nfs-tmp`` directories a crashed call left behind."""
+        now = time.time()
+        try:
+            leftovers = list(base.iterdir())
+        except OSError:
+            return
+        for path in leftovers:
+            try:
+                if now - path.lstat().st_mtime < TEMP_MAX_AGE:
+                    continue
+                LOG.warning("removing leftover temporary NFS mount point %s", path)
+                self._cleanup(path)
+                path.rmdir()
+            except (FlexhubError, OSError) as exc:
+                LOG.warning("cannot remove leftover %s: %s", path, exc)
+
+    # --------------------------------------------------------------------------- unmount
+
+    def _cleanup(self, target: Path) -> None:
+        """Unmount whatever is on ``target``, logging instead of raising (rollback paths)."""
+        try:
+            self._unmount(target)
+            self.node.unmount(target)
+        except FlexhubError as exc:
+            LOG.error("cannot clean %s: %s", target, exc)
+
+    def _unmount(self, target: Path) -> None:
+        """Remove every mount stacked on ``target``: plain, then forced and lazy ``umount``.
+
+        The plain step runs only when the mount answers a ``stat``; the forced and lazy step
+        detaches at once and is bounded by ``force_unmount_timeout``, because after the detach
+        the kernel's goodbye to a dead NFSv4 server blocks the command until it is killed.
+
+        :raises CommandError: a mount is still there after the forced and lazy step.
+        """
+        where = os.path.normpath(os.path.abspath(target))
+        for _ in range(32):  # stacked mounts, removed one by one
+            entry = self.node.mounts.at(where)
+            if entry is None:
+                return
+            started = time.monotonic()
+            steps: list[tuple[tuple[str, ...], float]] = [(("-f", "-l"), self.force_timeout)]
+            if entry.fs_type not in NFS_TYPES or _probe(Path(where), self.stat_timeout):
+                steps.insert(0, ((), self.unmount_timeout))
+            last: CommandError | None = None
+            for flags, bound in steps:
+                try:
+                    self.node.runner(["umount", "-c", "-i", *flags, "--", where], timeout=bound)
+                except CommandError as exc:
+                    last = exc
+                    LOG.warning("umount %s %s: %s", " ".join(flags), where, exc)
+                now = self.node.mounts.at(where)
+                if now is None or now.mount_id != entry.mount_id:
+                    LOG.info(
+                        "unmounted %s from %s (%s) in %.3fs",
+                        entry.source,
+                        where,
+                        " ".join(flags) or "plain",
+                        time.monotonic() - started,
+                    )
+                    break
+            else:
+                raise CommandError(f"cannot unmount {entry.source} from {where}: {last}")
+        raise CommandError(f"more than 32 mounts stacked on {where}")
