@@ -113,10 +113,19 @@ class Backend(abc.ABC):
             raise BackendError(f"backend schema {package}/{cls.schema_file} is not an object")
         return loaded
 
-    def check(self, volume: Volume) -> None:  # noqa: B027 - optional hook
-        """Check what a schema cannot (cross-field rules, paths on this node).
+    @classmethod  # noqa: B027 - an optional hook
+    def check_options(cls, volume: Volume) -> None:
+        """Check rules on the options alone that a schema cannot express (contradictions,
+        ranges), needing neither the node nor secrets.
 
-        Runs after schema validation and before any change. Raise :class:`InvalidOptions`.
+        Runs on every call after schema validation, and in ``flexhub validate``.
+        Raise :class:`InvalidOptions`.
+        """
+
+    def check(self, volume: Volume) -> None:  # noqa: B027 - optional hook
+        """Check what depends on this node or on the call (paths on the node, secrets).
+
+        Runs after :meth:`check_options` and before any change. Raise :class:`InvalidOptions`.
         """
 
     @abc.abstractmethod

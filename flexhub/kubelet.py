@@ -219,6 +219,7 @@ def _validated(raw: str, call: Call, *, with_pod: bool) -> tuple[Any, Any, Any]:
 
     node = Node(config, backend=volume.backend)
     backend = backend_cls(node)
+    backend_cls.check_options(volume)
     backend.check(volume)
     return volume, backend, node
 

@@ -84,7 +84,7 @@ def validate_options_object(options: Any) -> str:
         parsed = parse_options(json.dumps(options), Call("validate"))
         backend = load_backend(parsed.get("backend"))
         validate_options(backend, parsed)
-        Volume.from_options(parsed)
+        backend.check_options(Volume.from_options(parsed))
     except FlexhubError as exc:
         return exc.message
     return ""

@@ -103,6 +103,18 @@ def test_validate_options_json_from_stdin() -> None:
     assert "must be a string" in bad.stdout
 
 
+def test_validate_runs_the_backends_option_rules(tmp_path: Path) -> None:
+    manifest = tmp_path / "nfs.yaml"
+    manifest.write_text(
+        "kind: PersistentVolume\nmetadata: {name: pv-nfs}\nspec:\n  flexVolume:\n"
+        "    driver: k8s/flexhub\n    options: {backend: nfs, server: srv1, share: /x,"
+        " mountOptions: 'hard,soft'}\n"
+    )
+    proc = cli("validate", str(manifest))
+    assert proc.returncode == 1
+    assert "PersistentVolume/pv-nfs:" in proc.stdout and "hard" in proc.stdout
+
+
 def test_validate_finds_nothing(tmp_path: Path) -> None:
     manifest = tmp_path / "empty.yaml"
     manifest.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")

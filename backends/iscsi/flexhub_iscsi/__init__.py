@@ -131,6 +131,11 @@ class IscsiBackend(BlockBackend):
 
     # --------------------------------------------------------------------------- API
 
+    @classmethod
+    def check_options(cls, volume: Volume) -> None:
+        """Check the target: portals, IQN, LUN (no node, no secrets needed)."""
+        parse_target(volume.options)
+
     def check(self, volume: Volume) -> None:
         """Check the portals and, for ``mount`` (the only call with secrets), the CHAP keys.
 

@@ -167,9 +167,13 @@ class NfsBackend(FilesystemBackend):
 
     # --------------------------------------------------------------------------- API
 
-    def check(self, volume: Volume) -> None:
+    @classmethod
+    def check_options(cls, volume: Volume) -> None:
         """Check everything the schema cannot: contradictions, ranges, addresses."""
         build_plan(volume)
+
+    def check(self, volume: Volume) -> None:
+        """Note an fsGroup that NFS volumes ignore (the options were checked already)."""
         if volume.fs_group is not None:
             LOG.debug("fsGroup %d ignored: flexhub never chowns an NFS share", volume.fs_group)
 
