@@ -9,10 +9,9 @@ built here from iscsiadm's own output is scrubbed again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Sequence
 
-from flexhub.backend import CommandError, VolumeError
+from flexhub.backend import CommandError, CommandRunner, Result, VolumeError
 
 __all__ = [
     "ERR_AUTH",
@@ -21,8 +20,6 @@ __all__ = [
     "ERR_SESS_NOT_FOUND",
     "Iscsiadm",
     "IscsiadmError",
-    "Result",
-    "Runner",
     "scrub",
 ]
 
@@ -68,33 +65,6 @@ _EXCERPT = 300
 _MASK = "***"
 
 
-class Result(Protocol):
-    """What the node's runner returns (``flexhub.node.runner.Result``)."""
-
-    @property
-    def returncode(self) -> int: ...
-
-    @property
-    def stdout(self) -> str: ...
-
-    @property
-    def stderr(self) -> str: ...
-
-
-class Runner(Protocol):
-    """The node's command runner (``Node.runner``)."""
-
-    def __call__(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float | None = None,
-        check: bool = True,
-        secrets: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-    ) -> Result: ...
-
-
 class IscsiadmError(VolumeError):
     """An iscsiadm call failed; ``returncode`` is its exit code (``None``: timed out)."""
 
@@ -124,7 +94,7 @@ class Iscsiadm:
     :param secrets: every CHAP value of the call: masked in argv, logs and errors.
     """
 
-    def __init__(self, runner: Runner, timeout: float, secrets: Sequence[str] = ()):
+    def __init__(self, runner: CommandRunner, timeout: float, secrets: Sequence[str] = ()):
         self.runner = runner
         self.timeout = timeout
         self.secrets = [s for s in secrets if s]
