@@ -87,6 +87,7 @@ class Node:
             secrets=secrets,
         )
 
-    def is_corrupted(self, path: Path) -> bool:
-        """Whether ``path`` is a stale or broken mount point (``stat`` fails or hangs)."""
-        return is_corrupted(path)
+    def is_corrupted(self, path: Path, timeout: float = 5.0) -> bool:
+        """Whether ``path`` is a stale or broken mount point: ``stat`` or ``statvfs`` fails
+        with a stale-mount error, or hangs past ``timeout`` seconds."""
+        return is_corrupted(path, timeout)

@@ -40,6 +40,7 @@ CORRUPTED_ERRNOS = frozenset(
         errno.EIO,
         errno.EACCES,
         errno.EHOSTDOWN,
+        errno.ETIMEDOUT,
         errno.EWOULDBLOCK,
         errno.ENODEV,
     }

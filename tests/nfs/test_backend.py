@@ -6,7 +6,6 @@ import json
 import os
 from pathlib import Path
 
-import flexhub_nfs
 import pytest
 from flexhub_nfs import NfsBackend
 
@@ -21,7 +20,7 @@ from flexhub.errors import (
 )
 from flexhub.harness import Kubelet, go_json
 from flexhub.node import Node
-from flexhub.node.mounts import MountTable
+from flexhub.node.mounts import MountTable, is_corrupted
 from flexhub.node.runner import RecordingRunner, Result
 from flexhub.node.volumes import expand_volume, mount_volume, unmount_volume
 from tests.nfs.conftest import FakeKernel, VolumeFactory
@@ -95,7 +94,7 @@ def test_stale_mount_is_cleaned_and_mounted_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     kernel.add("srv1:/export", str(target), "vers=4.2")
-    monkeypatch.setattr(flexhub_nfs, "_probe", lambda path, timeout: False)  # ESTALE
+    monkeypatch.setattr(NfsBackend, "_healthy", lambda self, path: False)  # ESTALE
     backend.mount(target, make_volume())
     assert runner.calls == [
         ["umount", "-c", "-i", "-f", "-l", "--", str(target)],
@@ -285,7 +284,7 @@ def test_unmount_dead_server_skips_to_forced(
 ) -> None:
     backend.mount(target, make_volume())
     runner.calls.clear()
-    monkeypatch.setattr(flexhub_nfs, "_probe", lambda path, timeout: False)
+    monkeypatch.setattr(NfsBackend, "_healthy", lambda self, path: False)
     backend.unmount(target, {})
     assert runner.calls == [["umount", "-c", "-i", "-f", "-l", "--", str(target)]]
     assert not backend.node.mounts.is_mount_point(target)
@@ -436,14 +435,14 @@ def test_probe_healthy_stale_and_hung(tmp_path: Path, monkeypatch: pytest.Monkey
     import threading
     import time
 
-    assert flexhub_nfs._probe(tmp_path, 1.0)
-    assert flexhub_nfs._probe(tmp_path / "missing", 1.0)  # ENOENT is not a stale mount
+    assert not is_corrupted(tmp_path, 1.0)
+    assert not is_corrupted(tmp_path / "missing", 1.0)  # ENOENT is not a stale mount
 
     def stale(path: object) -> None:
         raise OSError(errno.ESTALE, "Stale file handle")
 
     monkeypatch.setattr(os, "statvfs", stale)  # stat answered from the cache
-    assert not flexhub_nfs._probe(tmp_path, 1.0)
+    assert is_corrupted(tmp_path, 1.0)
 
     release = threading.Event()
 
@@ -452,6 +451,6 @@ def test_probe_healthy_stale_and_hung(tmp_path: Path, monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(os, "statvfs", hang)
     started = time.monotonic()
-    assert not flexhub_nfs._probe(tmp_path, 0.2)
+    assert is_corrupted(tmp_path, 0.2)
     assert time.monotonic() - started < 2
     release.set()

@@ -57,11 +57,9 @@ Expansion: success without change (an NFS volume's size is the server's).
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import secrets
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -90,42 +88,7 @@ DEFAULT_FORCE_TIMEOUT = 5.0
 #: Age in seconds after which a leftover ``nfs-tmp`` directory is garbage.
 TEMP_MAX_AGE = 3600.0
 
-#: ``stat`` errors that mean an NFS mount point is stale or its server is gone.
-_STALE_ERRNOS = frozenset(
-    {errno.ESTALE, errno.EIO, errno.ENOTCONN, errno.EHOSTDOWN, errno.ETIMEDOUT, errno.EACCES}
-)
 _ID_PREFIX = "nfs:"
-
-
-def _probe(path: Path, timeout: float) -> bool:
-    """Whether ``stat`` and ``statvfs`` of ``path`` answer within ``timeout`` without a
-    stale-mount error.
-
-    ``statvfs`` asks the server every time (``FSSTAT``), where ``stat`` may be answered from
-    the attribute cache, so a stale handle or a dead server shows at once. Both run in a
-    daemon thread: a dead hard mount parks that thread, never the call.
-    """
-    outcome: list[OSError | None] = []
-
-    def run() -> None:
-        try:
-            os.stat(path)
-            os.statvfs(path)
-            outcome.append(None)
-        except OSError as exc:
-            outcome.append(exc)
-
-    worker = threading.Thread(target=run, name=f"stat {path}", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if not outcome:
-        LOG.warning("stat of %s hung for %gs: treating the NFS mount as dead", path, timeout)
-        return False
-    error = outcome[0]
-    if error is not None and error.errno in _STALE_ERRNOS:
-        LOG.warning("%s is a stale NFS mount: %s", path, os.strerror(error.errno or 0))
-        return False
-    return True
 
 
 def _same_source(shown: str, wanted: str) -> bool:
@@ -224,13 +187,18 @@ class NfsBackend(FilesystemBackend):
 
     # --------------------------------------------------------------------------- mount
 
+    def _healthy(self, path: Path) -> bool:
+        """Whether the mount at ``path`` answers ``stat`` and ``statvfs`` (which always asks
+        the server) within ``[nfs] stat_timeout``; a dead hard mount costs only the bound."""
+        return not self.node.is_corrupted(path, self.stat_timeout)
+
     def _already_mounted(self, target: Path, plan: Plan) -> bool:
         """Whether ``target`` already holds a healthy mount of ``plan``; cleans a stale one."""
         entry = self.node.mounts.at(target)
         if entry is None:
             return False
         if entry.fs_type in NFS_TYPES and _same_source(entry.source, plan.source):
-            if _probe(target, self.stat_timeout):
+            if self._healthy(target):
                 if entry.read_only != plan.read_only:
                     raise VolumeError(
                         f"{target} already holds {plan.source} "
@@ -353,7 +321,7 @@ class NfsBackend(FilesystemBackend):
                 return
             started = time.monotonic()
             steps: list[tuple[tuple[str, ...], float]] = [(("-f", "-l"), self.force_timeout)]
-            if entry.fs_type not in NFS_TYPES or _probe(Path(where), self.stat_timeout):
+            if entry.fs_type not in NFS_TYPES or self._healthy(Path(where)):
                 steps.insert(0, ((), self.unmount_timeout))
             last: CommandError | None = None
             for flags, bound in steps:
