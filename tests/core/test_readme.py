@@ -1,0 +1,33 @@
+"""The README's PV examples are valid: `flexhub validate` accepts each of them."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PYTHON, REPO
+
+BLOCKS = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+EXAMPLES = [b for b in BLOCKS if "driver: k8s/flexhub" in b]
+
+
+def test_every_backend_has_an_example() -> None:
+    backends = {m for b in EXAMPLES for m in re.findall(r"backend: (\w+)", b)}
+    assert backends == {"loopfile", "nfs", "iscsi"}
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda b: re.findall(r"backend: (\w+)", b)[0])
+def test_readme_example_validates(example: str, tmp_path: Path) -> None:
+    manifest = tmp_path / "example.yaml"
+    manifest.write_text(example)
+    proc = subprocess.run(
+        [PYTHON, "-m", "flexhub", "validate", str(manifest)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().endswith(": ok")
