@@ -6,7 +6,17 @@ __all__ = ["COMMANDS", "run"]
 
 #: Admin commands; any other first word is treated as a kubelet operation.
 COMMANDS = frozenset(
-    {"backends", "schema", "validate", "version", "install", "uninstall", "demo", "help"}
+    {
+        "backends",
+        "schema",
+        "validate",
+        "version",
+        "state",
+        "install",
+        "uninstall",
+        "demo",
+        "help",
+    }
 )
 
 

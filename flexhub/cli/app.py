@@ -83,6 +83,25 @@ def validate(
 
 
 @app.command()
+def state(
+    config: Annotated[
+        Path | None, typer.Option(help="node config (default: FLEXHUB_CONFIG)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Show the node's journal: staged volumes and pod directories, checked against mounts."""
+    from flexhub.config import load_config
+    from flexhub.state import node_state, render_state
+
+    result = node_state(load_config(config))
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        for line in render_state(result):
+            typer.echo(line)
+
+
+@app.command()
 def install(
     plugin_dir: Annotated[Path, typer.Option("--plugin-dir", help="kubelet's --volume-plugin-dir")],
     config: Annotated[

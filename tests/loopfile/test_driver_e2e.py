@@ -248,3 +248,31 @@ def test_replies_are_single_json_objects(kube: Kubelet) -> None:
     assert json.loads(reply.output) == reply.reply
     assert reply.output.count(b"\n") == 1
     assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
+
+
+def test_state_command_shows_the_journal(kube: Kubelet, node_tree: dict[str, Path]) -> None:
+    from tests.conftest import PYTHON
+
+    a, b = kube.new_pod_uid(), kube.new_pod_uid()
+    assert mount(kube, a, VOL).ok
+    assert mount(kube, b, VOL, read_only=True).ok
+
+    def state(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [PYTHON, "-m", "flexhub", "state", "--config", str(node_tree["config"]), *extra],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+
+    data = json.loads(state("--json").stdout)
+    assert [v["pods"] for v in data["volumes"]] == [2]
+    assert data["volumes"][0]["backend"] == "loopfile" and data["volumes"][0]["mounted"]
+    assert data["volumes"][0]["device"].startswith("/dev/loop")
+    assert sorted(p["read_only"] for p in data["pods"]) == [False, True]
+    assert all(p["mounted"] for p in data["pods"])
+    text = state().stdout
+    assert "volumes (1):" in text and "pod directories (2):" in text and "pods=2 staged" in text
+    assert kube.unmount(a, "pv-1").ok  # type: ignore[union-attr]
+    assert kube.unmount(b, "pv-1").ok  # type: ignore[union-attr]
+    assert json.loads(state("--json").stdout) == {"pods": [], "volumes": []}
