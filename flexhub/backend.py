@@ -41,6 +41,7 @@ from flexhub.errors import (
     NotSupported,
     StateError,
     VolumeError,
+    redact,
 )
 from flexhub.node import Node
 from flexhub.node.runner import CommandRunner, Result
@@ -67,6 +68,7 @@ __all__ = [
     "StateError",
     "Volume",
     "VolumeError",
+    "redact",
 ]
 
 

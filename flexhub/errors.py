@@ -19,6 +19,7 @@ events.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import ClassVar
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "StateError",
     "UsageError",
     "VolumeError",
+    "one_line",
+    "redact",
 ]
 
 
@@ -96,6 +99,19 @@ class CommandTimeout(CommandError):
 
 class VolumeError(FlexhubError):
     """The storage refuses the operation (wrong filesystem, missing device, no room...)."""
+
+
+def redact(text: str, secrets: Iterable[str], min_length: int = 1) -> str:
+    """Replace every secret value in ``text`` with ``***``, longest first.
+
+    :param min_length: values shorter than this are left alone (a one-letter value would
+        mangle every message it appears in by chance).
+    """
+    for value in sorted(
+        {s for s in secrets if len(s) >= max(min_length, 1)}, key=len, reverse=True
+    ):
+        text = text.replace(value, "***")
+    return text
 
 
 def one_line(text: str, limit: int = 1000) -> str:

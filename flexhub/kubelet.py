@@ -17,7 +17,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flexhub.errors import FlexhubError, InvalidOptions, NotSupported, UsageError, one_line
+from flexhub.errors import (
+    FlexhubError,
+    InvalidOptions,
+    NotSupported,
+    UsageError,
+    one_line,
+    redact,
+)
 
 if TYPE_CHECKING:
     from flexhub.config import NodeConfig
@@ -35,6 +42,8 @@ CAPABILITIES: dict[str, bool] = {
 
 #: Largest options argument accepted (kubelet's are a few hundred bytes; secrets add some).
 MAX_OPTIONS_BYTES = 256 * 1024
+#: Shorter secret values are not scrubbed from replies and logs (they would mangle any text).
+MIN_SECRET_CHARS = 3
 #: Largest single option value.
 MAX_VALUE_CHARS = 64 * 1024
 
@@ -348,13 +357,6 @@ def _protect_streams() -> int:
     return reply_fd
 
 
-def _scrub(text: str, secrets: list[str]) -> str:
-    for value in sorted(secrets, key=len, reverse=True):
-        if len(value) >= 3:
-            text = text.replace(value, "***")
-    return text
-
-
 def handle(args: list[str], call: Call) -> Reply:
     """Run one call and turn every outcome into a :class:`Reply`."""
     handler = OPERATIONS.get(call.operation)
@@ -386,7 +388,7 @@ def serve(argv: list[str]) -> int:
     else:
         start_logging(call, _config)
         reply = handle(args, call)
-    reply.message = _scrub(reply.message, call.secrets)
+    reply.message = redact(reply.message, call.secrets, MIN_SECRET_CHARS)
     log_call(call, reply.status, reply.message, time.monotonic() - started)
     data = (reply.to_json() + "\n").encode()
     while data:

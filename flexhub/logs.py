@@ -13,6 +13,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from flexhub.errors import redact
+from flexhub.kubelet import MIN_SECRET_CHARS
+
 if TYPE_CHECKING:
     from flexhub.config import NodeConfig
     from flexhub.kubelet import Call
@@ -31,18 +34,12 @@ class _Redact(logging.Filter):
         self.secrets = secrets
 
     def filter(self, record: logging.LogRecord) -> bool:
-        values = [s for s in self.secrets if len(s) >= 3]
-        if values:
-            text = record.getMessage()
-            for value in sorted(values, key=len, reverse=True):
-                text = text.replace(value, "***")
-            record.msg, record.args = text, None
+        if self.secrets:
+            record.msg = redact(record.getMessage(), self.secrets, MIN_SECRET_CHARS)
+            record.args = None
             if record.exc_info and record.exc_info[1] is not None:
-                record.exc_text = None
                 formatted = logging.Formatter().formatException(record.exc_info)
-                for value in values:
-                    formatted = formatted.replace(value, "***")
-                record.exc_text = formatted
+                record.exc_text = redact(formatted, self.secrets, MIN_SECRET_CHARS)
         return True
 
 

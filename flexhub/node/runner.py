@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from flexhub.errors import CommandError, CommandTimeout, one_line
+from flexhub.errors import CommandError, CommandTimeout, one_line, redact
 
 __all__ = [
     "DEFAULT_ENV",
@@ -66,9 +66,7 @@ class CommandRunner(Protocol):
 
 def mask_text(text: str, secrets: Sequence[str]) -> str:
     """Replace every non-empty value of ``secrets`` in ``text`` with ``***``."""
-    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
-        text = text.replace(secret, _MASK)
-    return text
+    return redact(text, secrets)
 
 
 def _names_secret(word: str) -> bool:

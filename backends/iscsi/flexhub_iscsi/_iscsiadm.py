@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from flexhub.backend import CommandError, CommandRunner, Result, VolumeError
+from flexhub.backend import CommandError, CommandRunner, Result, VolumeError, redact
 
 __all__ = [
     "ERR_AUTH",
@@ -62,7 +62,6 @@ _MEANING = {
 }
 
 _EXCERPT = 300
-_MASK = "***"
 
 
 class IscsiadmError(VolumeError):
@@ -75,9 +74,7 @@ class IscsiadmError(VolumeError):
 
 def scrub(text: str, secrets: Sequence[str]) -> str:
     """Replace every secret value in ``text`` (longest first) with ``***``."""
-    for value in sorted((s for s in secrets if s), key=len, reverse=True):
-        text = text.replace(value, _MASK)
-    return text
+    return redact(text, secrets)
 
 
 def meaning(code: int | None) -> str:
