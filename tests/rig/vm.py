@@ -43,7 +43,7 @@ from typing import Any
 
 RIG_DIR = Path(__file__).resolve().parent
 CACHE_ROOT = Path(os.environ.get("FLEXHUB_RIG_CACHE", "/var/tmp/flexhub-rig"))
-GUEST_PYTHON = "/root/.pyenv/versions/3.11.7/bin/python3"
+GUEST_PYTHON = sys.executable
 SYSTEM_PYTHON = "/usr/bin/python3"
 QEMU = "qemu-system-x86_64"
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
