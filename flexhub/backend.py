@@ -78,10 +78,17 @@ class Attachment:
 
     ``details`` are what the backend needs to release it later (kept in the state journal,
     so **never a secret**), for example ``{"loop": "/dev/loop3", "created": "true"}``.
+
+    ``blank`` is what the backend knows about the device's content, consulted only when
+    ``blkid`` finds no signature on it: ``True`` when it was never written (a file created by
+    this very call, or one with no data extents on a freshly attached device), ``False`` when
+    it holds data (never formatted), ``None`` when the backend cannot tell; the core then
+    formats only if the device's first and last MiB read back as zeros. Never journalled.
     """
 
     device: str
     details: Mapping[str, str] = field(default_factory=dict)
+    blank: bool | None = field(default=None, compare=False)
 
 
 class Backend(abc.ABC):

@@ -14,6 +14,8 @@ from flexhub.node.runner import CommandRunner
 __all__ = [
     "GROW_TOLERANCE",
     "SUPPORTED_FS_TYPES",
+    "ZERO_SPAN",
+    "check_blank",
     "device_size",
     "filesystem_size",
     "format_and_mount",
@@ -34,6 +36,9 @@ SUPPORTED_FS_TYPES = frozenset(MKFS)
 #: ``fsck`` exit bits (fsck(8)): 1 errors corrected, 2 reboot advised, 4 errors left.
 FSCK_ERRORS_UNCORRECTED = 4
 
+#: How much of a device's start and end must read back as zeros for it to count as blank.
+ZERO_SPAN = 1024 * 1024
+
 #: A filesystem this close (bytes) to its device's size counts as fully grown.
 GROW_TOLERANCE = 16 * 1024 * 1024
 
@@ -45,15 +50,17 @@ def _is_ext(fs_type: str) -> bool:
 def probe(runner: CommandRunner, device: str) -> tuple[str | None, str | None]:
     """Return ``(filesystem type, partition table type)`` found on ``device`` by ``blkid -p``.
 
-    ``(None, None)`` means the device is blank (blkid exit 2).
+    ``(None, None)`` means blkid found **no signature** (exit 2, silent). That is not "blank":
+    blkid answers the same for a device it could not open and for content it does not know
+    (a tar archive, a qcow2 image, a database file); :func:`check_blank` decides.
 
-    :raises CommandError: blkid failed otherwise (including exit 8, ambivalent probing: a
-        device blkid is not sure about is never formatted).
+    :raises CommandError: blkid failed otherwise (exit 2 with a message, or exit 8,
+        ambivalent probing: a device blkid is not sure about is never formatted).
     """
     result = runner(
         ["blkid", "-p", "-s", "TYPE", "-s", "PTTYPE", "-o", "export", "--", device], check=False
     )
-    if result.returncode == 2:
+    if result.returncode == 2 and not result.stderr.strip():
         return None, None
     if result.returncode != 0:
         detail = (result.stderr.strip() or result.stdout.strip())[:200]
@@ -69,6 +76,53 @@ def probe(runner: CommandRunner, device: str) -> tuple[str | None, str | None]:
     return values.get("TYPE") or None, values.get("PTTYPE") or None
 
 
+def _reads_zeros(runner: CommandRunner, device: str, offset: int, length: int) -> bool:
+    """Whether ``length`` bytes of ``device`` from ``offset`` read back as zeros (``cmp``).
+
+    :raises CommandError: the device could not be read (cmp exit 2, or it ended early).
+    """
+    result = runner(
+        ["cmp", "-n", str(length), "-i", f"{offset}:0", "--", device, "/dev/zero"], check=False
+    )
+    text = (result.stderr.strip() or result.stdout.strip())[:200]
+    if result.returncode == 0:
+        return True
+    if result.returncode == 1 and "differ" in result.stdout and "EOF" not in text:
+        return False
+    raise CommandError(
+        f"cannot read {device} at {offset} (cmp exit {result.returncode}): {text}",
+        returncode=result.returncode,
+    )
+
+
+def check_blank(runner: CommandRunner, device: str, hint: bool | None, label: str = "") -> None:
+    """Prove that ``device``, on which blkid found no signature, is blank; raise otherwise.
+
+    Blank means: the device opens and has a size, and either ``hint`` is true (the backend
+    knows it was never written: a file created by this call, or one without data extents) or,
+    when the backend does not know (``None``), its first and last :data:`ZERO_SPAN` bytes
+    read back as zeros. ``hint`` false (the backend saw data) is never blank.
+
+    :raises CommandError: the device cannot be opened or read.
+    :raises VolumeError: it holds data flexhub cannot identify.
+    """
+    label = label or device
+    size = device_size(runner, device)
+    if size <= 0:
+        raise CommandError(f"{label} has no size (is it attached?): refusing to format it")
+    unknown = VolumeError(
+        f"{label} holds data flexhub cannot identify (no filesystem signature, but not "
+        "blank): refusing to format it"
+    )
+    if hint is False:
+        raise unknown
+    if hint is None:
+        span = min(ZERO_SPAN, size)
+        for offset in sorted({0, size - span}):
+            if not _reads_zeros(runner, device, offset, span):
+                raise unknown
+
+
 def format_and_mount(
     runner: CommandRunner,
     device: str,
@@ -77,13 +131,17 @@ def format_and_mount(
     read_only: bool,
     options: Sequence[str] = (),
     mount_timeout: float | None = None,
+    blank_hint: bool | None = None,
+    label: str = "",
 ) -> bool:
     """Mount ``device`` on ``target`` as ``fs_type``, creating the filesystem only if blank.
 
     The rules: probe with ``blkid -p``; refuse a partition table; format only a device with
-    no filesystem, and never for a read-only mount; a filesystem of another type is a failure
-    naming both types (never a reformat); ``fsck -a`` a read-write ext filesystem first
-    (exit 1 and 2 are fine, 4 and above fail).
+    no signature that :func:`check_blank` proves blank (``blank_hint`` is the backend's
+    :attr:`~flexhub.backend.Attachment.blank`), probed once more right before ``mkfs``, and
+    never for a read-only mount; a filesystem of another type is a failure naming both types
+    (never a reformat); ``fsck -a`` a read-write ext filesystem first (exit 1 and 2 are fine,
+    4 and above fail). ``label`` names the device in errors (default: ``device``).
 
     :returns: whether the device was formatted by this call.
     :raises InvalidOptions: ``fs_type`` is not supported, or a mount option is forbidden.
@@ -107,6 +165,9 @@ def format_and_mount(
             raise VolumeError(
                 f"{device} has no filesystem and the volume is read-only: refusing to format it"
             )
+        check_blank(runner, device, blank_hint, label)
+        if probe(runner, device) != (None, None):
+            raise VolumeError(f"{label or device} changed while flexhub checked it: not formatting")
         LOG.info("formatting blank device %s as %s", device, fs_type)
         runner([*MKFS[fs_type], "--", device])
         formatted = True
@@ -116,7 +177,11 @@ def format_and_mount(
             f"requested: refusing to reformat it"
         )
     elif not read_only and _is_ext(existing):
-        result = runner(["fsck", "-a", "--", device], check=False)
+        if not device.startswith("/"):
+            raise VolumeError(f"refusing to check {device!r}: not an absolute device path")
+        # no "--": util-linux fsck passes everything after it to the checker as options and
+        # then checks "all file systems" of fstab instead of the device
+        result = runner(["fsck", "-a", device], check=False)
         if result.returncode >= FSCK_ERRORS_UNCORRECTED:
             detail = (result.stdout.strip() or result.stderr.strip())[-300:]
             raise VolumeError(

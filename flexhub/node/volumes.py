@@ -52,7 +52,6 @@ from flexhub.node.mounts import (
     check_mount_options,
     cleanup_mount_point,
     is_corrupted,
-    remount,
 )
 from flexhub.volume import Volume
 
@@ -297,6 +296,9 @@ def _do_mount_block(
             node, backend, volume, volume_id, name, staging, staged, progress
         )
     assert vrecord is not None
+    if staged is not None and not volume.read_only and staged.read_only:
+        _unstage_read_only(node, staging, target, volume_id)
+        staged = None
     if staged is None:
         staging.mkdir(mode=0o700, parents=True, exist_ok=True)
         formatted = format_and_mount(
@@ -307,6 +309,8 @@ def _do_mount_block(
             volume.read_only,
             volume.mount_options,
             node.config.mount_timeout,
+            blank_hint=progress.attachment.blank if progress.attachment else None,
+            label=_device_label(vrecord),
         )
         progress.staged = True
         LOG.info(
@@ -325,18 +329,43 @@ def _do_mount_block(
             f"{vrecord.device} holds a {staged.fs_type} filesystem but fsType {fs_type} was "
             "requested"
         )
-    if not volume.read_only and "ro" in staged.options:
-        LOG.info("remounting %s read-write for %s", staging, target)
-        remount(node.runner, staging, ["rw"], node.config.mount_timeout)
+    if volume.fs_group is not None and not volume.read_only:
+        # before the bind: once the pod directory is a mount point kubelet never calls again
+        apply_fs_group(staging, volume.fs_group)
     target.mkdir(mode=0o750, parents=True, exist_ok=True)
     bind_mount(
         node.runner, staging, target, volume.read_only, node.mounts, node.config.mount_timeout
     )
     progress.bound = True
     checkpoint("bound")
-    if volume.fs_group is not None and not volume.read_only:
-        apply_fs_group(staging, volume.fs_group)
     checkpoint("done")
+
+
+def _unstage_read_only(node: Node, staging: Path, target: Path, volume_id: str) -> None:
+    """Unmount a read-only staging mount a read-write pod needs, so it is checked again.
+
+    A read-only mount skipped ``fsck`` (and may skip journal recovery); remounting it
+    read-write would write to a filesystem nobody checked. It is unmounted instead, and the
+    caller stages it again through the full first-mount path (fsck, mount read-write). That
+    is impossible while read-only pods use it (their binds keep the filesystem mounted):
+    refused then, and kubelet retries once they are gone.
+
+    :raises VolumeError: read-only pods use the staging mount.
+    """
+    users = _users(node, staging, exclude=target)
+    if users:
+        raise VolumeError(
+            f"volume {volume_id} is mounted read-only by {len(users)} pod(s) on this node; a "
+            "read-write mount needs the filesystem checked first, which needs them gone"
+        )
+    LOG.info("unmounting the read-only staging mount %s to check it for %s", staging, target)
+    cleanup_mount_point(node.runner, staging, node.config.unmount_timeout, node.mounts)
+
+
+def _device_label(record: VolumeRecord) -> str:
+    """The device of ``record`` for messages, with its backing file when the backend says."""
+    file = record.details.get("file")
+    return f"{record.device} (file {file})" if file else record.device
 
 
 def _record_matches(record: VolumeRecord | None, staged: MountEntry | None) -> bool:

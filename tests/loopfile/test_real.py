@@ -352,3 +352,21 @@ def test_expand_online(backend: LoopfileBackend, mountpoint: Path, fs: str) -> N
         subprocess.run(["mount", att.device, str(mountpoint)], check=True)
     after = os.statvfs(mountpoint)
     assert after.f_blocks * after.f_frsize > before.f_blocks * before.f_frsize + 250 * MiB
+
+
+def test_attach_tells_the_core_what_it_knows_about_blankness(
+    backend: LoopfileBackend, root: Path
+) -> None:
+    created = backend.attach(vol(file="a.img", size="16Mi"))
+    assert created.blank is True  # created by this very call
+    # an attached device may hold writes the file does not show: the core must read it
+    assert backend.attach(vol(file="a.img")).blank is None
+    backend.detach(created)
+    assert backend.attach(vol(file="a.img")).blank is True  # no data extents, fresh device
+    backend.detach(created)
+    with open(root / "a.img", "r+b") as handle:
+        handle.seek(8 << 20)
+        handle.write(b"rows")
+    written = backend.attach(vol(file="a.img"))
+    assert written.blank is False  # data extents: never formatted without a signature
+    backend.detach(written)

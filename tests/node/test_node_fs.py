@@ -15,6 +15,7 @@ def _runner(blkid_rc: int = 2, blkid_out: str = "", fsck_rc: int = 0) -> Recordi
     runner = RecordingRunner()
     runner.answer("blkid", rc=blkid_rc, stdout=blkid_out)
     runner.answer("fsck", rc=fsck_rc, stdout="fsck output")
+    runner.answer("blockdev", stdout=str(64 << 20))
     return runner
 
 
@@ -28,6 +29,10 @@ def test_probe_parses_blkid_export() -> None:
     assert probe(_runner(2), DEV) == (None, None)
     with pytest.raises(CommandError, match="exit 8"):
         probe(_runner(8), DEV)  # ambivalent probe: never treated as blank
+    runner = _runner(2)
+    runner.answer("blkid", rc=2, stderr="error: /dev/loop9: Permission denied")
+    with pytest.raises(CommandError, match="Permission denied"):
+        probe(runner, DEV)  # exit 2 with a message is an error, never "no signature"
 
 
 @pytest.mark.parametrize(
@@ -41,9 +46,66 @@ def test_probe_parses_blkid_export() -> None:
 def test_blank_device_is_formatted_then_mounted(fs_type: str, mkfs: list[str]) -> None:
     runner = _runner()
     assert format_and_mount(runner, DEV, "/s", fs_type, False, ["noatime"])
-    assert runner.calls[1] == mkfs
-    assert runner.calls[2] == ["mount", "-t", fs_type, "-o", "noatime", "--", DEV, "/s"]
-    assert "fsck" not in _commands(runner)
+    # probe, prove blank (size, first and last MiB are zeros), probe again, then mkfs
+    assert _commands(runner) == ["blkid", "blockdev", "cmp", "cmp", "blkid", mkfs[0], "mount"]
+    assert runner.calls[2] == ["cmp", "-n", "1048576", "-i", "0:0", "--", DEV, "/dev/zero"]
+    assert runner.calls[3][4] == f"{(64 << 20) - (1 << 20)}:0"
+    assert runner.calls[5] == mkfs
+    assert runner.calls[6] == ["mount", "-t", fs_type, "-o", "noatime", "--", DEV, "/s"]
+
+
+@pytest.mark.parametrize("which", ["head", "tail"])
+def test_unknown_data_without_signature_is_never_formatted(which: str) -> None:
+    runner = _runner()
+
+    def cmp(argv: tuple[str, ...]) -> Result:
+        head = argv[4] == "0:0"
+        if head == (which == "head"):
+            return Result(argv, 1, f"{DEV} /dev/zero differ: byte 3, line 1\n", "")
+        return Result(argv, 0, "", "")
+
+    runner.script[("cmp",)] = cmp
+    with pytest.raises(VolumeError, match="holds data flexhub cannot identify"):
+        format_and_mount(runner, DEV, "/s", "ext4", False, label=f"{DEV} (file /x.img)")
+    assert not any(c.startswith("mkfs") for c in _commands(runner))
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (("blockdev", 1, "", "blockdev: cannot open /dev/loop9: No such device"), CommandError),
+        (("blockdev", 0, "0", ""), CommandError),  # an unbound loop device: size 0
+        (("cmp", 2, "", "cmp: /dev/loop9: Input/output error"), CommandError),
+        (("cmp", 1, "", "cmp: EOF on /dev/loop9 after byte 5"), CommandError),
+    ],
+)
+def test_unreadable_device_is_an_error_not_blank(
+    answer: tuple[str, int, str, str], error: type[Exception]
+) -> None:
+    runner = _runner()
+    runner.answer(answer[0], rc=answer[1], stdout=answer[2], stderr=answer[3])
+    with pytest.raises(error):
+        format_and_mount(runner, DEV, "/s", "ext4", False)
+    assert not any(c.startswith("mkfs") for c in _commands(runner))
+
+
+def test_backend_hint_decides_without_reading() -> None:
+    runner = _runner()
+    assert format_and_mount(runner, DEV, "/s", "xfs", False, blank_hint=True)
+    assert _commands(runner) == ["blkid", "blockdev", "blkid", "mkfs.xfs", "mount"]
+    runner = _runner()
+    with pytest.raises(VolumeError, match="cannot identify"):
+        format_and_mount(runner, DEV, "/s", "xfs", False, blank_hint=False)
+    assert _commands(runner) == ["blkid", "blockdev"]
+
+
+def test_a_signature_appearing_before_mkfs_stops_it() -> None:
+    runner = _runner()
+    answers = iter([Result((), 2, "", ""), Result((), 0, "TYPE=ext4\n", "")])
+    runner.script[("blkid",)] = lambda argv: next(answers)
+    with pytest.raises(VolumeError, match="changed while"):
+        format_and_mount(runner, DEV, "/s", "ext4", False)
+    assert not any(c.startswith("mkfs") for c in _commands(runner))
 
 
 def test_blank_device_read_only_is_never_formatted() -> None:
@@ -72,7 +134,7 @@ def test_partition_table_is_refused() -> None:
 def test_fsck_before_a_read_write_ext_mount(rc: int) -> None:
     runner = _runner(0, "TYPE=ext4\n", fsck_rc=rc)
     assert not format_and_mount(runner, DEV, "/s", "ext4", False)
-    assert runner.calls[1] == ["fsck", "-a", "--", DEV]
+    assert runner.calls[1] == ["fsck", "-a", DEV]
     assert _commands(runner) == ["blkid", "fsck", "mount"]
 
 

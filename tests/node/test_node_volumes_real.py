@@ -258,8 +258,13 @@ def test_read_only_bind_is_verified_and_refuses_writes(rig: Rig) -> None:
     with pytest.raises(OSError) as info:
         (ro_pod / "new").write_text("no")
     assert info.value.errno == errno.EROFS
-    # A read-write pod on the same node: the staging mount turns rw, the ro bind stays ro.
+    # A read-write pod while the read-only one is there: refused (the filesystem must be
+    # checked before it is written); once the reader is gone, and it comes back read-only.
+    with pytest.raises(VolumeError, match="read-only"):
+        _mount(rig, rw_pod, rig.volume(file))
+    _unmount(rig, ro_pod)
     _mount(rig, rw_pod, rig.volume(file))
+    _mount(rig, ro_pod, rig.volume(file, read_only=True))
     assert not table.at(staging).read_only and not table.at(rw_pod).read_only
     assert table.at(ro_pod).read_only
     (rw_pod / "new").write_text("yes")

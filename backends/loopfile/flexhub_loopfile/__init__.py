@@ -77,6 +77,24 @@ def _round_up(size: int) -> int:
     return -(-size // BLOCK) * BLOCK
 
 
+def _has_data(path: Path) -> bool | None:
+    """Whether ``path`` has a data extent (``SEEK_DATA``); ``None`` when it cannot tell.
+
+    Holes and preallocated (unwritten) extents are not data on ext4, xfs, btrfs and tmpfs.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        os.lseek(fd, 0, os.SEEK_DATA)
+    except OSError as exc:
+        return False if exc.errno == errno.ENXIO else None
+    finally:
+        os.close(fd)
+    return True
+
+
 def _free_bytes(directory: Path) -> int:
     try:
         vfs = os.statvfs(directory)
@@ -186,7 +204,8 @@ class LoopfileBackend(BlockBackend):
     def attach(self, volume: Volume) -> Attachment:
         """Create the file if needed and return a loop device mapping it."""
         path = self._resolve(volume)
-        self._ensure_file(path, volume)
+        created = self._ensure_file(path, volume)
+        data = None if created else _has_data(path)
         markers = self._markers()
         dev = _loop.find_for_file(path)
         if dev is not None:
@@ -195,9 +214,13 @@ class LoopfileBackend(BlockBackend):
             if ours and not (markers.read(dev) or {}).get("diskseq"):
                 markers.write(dev, path, diskseq=dev.diskseq())  # complete a pending marker
             LOG.info("reusing %s for %s (%s)", dev.path, path, "ours" if ours else "not ours")
-            return self._attachment(dev, path, created=ours)
+            # An attached device may hold writes the file does not show yet: "no data
+            # extents" proves nothing then, only "has data" does.
+            blank = True if created else (False if data else None)
+            return self._attachment(dev, path, created=ours, blank=blank)
         dev = self._attach_new(path, markers)
-        return self._attachment(dev, path, created=True)
+        blank = True if created else (None if data is None else not data)
+        return self._attachment(dev, path, created=True, blank=blank)
 
     def detach(self, attachment: Attachment) -> None:
         """Detach the loop device if flexhub attached it; leave anybody else's alone."""
@@ -253,14 +276,20 @@ class LoopfileBackend(BlockBackend):
     # --------------------------------------------------------------------------- helpers
 
     @staticmethod
-    def _attachment(dev: _loop.LoopDevice, path: Path, *, created: bool) -> Attachment:
+    def _attachment(
+        dev: _loop.LoopDevice, path: Path, *, created: bool, blank: bool | None
+    ) -> Attachment:
         return Attachment(
             device=dev.path,
             details={"loop": dev.path, "file": str(path), "created": str(created).lower()},
+            blank=blank,
         )
 
-    def _ensure_file(self, path: Path, volume: Volume) -> None:
-        """Create the backing file at its size if it does not exist; it appears atomically."""
+    def _ensure_file(self, path: Path, volume: Volume) -> bool:
+        """Create the backing file at its size if it does not exist; it appears atomically.
+
+        :returns: whether this call created it.
+        """
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -270,7 +299,7 @@ class LoopfileBackend(BlockBackend):
                 raise InvalidOptions(f"option 'file' is not a regular file: {path}")
             if st.st_size == 0:
                 raise VolumeError(f"backing file {path} is empty")
-            return
+            return False
         size = self._size(volume)
         if size is None:
             raise InvalidOptions(
@@ -305,6 +334,7 @@ class LoopfileBackend(BlockBackend):
                 os.link(tmp, path)
             except FileExistsError:
                 LOG.info("%s appeared while being created; using it", path)
+                return False
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise VolumeError(
@@ -322,6 +352,7 @@ class LoopfileBackend(BlockBackend):
             size,
             "preallocated" if self._preallocate(volume.options) else "sparse",
         )
+        return True
 
     @staticmethod
     def _fsync_dir(directory: Path) -> None:
