@@ -280,8 +280,9 @@ def op_mount(args: list[str], call: Call) -> Reply:
     call.target = str(target)
     volume, backend, node = _validated(args[1], call, with_pod=True)
     from flexhub.node.mounts import is_corrupted
-    from flexhub.node.volumes import mount_volume
+    from flexhub.node.volumes import mount_volume, pod_dir
 
+    target = pod_dir(target)  # kubelet's root may be a symlink; mountinfo shows real paths
     # A stale mount (a restarted NFS server) fails or hangs a plain stat: probe it with a
     # bound, and let mount_volume clean it up before mounting again.
     stale = node.mounts.is_mount_point(target) and is_corrupted(target)
@@ -319,7 +320,9 @@ def op_expandfs(args: list[str], call: Call) -> Reply:
     target = _directory(args[2], "mount directory")
     call.target = str(target)
     new_size = _size(args[3], "newSize")
-    _size(args[4], "oldSize")
+    old_size = _size(args[4], "oldSize")
+    if new_size < old_size:
+        raise UsageError(f"newSize {new_size} is below oldSize {old_size}: shrinking is refused")
     volume, backend, node = _validated(args[0], call, with_pod=False)
     from flexhub.node.volumes import expand_volume
 

@@ -32,6 +32,7 @@ itself with SIGKILL, so tests can interrupt a mount at each step. It is inert ot
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -63,6 +64,7 @@ __all__ = [
     "checkpoint",
     "expand_volume",
     "mount_volume",
+    "pod_dir",
     "staging_dir",
     "unmount_volume",
 ]
@@ -110,6 +112,33 @@ def _staging_root(node: Node) -> Path:
 
 def _abs(target: Path) -> Path:
     return Path(os.path.normpath(os.path.abspath(target)))
+
+
+def pod_dir(target: Path) -> Path:
+    """The pod volume directory as mountinfo names it: kubelet's directories resolved.
+
+    Operators often make ``/var/lib/kubelet`` (or ``.../pods``) a symlink to a data disk;
+    kubelet passes the path as configured, mountinfo shows the resolved one. Only the parent
+    (kubelet's own directory, never a volume) is resolved; the last component is appended as
+    given, because resolving a possibly stale mount point can hang.
+    """
+    absolute = _abs(target)
+    return Path(os.path.realpath(absolute.parent)) / absolute.name
+
+
+def _adopt_pod_record(node: Node, given: Path, target: Path) -> None:
+    """Move a pod record keyed by the unresolved path ``given`` (older flexhub) to ``target``.
+
+    The caller holds the pod lock; a record already under ``target`` wins.
+    """
+    if given == target or node.journal.get_pod(target) is not None:
+        return
+    old = node.journal.get_pod(given)
+    if old is None:
+        return
+    LOG.info("pod record of %s moves to its resolved path %s", given, target)
+    node.journal.put_pod(dataclasses.replace(old, target=str(target)))
+    node.journal.delete_pod(given)
 
 
 def _backend_name(node: Node, backend: Backend, volume: Volume) -> str:
@@ -177,10 +206,11 @@ def mount_volume(node: Node, backend: Backend, target: Path, volume: Volume) -> 
 
     :raises FlexhubError: the mount failed; what this call did was undone.
     """
-    target = _abs(target)
+    given, target = _abs(target), pod_dir(target)
     check_mount_options(volume.mount_options)
     volume_id = backend.volume_id(volume)
     with node.lock("pod", str(target)):
+        _adopt_pod_record(node, given, target)
         if isinstance(backend, BlockBackend):
             _mount_block(node, backend, target, volume, volume_id)
         elif isinstance(backend, FilesystemBackend):
@@ -513,8 +543,9 @@ def unmount_volume(node: Node, target: Path, load_backend: Callable[[str], Backe
 
     :param load_backend: returns the backend instance of a journalled backend name.
     """
-    target = _abs(target)
+    given, target = _abs(target), pod_dir(target)
     with node.lock("pod", str(target)):
+        _adopt_pod_record(node, given, target)
         record = node.journal.get_pod(target)
         if record is not None and record.staging is None:
             _unmount_filesystem(node, target, record, load_backend)
@@ -616,7 +647,7 @@ def expand_volume(
     volume_id = backend.volume_id(volume)
     if isinstance(backend, FilesystemBackend):
         with node.lock("volume", volume_id):
-            backend.expand(_abs(target), volume, new_size)
+            backend.expand(pod_dir(target), volume, new_size)
         return
     if not isinstance(backend, BlockBackend):
         raise BackendError(f"backend {type(backend).__name__} is neither block nor filesystem")

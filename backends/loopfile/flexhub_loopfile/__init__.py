@@ -23,7 +23,9 @@ Life cycle (the core takes the volume lock, formats, stages, binds and counts us
   ``<state_dir>/loopfile/created``. A device somebody else set up is left attached. The file
   always stays.
 * :meth:`LoopfileBackend.expand` grows the file, refreshes the loop device's capacity
-  (``losetup -c``) and checks it; the core then grows the filesystem. Shrinking is refused.
+  (``losetup -c``) and checks it; the core then grows the filesystem. The file never
+  shrinks: when it is already at least the new size (``size: 10Gi`` on a PV of ``10G``), the
+  device is brought to the file's size and the core grows the filesystem to it.
 
 File sizes are rounded up to a multiple of 4 KiB.
 """
@@ -257,17 +259,16 @@ class LoopfileBackend(BlockBackend):
             raise VolumeError(f"cannot expand {path}: {dev.path} no longer maps it")
         if new_size <= 0:
             raise VolumeError(f"cannot expand {path} to {new_size} bytes")
-        target = _round_up(new_size)
         current = st.st_size
-        if target < current:
-            raise VolumeError(
-                f"shrinking is refused: {path} is {current} bytes, asked for {new_size}"
-            )
+        target = max(_round_up(new_size), current)  # the file never shrinks
         if target > current:
             self._grow(path, current, target, self._preallocate(volume.options))
+        else:
+            # e.g. size 10Gi and a PV of 10G: the core still grows the filesystem to the device
+            LOG.info("%s is already %d bytes (asked for %d)", path, current, new_size)
         if dev.size() < target:
             self.node.runner(["losetup", "--set-capacity", dev.path])
-        if dev.size() < new_size:
+        if dev.size() < target:
             raise VolumeError(
                 f"{dev.path} is {dev.size()} bytes after growing {path} to {target} bytes"
             )
