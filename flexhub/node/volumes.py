@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from flexhub.backend import Attachment, Backend, BlockBackend, FilesystemBackend
-from flexhub.errors import BackendError, FlexhubError, VolumeError
+from flexhub.errors import BackendError, FlexhubError, StateError, VolumeError
 from flexhub.node import Node
 from flexhub.node.fs import format_and_mount, grow_filesystem
 from flexhub.node.journal import PodRecord, VolumeRecord, record_details
@@ -137,8 +137,11 @@ def _adopt_pod_record(node: Node, given: Path, target: Path) -> None:
     if old is None:
         return
     LOG.info("pod record of %s moves to its resolved path %s", given, target)
-    node.journal.put_pod(dataclasses.replace(old, target=str(target)))
-    node.journal.delete_pod(given)
+    try:
+        node.journal.put_pod(dataclasses.replace(old, target=str(target)))
+        node.journal.delete_pod(given)
+    except StateError as exc:  # a read-only state_dir: the mount table still tells
+        LOG.warning("cannot move the pod record of %s: %s", given, exc)
 
 
 def _backend_name(node: Node, backend: Backend, volume: Volume) -> str:
