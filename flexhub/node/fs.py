@@ -73,7 +73,10 @@ def probe(runner: CommandRunner, device: str) -> tuple[str | None, str | None]:
         key, sep, value = line.partition("=")
         if sep:
             values[key.strip()] = value.strip()
-    return values.get("TYPE") or None, values.get("PTTYPE") or None
+    found = values.get("TYPE") or None, values.get("PTTYPE") or None
+    if found == (None, None):  # exit 0: blkid found something it does not name
+        raise VolumeError(f"blkid found a signature on {device} without a type: not touching it")
+    return found
 
 
 def _reads_zeros(runner: CommandRunner, device: str, offset: int, length: int) -> bool:

@@ -33,6 +33,8 @@ def test_probe_parses_blkid_export() -> None:
     runner.answer("blkid", rc=2, stderr="error: /dev/loop9: Permission denied")
     with pytest.raises(CommandError, match="Permission denied"):
         probe(runner, DEV)  # exit 2 with a message is an error, never "no signature"
+    with pytest.raises(VolumeError, match="without a type"):
+        probe(_runner(0, f"DEVNAME={DEV}\n"), DEV)  # found something, named nothing
 
 
 @pytest.mark.parametrize(
