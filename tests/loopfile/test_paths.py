@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from flexhub_loopfile import DEFAULT_ROOT, LoopfileBackend
 
-from flexhub.backend import FlexhubError, InvalidOptions, Volume
+from flexhub.backend import FlexhubError, InvalidOptions, PodInfo, Volume
 from flexhub.config import NodeConfig
 from flexhub.node import Node
 
@@ -125,5 +125,9 @@ def test_bad_root_setting(tmp_path: Path, value: object) -> None:
 
 
 def test_default_root(tmp_path: Path) -> None:
-    backend = LoopfileBackend(Node(NodeConfig(state_dir=tmp_path), backend="loopfile"))
+    config = NodeConfig(state_dir=tmp_path, backends={"loopfile": {"isolation": "none"}})
+    backend = LoopfileBackend(Node(config, backend="loopfile"))
     assert backend.volume_id(vol(file="a.img")) == f"loopfile:{DEFAULT_ROOT}/a.img"
+    isolated = LoopfileBackend(Node(NodeConfig(state_dir=tmp_path), backend="loopfile"))
+    volume = Volume(options={"backend": "loopfile", "file": "a.img"}, pod=PodInfo(namespace="ns"))
+    assert isolated.volume_id(volume) == f"loopfile:{DEFAULT_ROOT}/namespaces/ns/a.img"
