@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from flexhub.harness import DriverReply, Kubelet
+from flexhub.harness import DriverReply, Kubelet, go_json
 from flexhub.install import install
 from tests.conftest import needs_root
 
@@ -209,6 +209,37 @@ def test_expandfs_grows_the_namespaced_file(tree: Tree) -> None:
     assert (area / "team-b" / "grow.img").stat().st_size == 300 * MiB
     tree.unmount(uid)
     tree.unmount(other)
+
+
+def test_interrupted_attach_is_released_in_its_namespace(tree: Tree) -> None:
+    """A mount killed right after the attach leaves an intent record; the next unmount
+    re-attaches in the same namespace's area to release the loop device (none is leaked)."""
+    uid = tree.kube.new_pod_uid()
+    target = tree.kube.pod_dir(uid, "pv-1")
+    options = Kubelet.mount_options(VOL, pv="pv-1", pod_uid=uid, namespace="team-a")
+    target.mkdir(parents=True)
+    crashed = subprocess.run(
+        [str(tree.kube.driver), "mount", str(target), go_json(options)],
+        env={**tree.kube.env, "FLEXHUB_TEST_CRASH_AT": "attached"},
+        capture_output=True,
+        check=False,
+    )
+    assert crashed.returncode == -9, crashed
+    image = tree.loopfiles / "namespaces" / "team-a" / "shared" / "db.img"
+    assert _loops_of(image), "the crash left no loop device: the test proves nothing"
+    reply = tree.kube.call("unmount", str(target))
+    assert reply.ok, reply.reply
+    assert _loops_of(image) == []
+
+
+def _loops_of(path: Path) -> list[str]:
+    out = subprocess.run(
+        ["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return [line.split()[0] for line in out.splitlines() if str(path) in line]
 
 
 # -- 2. loopfile: no file larger than the free space ------------------------------------------

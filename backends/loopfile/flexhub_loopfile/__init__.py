@@ -9,7 +9,10 @@ the node's loopfile root (``[loopfile] root`` in the node config, default
 Security: the file must stay inside the root. Absolute paths, ``..``, symlinks whose target
 leaves the root and anything that is not a regular file (device nodes, directories, FIFOs) are
 refused before anything is created, so a PV author cannot turn ``/etc/shadow`` or a host disk
-into a volume.
+into a volume. By default (``[loopfile] isolation = "namespace"``) ``file`` is resolved in the
+pod namespace's own area, ``<root>/namespaces/<namespace>/``, so one namespace never reaches
+another's files; see :mod:`flexhub_loopfile._tenancy` for that, the migration of older files,
+and ``overcommit`` (a new file larger than the free space is refused).
 
 Life cycle (the core takes the volume lock, formats, stages, binds and counts users):
 
