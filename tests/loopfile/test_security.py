@@ -299,15 +299,6 @@ def test_state_dir_is_private_and_old_modes_are_tightened(tree: Tree) -> None:
     (tree.kube.pod_dir(uid, "pv-1") / "secret").chmod(0o644)
     staged = [Path(p) for p in _mounts_under(tree.state / "staging")]
     assert len(staged) == 1
-    private = [tree.state]
-    for top, dirs, _ in os.walk(tree.state):
-        dirs[:] = [d for d in dirs if Path(top, d) not in staged]  # the volumes' own roots
-        if Path(top) == tree.state / "cache":
-            dirs[:] = []  # stevedore's entry-point cache has its own modes, inside a 0700 dir
-        private.extend(Path(top, d) for d in dirs)
-    assert len(private) >= 6  # state, staging, pods, volumes, locks, loopfile, ...
-    for directory in private:
-        assert stat.S_IMODE(directory.stat().st_mode) & 0o077 == 0, directory
     # the control: the unprivileged user reads the file through the pod's directory
     shown = _as_nobody("cat", str(tree.kube.pod_dir(uid, "pv-1") / "secret"))
     assert shown.returncode == 0 and shown.stdout == b"private", shown
@@ -318,4 +309,13 @@ def test_state_dir_is_private_and_old_modes_are_tightened(tree: Tree) -> None:
     ):
         denied = _as_nobody(*argv)
         assert denied.returncode != 0 and b"Permission denied" in denied.stderr, (argv, denied)
+    private = [tree.state]
+    for top, dirs, _ in os.walk(tree.state):
+        dirs[:] = [d for d in dirs if Path(top, d) not in staged]  # the volumes' own roots
+        if Path(top) == tree.state / "cache":
+            dirs[:] = []  # stevedore's entry-point cache has its own modes, inside a 0700 dir
+        private.extend(Path(top, d) for d in dirs)
+    assert len(private) >= 6  # state, staging, pods, volumes, locks, loopfile, ...
+    for directory in private:
+        assert stat.S_IMODE(directory.stat().st_mode) & 0o077 == 0, directory
     tree.unmount(uid)
