@@ -13,7 +13,8 @@ runs whenever the node services are set up (every ``mount``, ``unmount`` and ``e
   and the change is logged once. Nothing deeper is touched: ``staging/<hash>`` are mount
   points, and a chmod there would change the mounted filesystem's root directory.
 
-Symlinks among the sub-directories are left alone (never followed for a chmod).
+A symlinked sub-directory is left alone; a symlinked ``state_dir`` is followed (its target is
+the state directory).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ _OPEN = stat.S_IRWXG | stat.S_IRWXO
 def _tighten(path: Path, info: os.stat_result) -> None:
     mode = stat.S_IMODE(info.st_mode)
     if mode & _OPEN:
-        os.chmod(path, mode & ~_OPEN, follow_symlinks=False)
+        os.chmod(path, mode & ~_OPEN)  # a directory (callers skip symlinked sub-directories)
         LOG.warning("tightened %s from %04o to %04o", path, mode, mode & ~_OPEN)
 
 
