@@ -248,6 +248,7 @@ class LoopfileBackend(BlockBackend):
         isolation is on: the file is then found through the journal, not the options.
         """
         self._root()
+        _tenancy.check_settings(self.node.settings)
         if volume.pod is None and _tenancy.isolated(self.node.settings):
             self._relative(volume)
             self._size(volume)

@@ -30,6 +30,7 @@ __all__ = [
     "ISOLATION",
     "LEGACY",
     "area",
+    "check_settings",
     "isolated",
     "legacy_mode",
     "namespace_of",
@@ -74,6 +75,16 @@ def overcommit(settings: Mapping[str, Any]) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value < 1e6:
         raise FlexhubError("node config: [loopfile] overcommit must be a number >= 1")
     return float(value)
+
+
+def check_settings(settings: Mapping[str, Any]) -> None:
+    """Check every setting of this module at once (a typo fails every call, not some).
+
+    :raises FlexhubError: naming the first wrong setting.
+    """
+    isolated(settings)
+    legacy_mode(settings)
+    overcommit(settings)
 
 
 def namespace_of(volume: Volume) -> str:
