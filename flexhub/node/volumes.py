@@ -54,7 +54,8 @@ from flexhub.node.mounts import (
     cleanup_mount_point,
     is_corrupted,
 )
-from flexhub.volume import Volume
+from flexhub.node.statedir import secure_state_dir
+from flexhub.volume import PodInfo, Volume
 
 __all__ = [
     "CHECKPOINTS",
@@ -85,6 +86,9 @@ CHECKPOINTS = (
 )
 #: The steps of a block unmount at which :func:`checkpoint` may crash the process.
 UNMOUNT_CHECKPOINTS = ("unbound", "unstaged", "released")
+
+#: Key of the pod's namespace in a volume record's options (never one of a backend's keys).
+_NAMESPACE = "kubernetes.io/pod.namespace"
 
 #: Seconds given to the ``stat`` of a possibly stale mount point.
 STAT_TIMEOUT = 5.0
@@ -211,6 +215,7 @@ def mount_volume(node: Node, backend: Backend, target: Path, volume: Volume) -> 
     """
     given, target = _abs(target), pod_dir(target)
     check_mount_options(volume.mount_options)
+    secure_state_dir(node.state_dir)
     volume_id = backend.volume_id(volume)
     with node.lock("pod", str(target)):
         _adopt_pod_record(node, given, target)
@@ -425,6 +430,9 @@ def _attach_and_record(
     fs_type = volume.fs_type_or_default()
     options = record_details(volume.options)
     _check_no_secret(name, options, volume)
+    if volume.pod is not None and volume.pod.namespace:
+        # a backend may resolve the volume in its namespace (loopfile): _detach needs it too
+        options[_NAMESPACE] = volume.pod.namespace
     node.journal.put_volume(
         VolumeRecord(volume_id, name, "", str(staging), fs_type, {}, options=options)
     )
@@ -514,7 +522,13 @@ def _detach(backend: BlockBackend, record: VolumeRecord) -> None:
         LOG.warning("intent record of %s has no options: cannot release it", record.volume_id)
         return
     LOG.info("%s was interrupted during attach: re-attaching to detach it", record.volume_id)
-    volume = Volume(options=dict(record.options), fs_type=record.fs_type)
+    own = {k: v for k, v in record.options.items() if k != _NAMESPACE}
+    namespace = record.options.get(_NAMESPACE, "")
+    volume = Volume(
+        options=own,
+        fs_type=record.fs_type,
+        pod=PodInfo(namespace=namespace) if namespace else None,
+    )
     try:
         attachment = backend.attach(volume)
     except FlexhubError as exc:
@@ -547,6 +561,7 @@ def unmount_volume(node: Node, target: Path, load_backend: Callable[[str], Backe
     :param load_backend: returns the backend instance of a journalled backend name.
     """
     given, target = _abs(target), pod_dir(target)
+    secure_state_dir(node.state_dir)
     with node.lock("pod", str(target)):
         _adopt_pod_record(node, given, target)
         record = node.journal.get_pod(target)
@@ -640,6 +655,22 @@ def _release(
 # -- expand --------------------------------------------------------------------------------------
 
 
+def _staged_volume_id(node: Node, target: Path, volume: Volume) -> str | None:
+    """The volume id journalled for the pod directory ``target``, if it is a block volume.
+
+    ``expandfs`` carries the PV's options but no pod, so a backend whose volume id depends on
+    the pod (loopfile's namespace areas) is found through the pod directory's record.
+    """
+    record = node.journal.get_pod(_abs(target))
+    if record is None or record.staging is None:
+        return None
+    if volume.backend and record.backend != volume.backend:
+        raise VolumeError(
+            f"{target} holds a {record.backend} volume, not a {volume.backend} volume"
+        )
+    return record.volume_id
+
+
 def expand_volume(
     node: Node, backend: Backend, target: Path, volume: Volume, new_size: int
 ) -> None:
@@ -647,13 +678,15 @@ def expand_volume(
 
     :raises VolumeError: the volume is not staged on this node, or the filesystem did not grow.
     """
-    volume_id = backend.volume_id(volume)
+    secure_state_dir(node.state_dir)
     if isinstance(backend, FilesystemBackend):
+        volume_id = backend.volume_id(volume)
         with node.lock("volume", volume_id):
             backend.expand(pod_dir(target), volume, new_size)
         return
     if not isinstance(backend, BlockBackend):
         raise BackendError(f"backend {type(backend).__name__} is neither block nor filesystem")
+    volume_id = _staged_volume_id(node, target, volume) or backend.volume_id(volume)
     staging = staging_dir(node, volume_id)
     with _volume_locks(node, volume_id, staging):
         record = node.journal.get_volume(volume_id)

@@ -51,7 +51,7 @@ def node(tmp_path: Path, root: Path) -> Node:
         log_dir=tmp_path / "log",
         lock_timeout=10,
         command_timeout=30,
-        backends={"loopfile": {"root": str(root)}},
+        backends={"loopfile": {"root": str(root), "isolation": "none"}},
     )
     return Node(config, backend="loopfile")
 

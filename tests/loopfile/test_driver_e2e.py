@@ -60,7 +60,7 @@ VOL = {"backend": "loopfile", "file": "vols/a.img", "size": "1Gi"}
 def test_full_cycle_data_persists(kube: Kubelet, node_tree: dict[str, Path]) -> None:
     a, b = kube.new_pod_uid(), kube.new_pod_uid()
     assert mount(kube, a, VOL).ok
-    image = node_tree["loopfiles"] / "vols" / "a.img"
+    image = node_tree["loopfiles"] / "namespaces" / "default" / "vols" / "a.img"
     # a 1 GiB sparse volume uses almost no disk: only ext4's metadata and 32 MiB journal
     used = image.stat().st_blocks * 512
     assert image.stat().st_size == 1024 * MiB
@@ -90,7 +90,7 @@ def test_two_pods_at_once_share_one_staging_mount(
     for t in threads:
         t.join()
     assert [r.ok for r in replies] == [True, True], [r.reply for r in replies]
-    image = node_tree["loopfiles"] / "vols" / "a.img"
+    image = node_tree["loopfiles"] / "namespaces" / "default" / "vols" / "a.img"
     assert len(loops_of(image)) == 1
     staging = [m for m in mounts_under(node_tree["state"]) if "/staging/" in m]
     assert len(staging) == 1
@@ -151,7 +151,7 @@ def test_mount_on_an_already_mounted_pod_dir_is_idempotent(kube: Kubelet) -> Non
 def test_unmount_after_reboot_cleans_up(kube: Kubelet, node_tree: dict[str, Path]) -> None:
     uid = kube.new_pod_uid()
     assert mount(kube, uid, VOL).ok
-    image = node_tree["loopfiles"] / "vols" / "a.img"
+    image = node_tree["loopfiles"] / "namespaces" / "default" / "vols" / "a.img"
     # a reboot: every mount and the loop device vanish behind flexhub's back
     for target in [kube.pod_dir(uid, "pv-1"), *[Path(m) for m in mounts_under(node_tree["state"])]]:
         subprocess.run(["umount", str(target)], check=True)
@@ -179,8 +179,8 @@ def test_unmount_after_reboot_cleans_up(kube: Kubelet, node_tree: dict[str, Path
 def test_file_escaping_the_root_or_naming_a_device_fails_and_creates_nothing(
     kube: Kubelet, node_tree: dict[str, Path], file: str, expected: str
 ) -> None:
-    root = node_tree["loopfiles"]
-    root.mkdir(mode=0o700)
+    root = node_tree["loopfiles"] / "namespaces" / "default"  # the pod namespace's area
+    root.mkdir(mode=0o700, parents=True)
     (root / "escape").symlink_to("/tmp")
     (root / "dev0").symlink_to("/dev/loop0")
     os.mknod(root / "disk", 0o600 | 0o060000, os.makedev(7, 0))

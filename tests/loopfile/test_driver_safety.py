@@ -42,7 +42,7 @@ def test_loopfile_holding_a_tar_archive_is_never_formatted(
     kube: Kubelet,  # noqa: F811
     node_tree: dict[str, Path],
 ) -> None:
-    image = node_tree["loopfiles"] / "vols" / "a.img"
+    image = node_tree["loopfiles"] / "namespaces" / "default" / "vols" / "a.img"
     _tar_image(image)
     before = _sha(image)
     uid = kube.new_pod_uid()
@@ -90,7 +90,7 @@ def test_symlinked_kubelet_root_mount_read_only_and_unmount(
     real = Path(os.path.realpath(linked.pod_dir(writer, "pv-1")))
     done = linked.call("unmount", str(real))
     assert done.ok, done.reply
-    image = node_tree["loopfiles"] / "vols" / "s.img"
+    image = node_tree["loopfiles"] / "namespaces" / "default" / "vols" / "s.img"
     assert _resolved_mounts(linked) == [] and loops_of(image) == []
     assert mounts_under(node_tree["state"]) == []
     assert not list((node_tree["state"] / "pods").iterdir())
@@ -115,7 +115,7 @@ def test_pod_record_of_an_older_flexhub_keyed_by_the_symlinked_path(
     journal.delete_pod(real)
     assert linked.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
     assert _resolved_mounts(linked) == [] and mounts_under(node_tree["state"]) == []
-    assert loops_of(node_tree["loopfiles"] / "o.img") == []
+    assert loops_of(node_tree["loopfiles"] / "namespaces" / "default" / "o.img") == []
     assert not list((node_tree["state"] / "pods").iterdir())
 
 
@@ -140,11 +140,11 @@ def test_expandfs_when_the_file_is_already_large_enough(
     assert reply.ok, reply.reply
     # an expandfs that grew the file and died before the filesystem: the retry grows it
     before = _df(target)
-    os.truncate(node_tree["loopfiles"] / "big.img", 800 * MiB)
+    os.truncate(node_tree["loopfiles"] / "namespaces" / "default" / "big.img", 800 * MiB)
     reply = kube.expandfs(uid, "pv-1", options, 700 * 10**6, 410 * 10**6)
     assert reply.ok, reply.reply
     assert _df(target) > before + 300 * MiB, (before, _df(target))
-    assert os.stat(node_tree["loopfiles"] / "big.img").st_size == 800 * MiB  # never shrunk
+    assert os.stat(node_tree["loopfiles"] / "namespaces" / "default" / "big.img").st_size == 800 * MiB  # never shrunk
     shrink = kube.expandfs(uid, "pv-1", options, 300 * 10**6, 700 * 10**6)
     assert shrink.status == "Failure" and "shrink" in shrink.message
     assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
@@ -159,4 +159,4 @@ def test_symlinked_kubelet_root_unmount_really_unmounts(
     assert linked.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
     # before: "Success" while the bind, the staging mount and the loop device stayed
     assert _resolved_mounts(linked) == [] and mounts_under(node_tree["state"]) == []
-    assert loops_of(node_tree["loopfiles"] / "u.img") == []
+    assert loops_of(node_tree["loopfiles"] / "namespaces" / "default" / "u.img") == []

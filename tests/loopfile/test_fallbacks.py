@@ -40,7 +40,8 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def backend_with(tmp_path: Path, runner: RecordingRunner) -> LoopfileBackend:
     config = NodeConfig(
-        state_dir=tmp_path / "state", backends={"loopfile": {"root": str(tmp_path / "root")}}
+        state_dir=tmp_path / "state",
+        backends={"loopfile": {"root": str(tmp_path / "root"), "isolation": "none"}},
     )
     return LoopfileBackend(Node(config, backend="loopfile", runner=runner))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from flexhub_loopfile import DEFAULT_ROOT, LoopfileBackend
 
-from flexhub.backend import FlexhubError, InvalidOptions, Volume
+from flexhub.backend import FlexhubError, InvalidOptions, PodInfo, Volume
 from flexhub.config import NodeConfig
 from flexhub.node import Node
 
@@ -125,5 +125,47 @@ def test_bad_root_setting(tmp_path: Path, value: object) -> None:
 
 
 def test_default_root(tmp_path: Path) -> None:
-    backend = LoopfileBackend(Node(NodeConfig(state_dir=tmp_path), backend="loopfile"))
+    config = NodeConfig(state_dir=tmp_path, backends={"loopfile": {"isolation": "none"}})
+    backend = LoopfileBackend(Node(config, backend="loopfile"))
     assert backend.volume_id(vol(file="a.img")) == f"loopfile:{DEFAULT_ROOT}/a.img"
+    isolated = LoopfileBackend(Node(NodeConfig(state_dir=tmp_path), backend="loopfile"))
+    volume = Volume(options={"backend": "loopfile", "file": "a.img"}, pod=PodInfo(namespace="ns"))
+    assert isolated.volume_id(volume) == f"loopfile:{DEFAULT_ROOT}/namespaces/ns/a.img"
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("isolation", "namespaces"),
+        ("isolation", True),
+        ("legacy", "move"),
+        ("overcommit", 0.5),
+        ("overcommit", "2"),
+        ("overcommit", True),
+    ],
+)
+def test_bad_isolation_settings(tmp_path: Path, setting: str, value: object) -> None:
+    config = NodeConfig(
+        state_dir=tmp_path, backends={"loopfile": {"root": str(tmp_path), setting: value}}
+    )
+    volume = Volume(
+        options={"backend": "loopfile", "file": "a.img", "size": "1Mi"},
+        pod=PodInfo(namespace="ns"),
+    )
+    backend = LoopfileBackend(Node(config, backend="loopfile"))
+    with pytest.raises(FlexhubError, match=rf"\[loopfile\] {setting}"):
+        backend.check(volume)
+
+
+def test_isolation_needs_a_namespace_but_expandfs_checks_only_the_shape(tmp_path: Path) -> None:
+    config = NodeConfig(state_dir=tmp_path, backends={"loopfile": {"root": str(tmp_path)}})
+    backend = LoopfileBackend(Node(config, backend="loopfile"))
+    no_pod = vol(file="a.img")
+    backend.check(no_pod)  # expandfs: the file comes from the journal
+    with pytest.raises(InvalidOptions, match="names no pod"):
+        backend.volume_id(no_pod)
+    with pytest.raises(InvalidOptions, match=r"'\.\.' segments"):
+        backend.check(vol(file="../a.img"))
+    no_namespace = Volume(options={"backend": "loopfile", "file": "a.img"}, pod=PodInfo())
+    with pytest.raises(InvalidOptions, match=r"no kubernetes\.io/pod\.namespace"):
+        backend.volume_id(no_namespace)

@@ -95,7 +95,7 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
 
 def test_preallocate_without_room(backend: LoopfileBackend, small_fs: Path) -> None:
     backend.node.config.backends["loopfile"]["root"] = str(small_fs / "root")  # type: ignore[index]
-    with pytest.raises(VolumeError, match=r"not enough room on the node for .*need 67108864 bytes"):
+    with pytest.raises(VolumeError, match=r"not enough room for .*needs 67108864 bytes"):
         backend.attach(vol(file="big.img", size="64Mi", preallocate="true"))
     assert os.listdir(small_fs / "root") == []  # the partial file is gone
     assert os.statvfs(small_fs).f_bfree * os.statvfs(small_fs).f_frsize > 15 * MiB
@@ -307,8 +307,11 @@ def test_expand_preallocated(backend: LoopfileBackend, root: Path) -> None:
 
 def test_expand_refuses_a_device_of_another_file(backend: LoopfileBackend) -> None:
     a = backend.attach(vol(file="a.img", size="16Mi"))
-    backend.attach(vol(file="b.img", size="16Mi"))
+    b = backend.attach(vol(file="b.img", size="16Mi"))
+    swapped = Attachment(b.device, {**a.details, "loop": b.details["loop"]})
     with pytest.raises(VolumeError, match="no longer maps it"):
+        backend.expand(swapped, vol(file="a.img"), 32 * MiB)
+    with pytest.raises(VolumeError, match=r"not option 'file' b\.img"):
         backend.expand(a, vol(file="b.img"), 32 * MiB)
 
 

@@ -7,6 +7,8 @@ removes the topmost one (unless a test scripts it to fail).
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +35,8 @@ class FakeKernel:
     mount_answers: dict[str, object] = field(default_factory=dict)
     #: umount flags (``()`` or ``("-f", "-l")``) that fail and leave the mount in place
     failing_umounts: set[tuple[str, ...]] = field(default_factory=set)
+    #: bind mounts made: target -> the stat of the directory bound there
+    binds: dict[str, os.stat_result] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         return self.path.read_text().splitlines(keepends=True)
@@ -56,7 +60,38 @@ class FakeKernel:
                 break
         self.path.write_text("".join(lines))
 
+    def bind(self, source: str, target: str) -> None:
+        """A bind of ``/proc/<pid>/fd/<n>``: the mount holding that directory, at its path."""
+        real = os.readlink(source)
+        self.binds[target] = os.stat(source)
+        holder = max(
+            (line.split() for line in self.lines() if real.startswith(line.split()[4] + "/")),
+            key=lambda fields: len(fields[4]),
+        )
+        rest = real[len(holder[4]) :]
+        self.next_id += 1
+        tail = " ".join(holder[holder.index("-") :])
+        line = f"{self.next_id} 22 {holder[2]} {rest} {target} rw,relatime shared:9 {tail}\n"
+        with self.path.open("a") as handle:
+            handle.write(line)
+
+    def remount_ro(self, target: str) -> None:
+        lines = self.lines()
+        for index in range(len(lines) - 1, -1, -1):
+            fields = lines[index].split(" ")
+            if fields[4] == target:
+                fields[5] = fields[5].replace("rw", "ro", 1)
+                lines[index] = " ".join(fields)
+                break
+        self.path.write_text("".join(lines))
+
     def answer(self, argv: tuple[str, ...]) -> Result:
+        if argv[0] == "mount" and "--bind" in argv:
+            self.bind(argv[-2], argv[-1])
+            return Result(argv, 0, "", "")
+        if argv[0] == "mount" and "remount,bind,ro" in argv:
+            self.remount_ro(argv[-1])
+            return Result(argv, 0, "", "")
         if argv[0] == "mount":
             options = argv[argv.index("-o") + 1]
             source, target = argv[-2], argv[-1]
@@ -72,6 +107,13 @@ class FakeKernel:
             if flags in self.failing_umounts:
                 return Result(argv, 32, "", "umount: target is busy")
             self.remove(argv[-1])
+            if "nfs-tmp" in argv[-1] and os.path.isdir(argv[-1]):
+                # what the walk made lived on the (fake) NFS mount: gone with it
+                for entry in os.scandir(argv[-1]):
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path)
+                    else:
+                        os.unlink(entry.path)
             return Result(argv, 0, "", "")
         return Result(argv, 0, "", "")
 
@@ -111,7 +153,12 @@ def node(config: NodeConfig, runner: RecordingRunner, kernel: FakeKernel) -> Nod
 
 
 @pytest.fixture
-def backend(node: Node) -> NfsBackend:
+def backend(node: Node, kernel: FakeKernel, monkeypatch: pytest.MonkeyPatch) -> NfsBackend:
+    def holds(target: Path, fd: int) -> bool:
+        bound, wanted = kernel.binds.get(str(target)), os.fstat(fd)
+        return bound is not None and (bound.st_dev, bound.st_ino) == (wanted.st_dev, wanted.st_ino)
+
+    monkeypatch.setattr(NfsBackend, "_holds_directory", staticmethod(holds))
     return NfsBackend(node)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,7 @@ def test_mount_that_stays_writable_is_undone(
 def test_ipv6_server_is_bracketed(
     backend: NfsBackend, runner: RecordingRunner, target: Path, make_volume: VolumeFactory
 ) -> None:
-    backend.mount(target, make_volume(server="fd00::7", subPath="team/a"))
+    backend.mount(target, make_volume(server="fd00::7", share="/export/team/a"))
     assert runner.calls == [mount_argv("hard,retry=0", "[fd00::7]:/export/team/a", target)]
 
 
@@ -181,15 +182,10 @@ def test_bad_timeout_setting_is_a_failure(tmp_path: Path, key: str, value: objec
 def test_missing_sub_path_gets_a_hint(
     backend: NfsBackend, runner: RecordingRunner, target: Path, make_volume: VolumeFactory
 ) -> None:
-    runner.script[("mount",)] = Result(
-        (),
-        32,
-        "",
-        "mount.nfs: mounting srv1:/export/a failed, reason given by server: No such file or "
-        "directory",
-    )
     with pytest.raises(VolumeError, match=r'srv1:/export/a does not exist .*createSubPath: "true"'):
         backend.mount(target, make_volume(subPath="a"))
+    assert [c[0] for c in runner.calls] == ["mount", "umount"]  # the export's root, and gone
+    assert not backend.node.mounts.is_mount_point(target)
 
 
 def test_mount_error_is_one_clear_line(
@@ -206,6 +202,7 @@ def test_mount_error_is_one_clear_line(
 def test_create_sub_path_mounts_root_makes_dir_and_unmounts(
     backend: NfsBackend,
     runner: RecordingRunner,
+    kernel: FakeKernel,
     target: Path,
     make_volume: VolumeFactory,
     config: NodeConfig,
@@ -215,29 +212,46 @@ def test_create_sub_path_mounts_root_makes_dir_and_unmounts(
     )
     backend.mount(target, volume)
     temp_root = Path(os.path.realpath(config.state_dir)) / "nfs-tmp"
-    mount_root, mkdir, umount, mount_pod = runner.calls
+    mount_root, bind, read_only, umount = runner.calls
     temp = Path(mount_root[-1])
     assert temp.parent == temp_root and len(temp.name) == 16
     assert mount_root == mount_argv("vers=3,hard,retry=0", "srv1:/export", temp)
-    assert mkdir == ["mkdir", "-p", "-m", "2770", "--", f"{temp}/a/b"]
+    assert bind[:4] == ["mount", "--no-canonicalize", "--bind", "--"]
+    assert bind[4].startswith(f"/proc/{os.getpid()}/fd/") and bind[5] == str(target)
+    made = kernel.binds[str(target)]
+    assert stat.S_ISDIR(made.st_mode) and stat.S_IMODE(made.st_mode) == 0o2770
+    assert read_only == ["mount", "--no-canonicalize", "-o", "remount,bind,ro", "--", str(target)]
     assert umount == ["umount", "-c", "-i", "--", str(temp)]
-    assert mount_pod == mount_argv("vers=3,hard,retry=0,ro", "srv1:/export/a/b", target)
+    entry = backend.node.mounts.at(target)
+    assert entry is not None and entry.source == "srv1:/export" and entry.root == "/a/b"
+    assert entry.read_only
     assert list(temp_root.iterdir()) == []  # the private directory is gone
+    backend.mount(target, volume)  # idempotent: the bind of the sub-directory is recognised
+    assert len(runner.calls) == 4
 
 
 def test_create_sub_path_failure_cleans_up(
     backend: NfsBackend,
     runner: RecordingRunner,
+    kernel: FakeKernel,
+    tmp_path: Path,
     target: Path,
     make_volume: VolumeFactory,
     config: NodeConfig,
 ) -> None:
-    runner.script[("mkdir",)] = Result(
-        (), 1, "", "mkdir: cannot create directory: Permission denied"
-    )
-    with pytest.raises(VolumeError, match=r"cannot create a in srv1:/export: .*Permission denied"):
-        backend.mount(target, make_volume(subPath="a", createSubPath="true"))
-    assert [c[0] for c in runner.calls] == ["mount", "mkdir", "umount"]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+
+    def mount_with_symlink(argv: tuple[str, ...]) -> Result:
+        result = kernel.answer(argv)
+        os.symlink(outside, os.path.join(argv[-1], "a"))  # planted in the export
+        return result
+
+    runner.script[("mount",)] = mount_with_symlink
+    with pytest.raises(VolumeError, match=r"subPath a/b of srv1:/export: a is a symbolic link"):
+        backend.mount(target, make_volume(subPath="a/b", createSubPath="true"))
+    assert [c[0] for c in runner.calls] == ["mount", "umount"]
+    assert list(outside.iterdir()) == []
     assert backend.node.mounts.entries()[-1].mount_point == "/"
     assert list((Path(os.path.realpath(config.state_dir)) / "nfs-tmp").iterdir()) == []
 

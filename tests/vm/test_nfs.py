@@ -318,6 +318,43 @@ def test_create_sub_path_with_mode(rig: Rig) -> None:
     assert rig.unmount(again)[0]["status"] == "Success"
 
 
+def test_symlinks_in_the_export_are_refused(rig: Rig) -> None:
+    """A symlink planted in the export never leads flexhub out of it. With createSubPath, a
+    link to /etc and a relative link to ../.. fail the mount and create nothing on the node
+    (the old ``mkdir -p`` made the directory there, as root); without createSubPath, a link
+    to a directory beside the export that the server also serves is refused, not mounted.
+    Every failure leaves the pod directory empty and no temporary mount behind."""
+    tag = uuid.uuid4().hex[:6]
+    made = f"flexhub-made-{tag}"
+    beside = f"{services.NFS_ROOT}/beside-{tag}"
+    rig.sh(
+        f"ln -s /etc {rig.server_path(f'etc-{tag}')} && "
+        f"ln -s ../.. {rig.server_path(f'up-{tag}')} && "
+        f"mkdir {beside} && echo secret > {beside}/secret && "
+        f"ln -s ../beside-{tag} {rig.server_path(f'beside-{tag}')}"
+    )
+    # where each link leads on the node: /etc, and two levels above the temporary mount
+    escapes = [f"/etc/{made}", f"{BASE}/state/{made}"]
+    cases = [
+        ("4.2", {"subPath": f"etc-{tag}/{made}", "createSubPath": "true", "subPathMode": "0777"}),
+        ("3", {"subPath": f"up-{tag}/{made}", "createSubPath": "true"}),
+        ("4.2", {"subPath": f"beside-{tag}"}),
+        ("3", {"subPath": f"beside-{tag}"}),
+    ]
+    for version, user in cases:
+        target = rig.pod_dir()
+        reply, _ = rig.mount(target, {**share(rig, version), "nfsVersion": version, **user})
+        for path in escapes:
+            assert rig.sh(f"test -e {path} || echo absent") == "absent\n", (path, reply)
+        assert rig.sh(f"ls -A {target}") == "", reply
+        assert reply["status"] == "Failure", (user, reply)
+        assert "is a symbolic link in the export" in reply["message"], reply
+        assert rig.mounts(target) == []
+        rig.vm.run(["rmdir", target])
+    assert rig.sh(f"ls -A {BASE}/state/nfs-tmp") == ""
+    assert rig.sh(f"grep -c ' {BASE}/state/nfs-tmp' /proc/mounts", check=False) == "0\n"
+
+
 # -- idempotency, stale mounts, bad options -------------------------------------------------------
 
 

@@ -9,7 +9,10 @@ the node's loopfile root (``[loopfile] root`` in the node config, default
 Security: the file must stay inside the root. Absolute paths, ``..``, symlinks whose target
 leaves the root and anything that is not a regular file (device nodes, directories, FIFOs) are
 refused before anything is created, so a PV author cannot turn ``/etc/shadow`` or a host disk
-into a volume.
+into a volume. By default (``[loopfile] isolation = "namespace"``) ``file`` is resolved in the
+pod namespace's own area, ``<root>/namespaces/<namespace>/``, so one namespace never reaches
+another's files; see :mod:`flexhub_loopfile._tenancy` for that, the migration of older files,
+and ``overcommit`` (a new file larger than the free space is refused).
 
 Life cycle (the core takes the volume lock, formats, stages, binds and counts users):
 
@@ -50,7 +53,7 @@ from flexhub.backend import (
     Volume,
     VolumeError,
 )
-from flexhub_loopfile import _loop
+from flexhub_loopfile import _loop, _tenancy
 from flexhub_loopfile._quantity import parse_quantity
 
 __all__ = ["DEFAULT_ROOT", "LoopfileBackend"]
@@ -128,11 +131,11 @@ class LoopfileBackend(BlockBackend):
             raise FlexhubError("node config: [loopfile] root must not be /")
         return root
 
-    def _resolve(self, volume: Volume) -> Path:
-        """The backing file of ``volume``, symlinks resolved, checked to be inside the root.
+    @staticmethod
+    def _relative(volume: Volume) -> str:
+        """The ``file`` option, checked to be a plain relative path.
 
-        :raises InvalidOptions: ``file`` is missing, absolute, has ``..``, escapes the root
-            through a symlink, or names something that is not a regular file.
+        :raises InvalidOptions: ``file`` is missing, absolute, too long or has ``..``.
         """
         text = volume.options.get("file", "")
         if not text:
@@ -146,19 +149,43 @@ class LoopfileBackend(BlockBackend):
             raise InvalidOptions(
                 f"option 'file' must not contain empty, '.' or '..' segments: {text}"
             )
+        return text
+
+    def _base(self, volume: Volume) -> Path:
+        """Where ``file`` is resolved: the pod namespace's area, or the root without isolation.
+
+        :raises InvalidOptions: isolation is on and the call names no valid namespace.
+        """
         root = self._root()
+        if not _tenancy.isolated(self.node.settings):
+            return root
+        return _tenancy.area(root, _tenancy.namespace_of(volume))
+
+    def _resolve(self, volume: Volume) -> Path:
+        """The backing file of ``volume``, symlinks resolved, checked to be inside its area.
+
+        :raises InvalidOptions: ``file`` is missing, absolute, has ``..``, escapes the root (or
+            its namespace's area) through a symlink, or names something that is not a regular
+            file; or the call names no namespace while isolation is on.
+        """
+        text = self._relative(volume)
+        base = self._base(volume)
+        return self._inside(base, text)
+
+    @staticmethod
+    def _inside(base: Path, text: str) -> Path:
         try:
-            path = (root / PurePosixPath(text)).resolve()
+            path = (base / PurePosixPath(text)).resolve()
         except (OSError, RuntimeError) as exc:
             raise InvalidOptions(f"option 'file' cannot be resolved: {text}: {exc}") from None
-        if path == root or not path.is_relative_to(root):
+        if path == base or not path.is_relative_to(base):
             raise InvalidOptions(f"option 'file' escapes the loopfile root: {text}")
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             # The nearest existing ancestor must be a directory inside the root.
             ancestor = path.parent
-            while not ancestor.exists() and ancestor != root:
+            while not ancestor.exists() and ancestor != base:
                 ancestor = ancestor.parent
             if ancestor.exists() and not ancestor.is_dir():
                 raise InvalidOptions(
@@ -170,6 +197,48 @@ class LoopfileBackend(BlockBackend):
         if not stat.S_ISREG(st.st_mode):
             raise InvalidOptions(f"option 'file' is not a regular file: {text}")
         return path
+
+    def _legacy(self, volume: Volume, path: Path) -> Path | None:
+        """The pre-isolation file ``<root>/<file>`` a namespaced mount may adopt, if any.
+
+        ``None`` without isolation, when the namespace's own file exists, or when there is no
+        regular file at the old location (outside every namespace's area).
+        """
+        if not _tenancy.isolated(self.node.settings) or path.exists():
+            return None
+        root = self._root()
+        text = self._relative(volume)
+        if text.split("/", 1)[0] == _tenancy.AREA:
+            return None
+        try:
+            legacy = self._inside(root, text)
+        except InvalidOptions:
+            return None
+        if legacy.is_relative_to(root / _tenancy.AREA) or not legacy.is_file():
+            return None
+        return legacy
+
+    def _adopt(self, volume: Volume, path: Path) -> None:
+        """Move a pre-isolation file into the namespace's area (the volume lock is held)."""
+        legacy = self._legacy(volume, path)
+        if legacy is None:
+            return
+        if _tenancy.legacy_mode(self.node.settings) == "refuse":
+            raise InvalidOptions(
+                f"{legacy} predates namespace isolation: an operator must move it to {path} "
+                '(or set [loopfile] legacy = "adopt")'
+            )
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            os.rename(legacy, path)  # atomic: only one namespace can take it
+        except FileNotFoundError:
+            LOG.info("%s was adopted by another namespace meanwhile", legacy)
+            return
+        except OSError as exc:
+            raise VolumeError(f"cannot move {legacy} to {path}: {exc.strerror}") from None
+        self._fsync_dir(path.parent)
+        self._fsync_dir(legacy.parent)
+        LOG.warning("adopted pre-isolation file %s into namespace area as %s", legacy, path)
 
     @staticmethod
     def _size(volume: Volume) -> int | None:
@@ -186,26 +255,42 @@ class LoopfileBackend(BlockBackend):
         return options.get("preallocate", "false") == "true"
 
     def _markers(self) -> _loop.Markers:
-        return _loop.Markers(Path(self.node.state_dir) / "loopfile" / "created")
+        own = Path(self.node.state_dir) / "loopfile"
+        own.mkdir(mode=0o700, parents=True, exist_ok=True)  # not with the umask's mode
+        return _loop.Markers(own / "created")
 
     # --------------------------------------------------------------------------- API
 
     def check(self, volume: Volume) -> None:
-        """Check the file's place and kind, and that ``size`` is there when needed."""
+        """Check the file's place and kind, and that ``size`` is there when needed.
+
+        A call without a pod (``expandfs``) only has its ``file`` checked for shape when
+        isolation is on: the file is then found through the journal, not the options.
+        """
+        self._root()
+        _tenancy.check_settings(self.node.settings)
+        if volume.pod is None and _tenancy.isolated(self.node.settings):
+            self._relative(volume)
+            self._size(volume)
+            return
         path = self._resolve(volume)
         size = self._size(volume)
-        if size is None and not path.exists():
+        if size is None and not path.exists() and self._legacy(volume, path) is None:
             raise InvalidOptions(
                 f"option 'size' is required: {volume.options.get('file')} does not exist yet"
             )
 
     def volume_id(self, volume: Volume) -> str:
-        """``loopfile:<resolved path>``: two PVs naming the same file are one volume."""
+        """``loopfile:<resolved path>``: two PVs naming the same file are one volume.
+
+        With isolation the path is inside the namespace's area, so the id names it too.
+        """
         return _ID_PREFIX + str(self._resolve(volume))
 
     def attach(self, volume: Volume) -> Attachment:
         """Create the file if needed and return a loop device mapping it."""
         path = self._resolve(volume)
+        self._adopt(volume, path)
         created = self._ensure_file(path, volume)
         data = None if created else _has_data(path)
         markers = self._markers()
@@ -247,8 +332,11 @@ class LoopfileBackend(BlockBackend):
         LOG.info("detached %s from %s", dev.path, file)
 
     def expand(self, attachment: Attachment, volume: Volume, new_size: int) -> None:
-        """Grow the file to ``new_size`` bytes and the loop device with it."""
-        path = self._resolve(volume)
+        """Grow the file to ``new_size`` bytes and the loop device with it.
+
+        The file is the one journalled at attach (``expandfs`` carries no namespace).
+        """
+        path = self._attached_file(attachment, volume)
         name, index = _loop.loop_name(attachment.details.get("loop") or attachment.device)
         dev = _loop.LoopDevice(name, index)
         try:
@@ -275,6 +363,28 @@ class LoopfileBackend(BlockBackend):
         LOG.info("expanded %s from %d to %d bytes", path, current, target)
 
     # --------------------------------------------------------------------------- helpers
+
+    def _attached_file(self, attachment: Attachment, volume: Volume) -> Path:
+        """The backing file an attachment recorded, checked against the root and ``file``."""
+        recorded = attachment.details.get("file", "")
+        if not recorded:
+            return self._resolve(volume)
+        path = Path(recorded)
+        text = self._relative(volume)
+        if not path.is_relative_to(self._root()) or not str(path).endswith("/" + text):
+            raise VolumeError(f"the staged volume is {path}, not option 'file' {text}")
+        return path
+
+    def _check_room(self, path: Path, size: int, preallocate: bool) -> None:
+        """Refuse a new file larger than the free space (times ``[loopfile] overcommit``)."""
+        free = _free_bytes(path.parent)
+        ratio = 1.0 if preallocate else _tenancy.overcommit(self.node.settings)
+        if size > free * ratio:
+            allowed = f" (overcommit {ratio:g}: {int(free * ratio)} bytes)" if ratio > 1 else ""
+            raise VolumeError(
+                f"not enough room for {path}: it needs {size} bytes and the loopfile root's "
+                f"filesystem has {free} bytes free{allowed}"
+            )
 
     @staticmethod
     def _attachment(
@@ -308,12 +418,14 @@ class LoopfileBackend(BlockBackend):
             )
         size = _round_up(size)
         root = self._root()
+        base = self._base(volume)
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         # Re-check now that the directories exist: nothing may have sneaked a symlink in.
         real_parent = path.parent.resolve()
-        if real_parent != path.parent or not real_parent.is_relative_to(root):
+        if real_parent != path.parent or not real_parent.is_relative_to(base):
             raise InvalidOptions(f"option 'file' escapes the loopfile root: {path}")
+        self._check_room(path, size, self._preallocate(volume.options))
         # Leftovers of a creation that crashed (the volume lock is held: none is in progress).
         for stale in path.parent.glob(f".{path.name}.*{_NEW_SUFFIX}"):
             with contextlib.suppress(OSError):

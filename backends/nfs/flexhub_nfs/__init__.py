@@ -26,10 +26,17 @@ Mount (``mount -t nfs -o OPTS -- server:/share[/subPath] TARGET``):
 * The command runs under ``[nfs] mount_timeout`` (default: the node's ``mount_timeout``). On
   timeout the node's runner kills its whole process group (``mount`` and ``mount.nfs``), and
   the directory is unmounted again in case the kernel finished the mount at the last moment.
-* ``createSubPath: "true"``: the export's root is first mounted read-write on a private
-  directory under ``<state_dir>/nfs-tmp/``, ``mkdir -p -m MODE`` makes the sub-directory
-  (``subPathMode``, default ``0750``, applies to the last segment; missing parents get the
-  ``mkdir`` default), and that mount is removed before the pod's mount.
+* ``subPath``: the export's root is first mounted on a private directory under
+  ``<state_dir>/nfs-tmp/`` (read-write when ``createSubPath: "true"``, else with the pod's
+  options), the sub-directory is walked one component at a time with
+  ``openat(O_NOFOLLOW|O_DIRECTORY)`` (:mod:`flexhub_nfs._subpath`), refusing any symlink, and
+  made with ``mkdirat`` where missing when ``createSubPath: "true"`` (``subPathMode``, default
+  ``0750``, applies exactly to the last segment; missing parents get ``0777`` less the umask);
+  the walked directory is bind-mounted on the pod directory through its descriptor
+  (``mount --no-canonicalize --bind /proc/<pid>/fd/<n>``), checked to be the same directory
+  after the bind, and the private mount is removed. A symlink in the export (planted by a
+  client, or served by a hostile server) therefore never makes flexhub create or mount
+  anything outside the export.
 * A stale mount already on the directory (ESTALE after a server restart) is unmounted and
   mounted again; the same export already mounted and healthy is success; anything else
   mounted there is a failure.
@@ -63,7 +70,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flexhub.backend import (
     CommandError,
@@ -73,7 +80,11 @@ from flexhub.backend import (
     Volume,
     VolumeError,
 )
+from flexhub_nfs import _subpath
 from flexhub_nfs._options import Plan, build_plan
+
+if TYPE_CHECKING:
+    from flexhub.node.mounts import MountEntry
 
 __all__ = ["DEFAULT_FORCE_TIMEOUT", "DEFAULT_STAT_TIMEOUT", "NFS_TYPES", "NfsBackend"]
 
@@ -93,6 +104,17 @@ _ID_PREFIX = "nfs:"
 
 def _same_source(shown: str, wanted: str) -> bool:
     return shown.rstrip("/") == wanted.rstrip("/")
+
+
+def _holds(entry: MountEntry, plan: Plan) -> bool:
+    """Whether a mount is ``plan``'s: the export itself, or a bind of its sub-directory."""
+    if _same_source(entry.source, plan.source):
+        return True
+    return (
+        bool(plan.sub_path)
+        and _same_source(entry.source, plan.root_source)
+        and entry.root.rstrip("/").endswith("/" + plan.sub_path)
+    )
 
 
 class NfsBackend(FilesystemBackend):
@@ -157,10 +179,11 @@ class NfsBackend(FilesystemBackend):
         if self._already_mounted(target, plan):
             LOG.info("%s already holds %s: nothing to do", target, plan.source)
             return self._with_version(target, details)
-        if plan.create_sub_path:
-            self._create_sub_path(plan)
         started = time.monotonic()
-        self._mount(plan.source, target, plan.options, plan)
+        if plan.sub_path:
+            self._mount_sub_path(target, plan)
+        else:
+            self._mount(plan.source, target, plan.options, plan)
         entry = self.node.mounts.at(target)
         if entry is None or entry.fs_type not in NFS_TYPES:
             self._cleanup(target)
@@ -197,7 +220,7 @@ class NfsBackend(FilesystemBackend):
         entry = self.node.mounts.at(target)
         if entry is None:
             return False
-        if entry.fs_type in NFS_TYPES and _same_source(entry.source, plan.source):
+        if entry.fs_type in NFS_TYPES and _holds(entry, plan):
             if self._healthy(target):
                 if entry.read_only != plan.read_only:
                     raise VolumeError(
@@ -226,7 +249,7 @@ class NfsBackend(FilesystemBackend):
             self._cleanup(target)
             output = exc.output or str(exc)
             missing = "No such file or directory" in output
-            if missing and plan.sub_path and not plan.create_sub_path:
+            if missing and source == plan.source and plan.sub_path and not plan.create_sub_path:
                 raise VolumeError(
                     f'{source} does not exist on the server (createSubPath: "true" creates it)'
                 ) from None
@@ -246,37 +269,98 @@ class NfsBackend(FilesystemBackend):
                     break
         return details
 
-    def _create_sub_path(self, plan: Plan) -> None:
-        """Mount the export's root on a private directory and make the sub-directory."""
+    def _mount_sub_path(self, target: Path, plan: Plan) -> None:
+        """Mount the export's root on a private directory, walk (or make) the sub-directory
+        without following a symlink, and bind-mount exactly that directory on ``target``.
+
+        See :mod:`flexhub_nfs._subpath`: the walk holds a descriptor of every component, and
+        the bind's source is that descriptor, so a symlink swapped in meanwhile changes
+        nothing; the result is checked again (same device and inode) after the bind.
+        """
         base = Path(os.path.realpath(self.node.state_dir)) / "nfs-tmp"
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._collect_temp(base)
         temp = base / secrets.token_hex(8)
         temp.mkdir(mode=0o700)
         try:
-            self._mount(plan.root_source, temp, plan.root_options, plan)
+            options = plan.root_options if plan.create_sub_path else plan.options
+            self._mount(plan.root_source, temp, options, plan)
             try:
-                mode = f"{plan.sub_path_mode:04o}"
-                self.node.runner(
-                    ["mkdir", "-p", "-m", mode, "--", str(temp / plan.sub_path)],
-                    timeout=self.mount_timeout,
-                )
-                LOG.info("made sure %s/%s exists (mode %s)", plan.root_source, plan.sub_path, mode)
-            except CommandTimeout:
-                raise CommandTimeout(
-                    f"NFS server {plan.host} did not answer within {self.mount_timeout:g}s "
-                    f"while creating {plan.sub_path} in {plan.share}"
-                ) from None
-            except CommandError as exc:
-                raise VolumeError(
-                    f"cannot create {plan.sub_path} in {plan.root_source}: "
-                    f"{exc.output or exc.message}"
-                ) from None
+                self._bind_sub_path(temp, target, plan)
             finally:
                 self._cleanup(temp)
         finally:
             with contextlib.suppress(OSError):
                 temp.rmdir()
+
+    def _bind_sub_path(self, temp: Path, target: Path, plan: Plan) -> None:
+        bound = self.mount_timeout
+        what = f"walking {plan.sub_path} in {plan.root_source}"
+
+        def walk() -> int:
+            root = os.open(temp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                return _subpath.open_sub_path(
+                    root, plan.sub_path, create=plan.create_sub_path, mode=plan.sub_path_mode
+                )
+            finally:
+                os.close(root)
+
+        try:
+            fd = _subpath.bounded(walk, bound, what)
+        except CommandTimeout:
+            raise CommandTimeout(
+                f"NFS server {plan.host} did not answer within {bound:g}s while {what}"
+            ) from None
+        except _subpath.SubPathMissing as exc:
+            raise VolumeError(
+                f'{plan.source} does not exist on the server ({exc.message}; createSubPath: "true" '
+                "creates it)"
+            ) from None
+        except VolumeError as exc:
+            raise VolumeError(
+                f"refusing subPath {plan.sub_path} of {plan.root_source}: {exc}"
+            ) from None
+        try:
+            if plan.create_sub_path:
+                LOG.info(
+                    "made sure %s/%s exists (mode %04o)",
+                    plan.root_source,
+                    plan.sub_path,
+                    plan.sub_path_mode,
+                )
+            source = f"/proc/{os.getpid()}/fd/{fd}"
+            self.node.runner(
+                ["mount", "--no-canonicalize", "--bind", "--", source, str(target)],
+                timeout=bound,
+            )
+            try:
+                if plan.read_only:
+                    self.node.runner(
+                        ["mount", "--no-canonicalize", "-o", "remount,bind,ro", "--", str(target)],
+                        timeout=bound,
+                    )
+                if not self._holds_directory(target, fd):
+                    raise VolumeError(
+                        f"{target} does not hold {plan.source} after binding it: refused"
+                    )
+            except BaseException:
+                self._cleanup(target)
+                raise
+        except CommandError as exc:
+            raise CommandError(
+                f"bind mount of {plan.source} on {target} failed: {exc.output or exc.message}",
+                returncode=exc.returncode,
+                output=exc.output,
+            ) from None
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _holds_directory(target: Path, fd: int) -> bool:
+        """Whether ``target`` now shows the directory open as ``fd`` (device and inode)."""
+        wanted, now = os.fstat(fd), os.stat(target)
+        return (now.st_dev, now.st_ino) == (wanted.st_dev, wanted.st_ino)
 
     def _collect_temp(self, base: Path) -> None:
         """Unmount and remove ``nfs-tmp`` directories a crashed call left behind."""

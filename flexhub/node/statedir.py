@@ -1,0 +1,65 @@
+"""The state directory is root's alone: ``state_dir`` and its sub-directories are mode 0700.
+
+Everything flexhub keeps there (the journal, lock files, loop-device markers) is private, and
+``staging/`` holds the node-wide staging mounts: a staged volume's files are reachable through
+``<state_dir>/staging/<hash>`` by anybody who may traverse the path. :func:`secure_state_dir`
+runs whenever the node services are set up (every ``mount``, ``unmount`` and ``expandfs``):
+
+* a missing ``state_dir`` and the sub-directories that lead to staging mounts and records
+  (:data:`PRIVATE_DIRS`) are created 0700 up front, so no ``mkdir(parents=True)`` later makes
+  one with the process umask;
+* an existing ``state_dir`` or direct sub-directory with any group or other bit (an older
+  flexhub created ``state_dir`` and ``staging/`` 0755) is tightened to 0700 on its next use,
+  and the change is logged once. Nothing deeper is touched: ``staging/<hash>`` are mount
+  points, and a chmod there would change the mounted filesystem's root directory.
+
+A symlinked sub-directory is left alone; a symlinked ``state_dir`` is followed (its target is
+the state directory).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+from flexhub.errors import StateError
+
+__all__ = ["PRIVATE_DIRS", "secure_state_dir"]
+
+LOG = logging.getLogger(__name__)
+
+#: Sub-directories created 0700 with the state directory.
+PRIVATE_DIRS = ("staging", "pods", "volumes", "locks")
+
+_OPEN = stat.S_IRWXG | stat.S_IRWXO
+
+
+def _tighten(path: Path, info: os.stat_result) -> None:
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & _OPEN:
+        os.chmod(path, mode & ~_OPEN)  # a directory (callers skip symlinked sub-directories)
+        LOG.warning("tightened %s from %04o to %04o", path, mode, mode & ~_OPEN)
+
+
+def secure_state_dir(state_dir: Path) -> None:
+    """Create ``state_dir`` 0700 when missing and tighten it and its sub-directories.
+
+    :raises StateError: the directory cannot be created or its mode cannot be changed.
+    """
+    try:
+        if not state_dir.exists():
+            state_dir.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            state_dir.mkdir(mode=0o700, exist_ok=True)
+        _tighten(state_dir, os.stat(state_dir))
+        for name in PRIVATE_DIRS:
+            (state_dir / name).mkdir(mode=0o700, exist_ok=True)
+        with os.scandir(state_dir) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    _tighten(Path(entry.path), entry.stat(follow_symlinks=False))
+    except OSError as exc:
+        raise StateError(
+            f"cannot make the state directory {state_dir} private: {exc.strerror or exc}"
+        ) from None
