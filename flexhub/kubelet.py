@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flexhub.call import MIN_SECRET_CHARS, Call, Reply
 from flexhub.errors import (
     FlexhubError,
     InvalidOptions,
@@ -42,51 +43,8 @@ CAPABILITIES: dict[str, bool] = {
 
 #: Largest options argument accepted (kubelet's are a few hundred bytes; secrets add some).
 MAX_OPTIONS_BYTES = 256 * 1024
-#: Shorter secret values are not scrubbed from replies and logs (they would mangle any text).
-MIN_SECRET_CHARS = 3
 #: Largest single option value.
 MAX_VALUE_CHARS = 64 * 1024
-
-
-class Reply:
-    """One FlexVolume reply."""
-
-    __slots__ = ("extra", "message", "status")
-
-    def __init__(
-        self, status: str = "Success", message: str = "", extra: dict[str, Any] | None = None
-    ) -> None:
-        self.status = status
-        self.message = message
-        self.extra = extra or {}
-
-    def to_json(self) -> str:
-        body: dict[str, Any] = {"status": self.status}
-        if self.message:
-            body["message"] = self.message
-        body.update(self.extra)
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=True)
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.status == "Success" else 1
-
-
-class Call:
-    """What is known about the call being served, for the log line.
-
-    (Plain classes here, not dataclasses: this module is on every kubelet call.)
-    """
-
-    __slots__ = ("backend", "operation", "pod_uid", "secrets", "target", "volume")
-
-    def __init__(self, operation: str) -> None:
-        self.operation = operation
-        self.backend = ""
-        self.volume = ""
-        self.pod_uid = ""
-        self.target = ""
-        self.secrets: list[str] = []
 
 
 Handler = Callable[[list[str], Call], Reply]

@@ -18,8 +18,8 @@ from flexhub.errors import BackendError, InvalidOptions
 
 if TYPE_CHECKING:
     from flexhub.backend import Backend
+    from flexhub.call import Call
     from flexhub.config import NodeConfig
-    from flexhub.kubelet import Call
 
 __all__ = ["BackendInfo", "backend_factory", "installed_backends", "load_backend"]
 

@@ -13,12 +13,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from flexhub.call import MIN_SECRET_CHARS, Call
 from flexhub.errors import redact
-from flexhub.kubelet import MIN_SECRET_CHARS
 
 if TYPE_CHECKING:
     from flexhub.config import NodeConfig
-    from flexhub.kubelet import Call
 
 __all__ = ["LOG_FILE", "log_call", "log_exception", "start_logging"]
 
