@@ -49,6 +49,18 @@ def median_ms(func: Callable[[], object], runs: int) -> float:
     return statistics.median(samples)
 
 
+def paired(
+    func: Callable[[], object], reference: Callable[[], object], runs: int
+) -> tuple[float, float]:
+    """Medians of ``func`` and ``reference``, run alternately so that load drifts hit both."""
+    mine: list[float] = []
+    theirs: list[float] = []
+    for _ in range(runs):
+        mine.append(median_ms(func, 1))
+        theirs.append(median_ms(reference, 1))
+    return statistics.median(mine), statistics.median(theirs)
+
+
 def run_quiet(argv: list[str]) -> None:
     subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, check=True, cwd="/")
 
@@ -174,19 +186,19 @@ def must(reply: DriverReply | None, what: str) -> None:
 
 def per_call(bench: Bench, runs: int) -> tuple[list[Figure], dict[str, float]]:
     k = bench.kubelet
-    bare = median_ms(bench.bare_python, runs)
+    bare_name = "bare python -I -c pass"
     figures = []
-    init = median_ms(k.init, runs)
-    figures.append(
-        Figure("init", init, "bare python -I -c pass", bare, "<= 1.2x", init <= 1.2 * bare)
-    )
+    init, bare = paired(k.init, bench.bare_python, runs)
+    figures.append(Figure("init", init, bare_name, bare, "<= 1.2x", init <= 1.2 * bare))
     gone = str(bench.root / "kubelet" / "pods" / "none" / "volumes" / "k8s~flexhub" / "x")
-    unmount = median_ms(lambda: must(k.call("unmount", gone), "unmount"), runs)
+    unmount, bare = paired(
+        lambda: must(k.call("unmount", gone), "unmount"), bench.bare_python, runs
+    )
     figures.append(
         Figure(
             "unmount (directory not mounted)",
             unmount,
-            "bare python -I -c pass",
+            bare_name,
             bare,
             "<= 1.2x",
             unmount <= 1.2 * bare,
@@ -198,8 +210,11 @@ def per_call(bench: Bench, runs: int) -> tuple[list[Figure], dict[str, float]]:
     must(bench.mount(pv, user, uid), "first mount")
     target = str(k.pod_dir(uid, pv))
     raw = go_json(Kubelet.mount_options(user, pv=pv, pod_uid=uid))
-    again = median_ms(lambda: must(k.call("mount", target, raw), "idempotent mount"), runs)
-    bashjq = median_ms(lambda: run_quiet(["bash", str(BASHJQ), "mount", target, raw]), runs)
+    again, bashjq = paired(
+        lambda: must(k.call("mount", target, raw), "idempotent mount"),
+        lambda: run_quiet(["bash", str(BASHJQ), "mount", target, raw]),
+        runs,
+    )
     figures.append(
         Figure(
             "mount of an already-mounted directory",
@@ -210,12 +225,14 @@ def per_call(bench: Bench, runs: int) -> tuple[list[Figure], dict[str, float]]:
             again <= 0.5 * bashjq,
         )
     )
-    second = median_ms(lambda: must(bench.mount(pv, user), "second pod's mount"), runs)
+    second, bare = paired(
+        lambda: must(bench.mount(pv, user), "second pod's mount"), bench.bare_python, runs
+    )
     figures.append(
         Figure(
             "second pod's mount of a staged volume",
             second,
-            "bare python -I -c pass",
+            bare_name,
             bare,
             "<= 2x",
             second <= 2 * bare,

@@ -174,13 +174,14 @@ def op_getvolumename(args: list[str], call: Call) -> Reply:
 def _validated(raw: str, call: Call, *, with_pod: bool) -> tuple[Any, Any, Any]:
     """Parse, validate and load: returns (volume, backend instance, node)."""
     from flexhub.loader import load_backend
+    from flexhub.memo import Memo
     from flexhub.validation import validate_options
     from flexhub.volume import Volume
 
     options = parse_options(raw, call)
     config = _config()
-    backend_cls = load_backend(options.get("backend"))
-    validate_options(backend_cls, options)
+    backend_cls = load_backend(options.get("backend"), config)
+    validate_options(backend_cls, options, Memo(config.state_dir))
     volume = Volume.from_options(options, with_pod=with_pod)
     from flexhub.node import Node
 
@@ -254,11 +255,19 @@ def op_unmount(args: list[str], call: Call) -> Reply:
     _expect(args, 1, "unmount <podVolumeDir>")
     target = _directory(args[0], "mount directory")
     call.target = str(target)
+    config = _config()
+    from flexhub.fastpath import nothing_to_unmount
+
+    # kubelet serialises the operations on one pod volume directory, so no mount of this
+    # directory can be in flight while it asks to unmount it.
+    if nothing_to_unmount(config.state_dir, target):
+        return Reply()
     from flexhub.loader import backend_factory
+    from flexhub.logs import configure_logging
     from flexhub.node import Node
     from flexhub.node.volumes import unmount_volume
 
-    config = _config()
+    configure_logging()
     unmount_volume(Node(config), target, backend_factory(config, call))
     return Reply()
 
@@ -303,6 +312,21 @@ OPERATIONS: Mapping[str, Handler] = {
 
 # --- serving ----------------------------------------------------------------------------
 
+#: Operations that import no node service or backend (``unmount`` only when there is nothing
+#: to unmount): they log their summary line without setting up :mod:`logging`.
+_LEAN = frozenset(
+    {
+        "init",
+        "getvolumename",
+        "isattached",
+        "detach",
+        "waitforattach",
+        "unmountdevice",
+        "expandvolume",
+        "unmount",
+    }
+)
+
 
 def _protect_streams() -> int:
     """Send fds 1 and 2 to /dev/null and return a private duplicate of the real stdout."""
@@ -321,6 +345,10 @@ def handle(args: list[str], call: Call) -> Reply:
     if handler is None:
         return Reply(status=NotSupported.status)
     try:
+        if call.operation not in _LEAN:
+            from flexhub.logs import configure_logging
+
+            configure_logging()
         return handler(args, call)
     except FlexhubError as exc:
         return Reply(status=exc.status, message=exc.message)
@@ -348,6 +376,10 @@ def serve(argv: list[str]) -> int:
         reply = handle(args, call)
     reply.message = redact(reply.message, call.secrets, MIN_SECRET_CHARS)
     log_call(call, reply.status, reply.message, time.monotonic() - started)
+    return _write_reply(reply_fd, reply)
+
+
+def _write_reply(reply_fd: int, reply: Reply) -> int:
     data = (reply.to_json() + "\n").encode()
     while data:
         written = os.write(reply_fd, data)
