@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flexhub.call import MIN_SECRET_CHARS, Call, Reply
 from flexhub.errors import (
     FlexhubError,
     InvalidOptions,
@@ -42,51 +43,8 @@ CAPABILITIES: dict[str, bool] = {
 
 #: Largest options argument accepted (kubelet's are a few hundred bytes; secrets add some).
 MAX_OPTIONS_BYTES = 256 * 1024
-#: Shorter secret values are not scrubbed from replies and logs (they would mangle any text).
-MIN_SECRET_CHARS = 3
 #: Largest single option value.
 MAX_VALUE_CHARS = 64 * 1024
-
-
-class Reply:
-    """One FlexVolume reply."""
-
-    __slots__ = ("extra", "message", "status")
-
-    def __init__(
-        self, status: str = "Success", message: str = "", extra: dict[str, Any] | None = None
-    ) -> None:
-        self.status = status
-        self.message = message
-        self.extra = extra or {}
-
-    def to_json(self) -> str:
-        body: dict[str, Any] = {"status": self.status}
-        if self.message:
-            body["message"] = self.message
-        body.update(self.extra)
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=True)
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.status == "Success" else 1
-
-
-class Call:
-    """What is known about the call being served, for the log line.
-
-    (Plain classes here, not dataclasses: this module is on every kubelet call.)
-    """
-
-    __slots__ = ("backend", "operation", "pod_uid", "secrets", "target", "volume")
-
-    def __init__(self, operation: str) -> None:
-        self.operation = operation
-        self.backend = ""
-        self.volume = ""
-        self.pod_uid = ""
-        self.target = ""
-        self.secrets: list[str] = []
 
 
 Handler = Callable[[list[str], Call], Reply]
@@ -216,13 +174,14 @@ def op_getvolumename(args: list[str], call: Call) -> Reply:
 def _validated(raw: str, call: Call, *, with_pod: bool) -> tuple[Any, Any, Any]:
     """Parse, validate and load: returns (volume, backend instance, node)."""
     from flexhub.loader import load_backend
+    from flexhub.memo import Memo
     from flexhub.validation import validate_options
     from flexhub.volume import Volume
 
     options = parse_options(raw, call)
     config = _config()
-    backend_cls = load_backend(options.get("backend"))
-    validate_options(backend_cls, options)
+    backend_cls = load_backend(options.get("backend"), config)
+    validate_options(backend_cls, options, Memo(config.state_dir))
     volume = Volume.from_options(options, with_pod=with_pod)
     from flexhub.node import Node
 
@@ -297,11 +256,19 @@ def op_unmount(args: list[str], call: Call) -> Reply:
     _expect(args, 1, "unmount <podVolumeDir>")
     target = _directory(args[0], "mount directory")
     call.target = str(target)
+    config = _config()
+    from flexhub.fastpath import nothing_to_unmount
+
+    # kubelet serialises the operations on one pod volume directory, so no mount of this
+    # directory can be in flight while it asks to unmount it.
+    if nothing_to_unmount(config.state_dir, target):
+        return Reply()
     from flexhub.loader import backend_factory
+    from flexhub.logs import configure_logging
     from flexhub.node import Node
     from flexhub.node.volumes import unmount_volume
 
-    config = _config()
+    configure_logging()
     unmount_volume(Node(config), target, backend_factory(config, call))
     return Reply()
 
@@ -348,6 +315,21 @@ OPERATIONS: Mapping[str, Handler] = {
 
 # --- serving ----------------------------------------------------------------------------
 
+#: Operations that import no node service or backend (``unmount`` only when there is nothing
+#: to unmount): they log their summary line without setting up :mod:`logging`.
+_LEAN = frozenset(
+    {
+        "init",
+        "getvolumename",
+        "isattached",
+        "detach",
+        "waitforattach",
+        "unmountdevice",
+        "expandvolume",
+        "unmount",
+    }
+)
+
 
 def _protect_streams() -> int:
     """Send fds 1 and 2 to /dev/null and return a private duplicate of the real stdout."""
@@ -366,6 +348,10 @@ def handle(args: list[str], call: Call) -> Reply:
     if handler is None:
         return Reply(status=NotSupported.status)
     try:
+        if call.operation not in _LEAN:
+            from flexhub.logs import configure_logging
+
+            configure_logging()
         return handler(args, call)
     except FlexhubError as exc:
         return Reply(status=exc.status, message=exc.message)
@@ -393,6 +379,10 @@ def serve(argv: list[str]) -> int:
         reply = handle(args, call)
     reply.message = redact(reply.message, call.secrets, MIN_SECRET_CHARS)
     log_call(call, reply.status, reply.message, time.monotonic() - started)
+    return _write_reply(reply_fd, reply)
+
+
+def _write_reply(reply_fd: int, reply: Reply) -> int:
     data = (reply.to_json() + "\n").encode()
     while data:
         written = os.write(reply_fd, data)

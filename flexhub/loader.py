@@ -7,19 +7,21 @@ Only the backend a call names is imported. stevedore keeps an entry-point cache 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from flexhub import ENTRY_POINT_GROUP
 from flexhub.errors import BackendError, InvalidOptions
+from flexhub.memo import Memo, environment_fingerprint
 
 if TYPE_CHECKING:
     from flexhub.backend import Backend
+    from flexhub.call import Call
     from flexhub.config import NodeConfig
-    from flexhub.kubelet import Call
 
 __all__ = ["BackendInfo", "backend_factory", "installed_backends", "load_backend"]
 
@@ -50,6 +52,10 @@ def installed_backends() -> list[str]:
 def load_backend(name: str | None, config: NodeConfig | None = None) -> type[Backend]:
     """Import and return the backend class registered as ``name``.
 
+    With ``config``, the answer of an earlier call is reused from the node's memo
+    (:mod:`flexhub.memo`) as long as no distribution was installed, upgraded or removed since;
+    otherwise stevedore scans the entry points, and the memo is rewritten.
+
     :raises InvalidOptions: ``name`` is missing or not a backend name.
     :raises BackendError: no such backend, or it fails to import.
     """
@@ -61,6 +67,11 @@ def load_backend(name: str | None, config: NodeConfig | None = None) -> type[Bac
         raise InvalidOptions(
             f"option 'backend' is not a backend name; installed: {_names_or_none()}"
         )
+    memo = Memo(config.state_dir) if config is not None else None
+    if memo is not None:
+        remembered = _from_memo(memo, name)
+        if remembered is not None:
+            return remembered
     _prepare_cache(config)
     from stevedore import driver, exception
 
@@ -78,11 +89,63 @@ def load_backend(name: str | None, config: NodeConfig | None = None) -> type[Bac
             f"backend {name!r} failed to import: {type(exc).__name__}: {exc}"
         ) from None
     cls = manager.driver
+    if not _is_backend(cls):
+        raise BackendError(f"backend {name!r} does not provide a flexhub.backend.Backend class")
+    if memo is not None:
+        _remember(memo)
+    return cast("type[Backend]", cls)
+
+
+def _is_backend(cls: object) -> bool:
     from flexhub.backend import Backend
 
-    if not (isinstance(cls, type) and issubclass(cls, Backend)):
-        raise BackendError(f"backend {name!r} does not provide a flexhub.backend.Backend class")
-    return cls
+    return isinstance(cls, type) and issubclass(cls, Backend)
+
+
+def _from_memo(memo: Memo, name: str) -> type[Backend] | None:
+    """The class the memo names for ``name``, if the memo is current; else ``None``."""
+    data = memo.read_json(memo.backends_file)
+    if not isinstance(data, dict):
+        return None
+    files = data.get("files")
+    backends = data.get("backends")
+    if not isinstance(files, list) or not isinstance(backends, dict):
+        return None
+    if data.get("fingerprint") != environment_fingerprint(tuple(str(f) for f in files)):
+        return None
+    target = backends.get(name)
+    if not isinstance(target, str) or ":" not in target:
+        return None
+    module_name, _, attribute = target.partition(":")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            found = getattr(found, part)
+    except Exception:  # a broken memo or backend: let stevedore say what is wrong
+        return None
+    return cast("type[Backend]", found) if _is_backend(found) else None
+
+
+def _remember(memo: Memo) -> None:
+    """Write every uniquely named backend entry point to the memo."""
+    from importlib.metadata import entry_points
+
+    files: set[str] = set()
+    targets: dict[str, list[str]] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        targets.setdefault(ep.name, []).append(ep.value)
+        path = getattr(ep.dist, "_path", None)
+        if path is not None:
+            files.update((str(path), os.path.join(str(path), "entry_points.txt")))
+    ordered = tuple(sorted(files))
+    memo.write_json(
+        memo.backends_file,
+        {
+            "fingerprint": environment_fingerprint(ordered),
+            "files": list(ordered),
+            "backends": {n: v[0] for n, v in sorted(targets.items()) if len(v) == 1},
+        },
+    )
 
 
 def _names_or_none() -> str:

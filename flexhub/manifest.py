@@ -75,7 +75,8 @@ def options_as_kubelet_sends(flex: Mapping[str, Any], volume_name: str = "") -> 
 
 def validate_options_object(options: Any) -> str:
     """Validate one options object; return the error text or ``""``."""
-    from flexhub.kubelet import Call, parse_options
+    from flexhub.call import Call
+    from flexhub.kubelet import parse_options
     from flexhub.loader import load_backend
     from flexhub.validation import validate_options
     from flexhub.volume import Volume

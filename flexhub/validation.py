@@ -7,14 +7,18 @@ ever quote one. ``$ref`` s resolve only inside flexhub's own registry: never the
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
+import sys
 from collections.abc import Mapping
 from functools import lru_cache
-from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import flexhub
 from flexhub.errors import BackendError, InvalidOptions
-from flexhub.volume import SECRET_PREFIX
+from flexhub.memo import Memo, environment_fingerprint
+from flexhub.volume import PER_POD_KEYS, SECRET_PREFIX
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
@@ -26,11 +30,17 @@ __all__ = ["COMMON_SCHEMA_ID", "common_schema", "describe_error", "validate_opti
 
 COMMON_SCHEMA_ID = "https://flexhub.invalid/schemas/common.json"
 _SHOWN_VALUE = 60
+#: The bound the common schema puts on kubelet's keys, applied by the core to the per-pod ones.
+MAX_KUBELET_VALUE = 4096
+#: Bumped whenever what a validation memo stands for changes.
+_MEMO_VERSION = "flexhub-validation-1"
 
 
 @lru_cache(maxsize=1)
 def common_schema() -> dict[str, Any]:
     """The shared definitions every backend schema may ``$ref``."""
+    from importlib import resources
+
     text = resources.files("flexhub").joinpath("schemas/common.json").read_text("utf-8")
     schema: dict[str, Any] = json.loads(text)
     return schema
@@ -62,14 +72,76 @@ def validator_for(schema: Mapping[str, Any]) -> Any:
     )
 
 
-def validate_options(backend: type[Backend], options: Mapping[str, str]) -> None:
+def validate_options(
+    backend: type[Backend], options: Mapping[str, str], memo: Memo | None = None
+) -> None:
     """Validate ``options`` (all strings, as parsed from kubelet's JSON) for ``backend``.
+
+    The schema sees the options without secrets and without the per-pod keys
+    (:data:`~flexhub.volume.PER_POD_KEYS`, which the core bounds itself), so every pod of a
+    volume validates the same object. With ``memo``, an object already found valid under the
+    same schema, backend and installed distributions is not validated again, and jsonschema
+    is not even imported.
 
     :raises InvalidOptions: one line naming the JSON path and what was expected.
     :raises BackendError: the backend's schema itself is broken.
     """
+    for key in PER_POD_KEYS:
+        if len(options.get(key, "")) > MAX_KUBELET_VALUE:
+            raise InvalidOptions(
+                f"invalid option $['{key}']: too long (maxLength {MAX_KUBELET_VALUE})"
+            )
+    public = {
+        k: v
+        for k, v in options.items()
+        if not k.startswith(SECRET_PREFIX) and k not in PER_POD_KEYS
+    }
+    mark = _memo_key(backend, public) if memo is not None else ""
+    if memo is not None and memo.has_mark(mark):
+        return
+    _validate(backend, public)
+    if memo is not None:
+        memo.put_mark(mark)
+
+
+def _memo_key(backend: type[Backend], public: Mapping[str, str]) -> str:
+    """The digest of everything a validation result depends on."""
+    material = [
+        _MEMO_VERSION,
+        flexhub.__version__,
+        f"{backend.__module__}:{backend.__qualname__}",
+        _schema_source(backend),
+        _read(Path(flexhub.__file__).parent / "schemas" / "common.json"),
+        sorted(public.items()),
+        environment_fingerprint(),
+    ]
+    encoded = json.dumps(material, sort_keys=True, ensure_ascii=True).encode("ascii")
+    return hashlib.sha256(encoded).hexdigest()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text("utf-8")
+    except (OSError, ValueError):
+        return ""
+
+
+def _schema_source(backend: type[Backend]) -> str:
+    """The backend's schema text: its file when the backend uses the default loader."""
+    from flexhub.backend import Backend
+
+    module = sys.modules.get(backend.schema_package or backend.__module__)
+    path = getattr(module, "__file__", None)
+    default_loader = getattr(backend.schema, "__func__", None) is Backend.schema.__func__  # type: ignore[attr-defined]
+    if path and default_loader:
+        text = _read(Path(path).parent / backend.schema_file)
+        if text:
+            return text
+    return json.dumps(backend.schema(), sort_keys=True)
+
+
+def _validate(backend: type[Backend], public: Mapping[str, str]) -> None:
     schema = backend.schema()
-    public = {k: v for k, v in options.items() if not k.startswith(SECRET_PREFIX)}
     from jsonschema.exceptions import SchemaError, best_match
     from referencing.exceptions import Unresolvable
 

@@ -12,6 +12,7 @@ from flexhub.errors import InvalidOptions
 __all__ = [
     "DEFAULT_FS_TYPE",
     "KUBE_PREFIX",
+    "PER_POD_KEYS",
     "SECRET_PREFIX",
     "PodInfo",
     "Secret",
@@ -28,6 +29,19 @@ _READWRITE = "kubernetes.io/readwrite"
 _PV_NAME = "kubernetes.io/pvOrVolumeName"
 _FS_GROUP = "kubernetes.io/mounterArgs.FsGroup"
 _FS_GROUP_LEGACY = "kubernetes.io/fsGroup"
+
+#: Keys kubelet adds to ``mount`` that differ between the pods of one volume: the core checks
+#: them, backend schemas never see them.
+PER_POD_KEYS = frozenset(
+    {
+        "kubernetes.io/pod.name",
+        "kubernetes.io/pod.namespace",
+        "kubernetes.io/pod.uid",
+        "kubernetes.io/serviceAccount.name",
+        _FS_GROUP,
+        _FS_GROUP_LEGACY,
+    }
+)
 
 
 class Secret:

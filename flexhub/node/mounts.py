@@ -56,6 +56,13 @@ def _unescape(field: str) -> str:
     return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
+def _escape(path: str) -> str:
+    """A path as mountinfo writes it (space, tab, newline and backslash as ``\\ooo``)."""
+    for char in ("\\", " ", "\t", "\n"):
+        path = path.replace(char, f"\\{ord(char):03o}")
+    return path
+
+
 @dataclass(frozen=True)
 class MountEntry:
     """One line of ``/proc/self/mountinfo`` (paths unescaped)."""
@@ -112,18 +119,35 @@ class MountTable:
     def __init__(self, source: Path = MOUNTINFO) -> None:
         self.source = source
 
-    def entries(self) -> list[MountEntry]:
-        """Every mount, in mountinfo order (malformed lines are skipped and logged)."""
+    def _text(self) -> str:
         try:
-            text = self.source.read_text("utf-8", errors="surrogateescape")
+            return self.source.read_text("utf-8", errors="surrogateescape")
         except OSError as exc:
             raise VolumeError(f"cannot read {self.source}: {exc.strerror}") from None
-        return parse_mountinfo(text)
+
+    def entries(self) -> list[MountEntry]:
+        """Every mount, in mountinfo order (malformed lines are skipped and logged)."""
+        return parse_mountinfo(self._text())
+
+    def _at_or_under(self, path: str, below: bool) -> list[MountEntry]:
+        """The mounts at ``path`` (and below it): only their lines are parsed in full, so the
+        cost stays small on a node with thousands of mounts."""
+        exact = _escape(path)
+        prefix = exact.rstrip("/") + "/"
+        lines = []
+        for line in self._text().splitlines():
+            fields = line.split(" ", 5)
+            if len(fields) < 5:
+                continue
+            point = fields[4]
+            if point == exact or (below and point.startswith(prefix)):
+                lines.append(line)
+        return parse_mountinfo("\n".join(lines))
 
     def at(self, path: str | os.PathLike[str]) -> MountEntry | None:
         """The topmost mount whose mount point is exactly ``path``, or ``None``."""
         wanted = _norm(path)
-        here = [e for e in self.entries() if e.mount_point == wanted]
+        here = self._at_or_under(wanted, below=False)
         if not here:
             return None
         covered = {e.parent_id for e in here}
@@ -144,11 +168,7 @@ class MountTable:
 
     def under(self, path: str | os.PathLike[str]) -> list[MountEntry]:
         """Every mount whose mount point is ``path`` or below it."""
-        base = _norm(path)
-        prefix = base.rstrip("/") + "/"
-        return [
-            e for e in self.entries() if e.mount_point == base or e.mount_point.startswith(prefix)
-        ]
+        return self._at_or_under(_norm(path), below=True)
 
 
 def parse_mountinfo(text: str) -> list[MountEntry]:

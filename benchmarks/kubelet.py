@@ -1,0 +1,379 @@
+"""What kubelet pays per call, as ratios against references measured in the same run.
+
+Run as root from a checkout where flexhub and flexhub-loopfile are installed::
+
+    python3 benchmarks/kubelet.py [--runs 15] [--volumes 1000]
+
+It installs the driver into a temporary kubelet-style tree and calls it exactly as kubelet
+does (``flexhub.harness.Kubelet``: argv list, stdin /dev/null, stderr merged, bare
+environment, cwd /). Every figure is a median of ``--runs`` samples, printed beside its
+reference and the ratio, with the goal of issue 14; the goals are reported, never asserted.
+It asserts nothing and leaves nothing mounted or attached (everything it made is unmounted
+through the driver, then the tree is removed).
+
+``--smoke`` runs every figure with tiny counts (CI runs it to keep the command working).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from flexhub.harness import DriverReply, Kubelet, go_json
+from flexhub.install import install
+
+HERE = Path(__file__).resolve().parent
+BASHJQ = HERE / "bashjq-driver.sh"
+SHELL_MOUNT = HERE / "loopfile-mount.sh"
+GiB = 1 << 30
+SMALL = "16Mi"
+
+
+def median_ms(func: Callable[[], object], runs: int) -> float:
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        func()
+        samples.append((time.perf_counter() - started) * 1000)
+    return statistics.median(samples)
+
+
+def paired(
+    func: Callable[[], object], reference: Callable[[], object], runs: int
+) -> tuple[float, float]:
+    """Medians of ``func`` and ``reference``, run alternately so that load drifts hit both."""
+    mine: list[float] = []
+    theirs: list[float] = []
+    for _ in range(runs):
+        mine.append(median_ms(func, 1))
+        theirs.append(median_ms(reference, 1))
+    return statistics.median(mine), statistics.median(theirs)
+
+
+def run_quiet(argv: list[str]) -> None:
+    subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, check=True, cwd="/")
+
+
+@dataclass
+class Figure:
+    name: str
+    value: float
+    reference_name: str
+    reference: float
+    goal: str
+    met: bool
+    ratio: bool = True
+
+    def line(self) -> str:
+        if self.ratio:
+            rel = f"{self.value / self.reference:5.2f}x"
+        else:
+            rel = f"{self.value - self.reference:+6.1f} ms"
+        verdict = "met" if self.met else "NOT met"
+        return (
+            f"{self.name:<44} {self.value:8.1f} ms | {self.reference_name:<34} "
+            f"{self.reference:8.1f} ms | {rel} | goal {self.goal}: {verdict}"
+        )
+
+
+class Bench:
+    """A temporary node: config, installed driver, kubelet root, loopfile root."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        config = root / "flexhub.toml"
+        config.write_text(
+            f'state_dir = "{root / "state"}"\nlog_dir = "{root / "log"}"\n'
+            f'[loopfile]\nroot = "{root / "loop"}"\n'
+        )
+        self.driver = install(root / "plugins", config=config)
+        self.kubelet = Kubelet(driver=self.driver, root=root / "kubelet")
+        self.python = self.driver_python()
+        self.pods: list[tuple[str, str]] = []  # (pod uid, pv) mounted through the driver
+        self.counter = 0
+
+    def driver_python(self) -> str:
+        for line in self.driver.read_text().splitlines():
+            if line.startswith("PY="):
+                return line[3:].strip("'")
+        return sys.executable
+
+    def bare_python(self) -> None:
+        run_quiet([self.python, "-I", "-c", "pass"])
+
+    def new_volume(self, size: str = SMALL) -> tuple[str, dict[str, str]]:
+        self.counter += 1
+        pv = f"pv-{self.counter}"
+        return pv, {"backend": "loopfile", "file": f"bench/{pv}.img", "size": size}
+
+    def mount(self, pv: str, user: dict[str, str], uid: str | None = None) -> DriverReply:
+        uid = uid or Kubelet.new_pod_uid()
+        options = Kubelet.mount_options(user, pv=pv, pod_uid=uid)
+        target = self.kubelet.pod_dir(uid, pv)
+        target.mkdir(mode=0o750, parents=True, exist_ok=True)
+        reply = self.kubelet.call("mount", str(target), go_json(options))
+        if reply.ok:
+            self.pods.append((uid, pv))
+        else:
+            with contextlib.suppress(OSError):
+                target.rmdir()
+        return reply
+
+    def unmount_all(self, workers: int = 2) -> int:
+        pods, self.pods = self.pods, []
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            replies = list(pool.map(lambda p: self.kubelet.unmount(*p), pods))
+        return sum(1 for r in replies if r is not None and not r.ok)
+
+    def shell_mount(self, name: str, size: int) -> None:
+        staging = self.root / "shell" / f"{name}.staging"
+        target = self.root / "shell" / f"{name}.pod"
+        target.mkdir(parents=True)
+        run_quiet(
+            [
+                "bash",
+                str(SHELL_MOUNT),
+                str(self.root / "shell" / f"{name}.img"),
+                str(size),
+                str(staging),
+                str(target),
+            ]
+        )
+
+    def cleanup(self) -> None:
+        self.unmount_all()
+        shell = self.root / "shell"
+        if shell.exists():
+            for target in sorted(shell.glob("*.pod")) + sorted(shell.glob("*.staging")):
+                subprocess.run(["umount", str(target)], capture_output=True, check=False)
+            for image in shell.glob("*.img"):
+                listing = subprocess.run(
+                    ["losetup", "-j", str(image), "-O", "NAME", "-n"],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                for dev in listing.stdout.split():
+                    subprocess.run(["losetup", "-d", dev], capture_output=True, check=False)
+
+
+@contextlib.contextmanager
+def bench_node() -> Iterator[Bench]:
+    tmp = Path(tempfile.mkdtemp(prefix="flexhub-bench-"))
+    bench = Bench(tmp)
+    try:
+        yield bench
+    finally:
+        bench.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def must(reply: DriverReply | None, what: str) -> None:
+    if reply is not None and not reply.ok:
+        raise SystemExit(f"benchmark: {what} failed: {reply.message}")
+
+
+def per_call(bench: Bench, runs: int) -> tuple[list[Figure], dict[str, float]]:
+    k = bench.kubelet
+    bare_name = "bare python -I -c pass"
+    figures = []
+    init, bare = paired(k.init, bench.bare_python, runs)
+    figures.append(Figure("init", init, bare_name, bare, "<= 1.2x", init <= 1.2 * bare))
+    gone = str(bench.root / "kubelet" / "pods" / "none" / "volumes" / "k8s~flexhub" / "x")
+    unmount, bare = paired(
+        lambda: must(k.call("unmount", gone), "unmount"), bench.bare_python, runs
+    )
+    figures.append(
+        Figure(
+            "unmount (directory not mounted)",
+            unmount,
+            bare_name,
+            bare,
+            "<= 1.2x",
+            unmount <= 1.2 * bare,
+        )
+    )
+
+    pv, user = bench.new_volume()
+    uid = Kubelet.new_pod_uid()
+    must(bench.mount(pv, user, uid), "first mount")
+    target = str(k.pod_dir(uid, pv))
+    raw = go_json(Kubelet.mount_options(user, pv=pv, pod_uid=uid))
+    again, bashjq = paired(
+        lambda: must(k.call("mount", target, raw), "idempotent mount"),
+        lambda: run_quiet(["bash", str(BASHJQ), "mount", target, raw]),
+        runs,
+    )
+    figures.append(
+        Figure(
+            "mount of an already-mounted directory",
+            again,
+            "bash+jq driver (5 jq, findmnt)",
+            bashjq,
+            "<= 0.5x",
+            again <= 0.5 * bashjq,
+        )
+    )
+    second, bare = paired(
+        lambda: must(bench.mount(pv, user), "second pod's mount"), bench.bare_python, runs
+    )
+    figures.append(
+        Figure(
+            "second pod's mount of a staged volume",
+            second,
+            bare_name,
+            bare,
+            "<= 2x",
+            second <= 2 * bare,
+        )
+    )
+
+    first: list[float] = []
+    shell: list[float] = []
+    for i in range(runs):
+        pv_new, user_new = bench.new_volume("1Gi")
+        first.append(median_ms(lambda v=(pv_new, user_new): must(bench.mount(*v), "mount"), 1))  # type: ignore[misc]
+        shell.append(median_ms(lambda i=i: bench.shell_mount(f"s{i}", GiB), 1))  # type: ignore[misc]
+    first_ms, shell_ms = statistics.median(first), statistics.median(shell)
+    figures.append(
+        Figure(
+            "first mount of a new 1 GiB loopfile",
+            first_ms,
+            "the same commands in sh",
+            shell_ms,
+            f"<= +1 python start ({bare:.0f} ms)",
+            first_ms - shell_ms <= bare,
+            ratio=False,
+        )
+    )
+    new_small = median_ms(lambda: must(bench.mount(*bench.new_volume()), "new volume"), runs)
+    baseline = {"init": init, "idempotent": again, "new": new_small, "bare": bare}
+    return figures, baseline
+
+
+def with_volumes(bench: Bench, runs: int, volumes: int, empty: dict[str, float]) -> list[Figure]:
+    k = bench.kubelet
+    started = time.monotonic()
+    news = [bench.new_volume() for _ in range(volumes)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        replies = list(pool.map(lambda v: bench.mount(*v), news))
+    failed = sum(1 for r in replies if not r.ok)
+    print(
+        f"# populated {volumes} volumes in {time.monotonic() - started:.0f}s "
+        f"({failed} failed); {len(bench.pods)} pod mounts on the node"
+    )
+    pv, user = news[len(news) // 2]
+    uid = Kubelet.new_pod_uid()
+    must(bench.mount(pv, user, uid), "mount")
+    target = str(k.pod_dir(uid, pv))
+    raw = go_json(Kubelet.mount_options(user, pv=pv, pod_uid=uid))
+    init = median_ms(k.init, runs)
+    again = median_ms(lambda: must(k.call("mount", target, raw), "idempotent mount"), runs)
+    new = median_ms(lambda: must(bench.mount(*bench.new_volume()), "new volume"), runs)
+    n = f"{volumes} volumes"
+    return [
+        Figure(
+            f"init, {n}",
+            init,
+            "init, empty node",
+            empty["init"],
+            "<= 1.1x",
+            init <= 1.1 * empty["init"],
+        ),
+        Figure(
+            f"idempotent mount, {n}",
+            again,
+            "idempotent mount, empty node",
+            empty["idempotent"],
+            "<= 1.1x",
+            again <= 1.1 * empty["idempotent"],
+        ),
+        Figure(
+            f"new volume's mount, {n}",
+            new,
+            "new volume's mount, empty node",
+            empty["new"],
+            "<= 1.2x",
+            new <= 1.2 * empty["new"],
+        ),
+    ]
+
+
+def concurrency(bench: Bench, count: int, pods: int) -> list[str]:
+    lines = []
+    walls = {}
+    for workers in (1, 2):
+        news = [bench.new_volume() for _ in range(count)]
+        started = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            replies = list(pool.map(lambda v: bench.mount(*v), news))
+        walls[workers] = time.perf_counter() - started
+        failed = sum(1 for r in replies if not r.ok)
+        lines.append(
+            f"{workers} worker(s) mounting {count} new volumes: {walls[workers]:.2f}s, "
+            f"{count / walls[workers]:.1f} mounts/s, {failed} failed"
+        )
+        bench.unmount_all()
+    speedup = walls[1] / walls[2]
+    lines.append(
+        f"throughput 2 workers / 1 worker: {speedup:.2f}x | goal >= 1.6x: "
+        f"{'met' if speedup >= 1.6 else 'NOT met'}"
+    )
+    volumes = [bench.new_volume() for _ in range(max(1, pods // 4))]
+    plan = [volumes[i % len(volumes)] for i in range(pods)]
+    with concurrent.futures.ThreadPoolExecutor(pods) as pool:
+        replies = list(pool.map(lambda v: bench.mount(*v), plan))
+    mount_failed = [r.message for r in replies if not r.ok]
+    unmount_failed = bench.unmount_all(workers=pods)
+    lines.append(
+        f"{pods} pods over {len(volumes)} volumes at once: {len(mount_failed)} mount and "
+        f"{unmount_failed} unmount failures | goal 0: "
+        f"{'met' if not mount_failed and not unmount_failed else 'NOT met'}"
+    )
+    lines.extend(f"  mount failure: {m}" for m in sorted(set(mount_failed))[:5])
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=15, help="samples per figure")
+    parser.add_argument("--volumes", type=int, default=1000, help="volumes on the busy node")
+    parser.add_argument("--smoke", action="store_true", help="tiny counts, for CI")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("benchmark: needs root (loop devices and mounts)", file=sys.stderr)
+        return 2
+    runs, volumes, count, pods = args.runs, args.volumes, 16, 64
+    if args.smoke:
+        runs, volumes, count, pods = 2, 4, 2, 8
+    print(
+        f"# flexhub kubelet-path benchmark, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cpus, "
+        f"python {sys.version.split()[0]}; medians of {runs} runs"
+    )
+    with bench_node() as bench:
+        print(f"# driver {bench.driver} -> {bench.python}")
+        figures, empty = per_call(bench, runs)
+        for figure in figures:
+            print(figure.line())
+        bench.unmount_all()
+        for figure in with_volumes(bench, runs, volumes, empty):
+            print(figure.line())
+        bench.unmount_all()
+        for line in concurrency(bench, count, pods):
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

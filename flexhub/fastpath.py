@@ -1,0 +1,73 @@
+"""The cheap answer to the most common ``unmount``: a directory flexhub has nothing on.
+
+kubelet calls ``unmount`` for every pod volume it tears down, also after a reboot or a failed
+``mount``, when nothing is mounted and flexhub keeps no record. This module answers that case
+with one ``stat`` and one read of ``/proc/self/mountinfo``, before the node services, the
+backends or the ``logging`` module are imported. Anything else goes the full way.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+try:  # CPython's built-in SHA-256: the same digest, without loading OpenSSL (a few ms)
+    from _sha256 import sha256  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - other interpreters and versions
+    from hashlib import sha256
+
+__all__ = ["nothing_to_unmount", "pod_record_path"]
+
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def pod_record_path(state_dir: Path, target: str) -> Path:
+    """The journal file of the pod directory ``target``, as :class:`~flexhub.node.journal.Journal`
+    names it."""
+    digest = sha256(target.encode("utf-8", "surrogateescape")).hexdigest()
+    return state_dir / "pods" / f"{digest}.json"
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo
+    if "\\" not in field:
+        return field
+    out = []
+    i = 0
+    while i < len(field):
+        code = field[i + 1 : i + 4]
+        if field[i] == "\\" and len(code) == 3 and code.isdigit():
+            out.append(chr(int(code, 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def nothing_to_unmount(state_dir: Path, target: Path) -> bool:
+    """Whether flexhub has neither a record of ``target`` nor anything mounted on or under it.
+
+    ``target`` is checked as given and with its parent resolved (kubelet's root may be a
+    symlink, and mountinfo shows resolved paths). Any doubt (an unreadable mountinfo, a
+    record that exists in any form) answers ``False``.
+    """
+    given = str(target)
+    resolved = os.path.join(os.path.realpath(target.parent), target.name)
+    for name in {given, resolved}:
+        if os.path.lexists(pod_record_path(state_dir, name)):
+            return False
+    try:
+        with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as handle:
+            text = handle.read()
+    except OSError:
+        return False
+    prefixes = tuple({given + "/", resolved + "/"})
+    for line in text.splitlines():
+        fields = line.split(" ", 5)
+        if len(fields) < 5:
+            return False
+        point = _unescape(fields[4])
+        if point in (given, resolved) or point.startswith(prefixes):
+            return False
+    return True
