@@ -144,7 +144,9 @@ def test_expandfs_when_the_file_is_already_large_enough(
     reply = kube.expandfs(uid, "pv-1", options, 700 * 10**6, 410 * 10**6)
     assert reply.ok, reply.reply
     assert _df(target) > before + 300 * MiB, (before, _df(target))
-    assert os.stat(node_tree["loopfiles"] / "namespaces" / "default" / "big.img").st_size == 800 * MiB  # never shrunk
+    assert (
+        os.stat(node_tree["loopfiles"] / "namespaces" / "default" / "big.img").st_size == 800 * MiB
+    )  # never shrunk
     shrink = kube.expandfs(uid, "pv-1", options, 300 * 10**6, 700 * 10**6)
     assert shrink.status == "Failure" and "shrink" in shrink.message
     assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
