@@ -1,4 +1,5 @@
-"""Admin commands: backends, schema, validate, version, install, uninstall, demo."""
+"""Admin commands: backends, schema, validate, version, state, install, uninstall, doctor,
+demo."""
 
 from __future__ import annotations
 
@@ -103,17 +104,59 @@ def state(
 
 @app.command()
 def install(
-    plugin_dir: Annotated[Path, typer.Option("--plugin-dir", help="kubelet's --volume-plugin-dir")],
+    plugin_dir: Annotated[
+        str | None,
+        typer.Option("--plugin-dir", help="kubelet's --volume-plugin-dir (default: detected)"),
+    ] = None,
     config: Annotated[
         Path | None, typer.Option(help="node config to export as FLEXHUB_CONFIG")
     ] = None,
     driver: Annotated[str, typer.Option(help="driver name vendor/name")] = DRIVER_NAME,
 ) -> None:
-    """Install the driver executable into a kubelet plugin directory (atomically)."""
-    from flexhub.install import install as do_install
+    """Install the driver executable into kubelet's plugin directory (atomically).
 
-    path = do_install(plugin_dir, config=config, driver=driver)
+    Without --plugin-dir the directory is detected: kubelet's command line, its config
+    file, then the distribution's default; the rule that decided is printed.
+    """
+    from flexhub.install import install as do_install
+    from flexhub.plugindir import detect_plugin_dir
+
+    found = detect_plugin_dir(plugin_dir)
+    if plugin_dir is None:
+        typer.echo(f"plugin directory: {found.describe()}")
+    path = do_install(Path(found.path), config=config, driver=driver)
     typer.echo(str(path))
+
+
+@app.command()
+def doctor(
+    plugin_dir: Annotated[
+        str | None,
+        typer.Option("--plugin-dir", help="kubelet's --volume-plugin-dir (default: detected)"),
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="node config (default: FLEXHUB_CONFIG)")
+    ] = None,
+    driver: Annotated[str, typer.Option(help="driver name vendor/name")] = DRIVER_NAME,
+    host_root: Annotated[
+        Path, typer.Option(help="where the host's / is mounted (in a container)")
+    ] = Path("/"),
+    probe: Annotated[
+        bool, typer.Option("--probe", help="only the cheap checks (a liveness probe)")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Check this node: driver, init, directories, backends and their tools, journal."""
+    from flexhub.doctor import Doctor, render
+
+    doc = Doctor(plugin_dir=plugin_dir, config=config, driver=driver, host_root=host_root)
+    checks = doc.probe() if probe else doc.run()
+    if as_json:
+        typer.echo(json.dumps([c.to_json() for c in checks], indent=2))
+    else:
+        for line in render(checks):
+            typer.echo(line)
+    raise typer.Exit(1 if any(c.status == "fail" for c in checks) else 0)
 
 
 @app.command()
