@@ -16,6 +16,7 @@ COMMANDS = frozenset(
         "uninstall",
         "demo",
         "doctor",
+        "daemonset",
         "help",
     }
 )

@@ -129,6 +129,37 @@ def install(
 
 
 @app.command()
+def daemonset(
+    host_root: Annotated[Path, typer.Option(help="where the host's / is mounted")] = Path("/host"),
+    plugin_dir: Annotated[
+        str | None,
+        typer.Option("--plugin-dir", help="kubelet's --volume-plugin-dir (default: detected)"),
+    ] = None,
+    config: Annotated[
+        str | None, typer.Option(help="node config on the host, exported to the driver")
+    ] = None,
+    runtime_dir: Annotated[
+        str, typer.Option(help="where runtimes live on the host")
+    ] = "/var/lib/flexhub/runtime",
+    once: Annotated[bool, typer.Option("--once", help="install and exit")] = False,
+) -> None:
+    """The DaemonSet's entrypoint: install this runtime and the driver onto the host, check
+    the driver's init as kubelet runs it, then stay up (never uninstalls: see the README)."""
+    from flexhub.deploy import deploy, serve_forever
+
+    done = deploy(host_root, plugin_dir=plugin_dir, config=config, runtime_dir=runtime_dir)
+    summary = {
+        "runtime": done.runtime,
+        "driver": done.driver,
+        "plugin_dir": done.plugin_dir.describe(),
+        "removed": list(done.removed),
+    }
+    typer.echo(json.dumps({"flexhub": "installed", **summary}, sort_keys=True))
+    if not once:
+        serve_forever()
+
+
+@app.command()
 def doctor(
     plugin_dir: Annotated[
         str | None,
