@@ -9,7 +9,8 @@ do, with every host path under ``host_root`` (the hostPath mount of ``/``):
    from now on use the new runtime, calls already running keep the one they started with;
 3. run the shim's ``init`` as kubelet would (inside the host's root) and fail if kubelet could
    not parse it;
-4. remove runtimes older than the previous one, unless a process still maps a file of them.
+4. remove runtimes older than the previous one (the newest other), unless a process still
+   maps a file of them.
 
 Nothing is ever removed when the DaemonSet is deleted: kubelet needs the driver to unmount
 volumes that are still mounted, so uninstalling is an explicit ``flexhub uninstall``.
@@ -80,13 +81,18 @@ def _in_use(directory: Path, proc_root: Path) -> bool:
 
 
 def prune_runtimes(
-    host_root: Path, runtime_dir: str, keep: tuple[str, ...], proc_root: Path = Path("/proc")
+    host_root: Path, runtime_dir: str, current: str, proc_root: Path = Path("/proc")
 ) -> tuple[str, ...]:
-    """Remove the runtimes under ``runtime_dir`` not named in ``keep`` and not in use."""
+    """Remove old runtimes under ``runtime_dir``: all but ``current`` and the newest other
+    one (the previous version), and none that a process still maps."""
     base = _host(host_root, runtime_dir)
+    others = sorted(
+        (e for e in (base.iterdir() if base.is_dir() else ()) if e.is_dir() and e.name != current),
+        key=lambda e: e.stat().st_mtime,
+    )
     removed = []
-    for entry in sorted(base.iterdir()) if base.is_dir() else []:
-        if entry.name in keep or not entry.is_dir():
+    for entry in others[:-1]:
+        if entry.name.startswith("."):
             continue
         host_path = f"{runtime_dir.rstrip('/')}/{entry.name}"
         if _in_use(Path(host_path), proc_root):
@@ -94,19 +100,6 @@ def prune_runtimes(
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(host_path)
     return tuple(removed)
-
-
-def _installed_runtime(shim: Path) -> str:
-    """The runtime directory an installed shim points at (``""`` if none)."""
-    try:
-        text = shim.read_text("utf-8", errors="replace")
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        if line.startswith("PY="):
-            python = line[3:].strip("'")
-            return python.rsplit("/bin/", 1)[0] if "/bin/" in python else ""
-    return ""
 
 
 def verify(host_root: Path, driver: str) -> None:
@@ -161,8 +154,6 @@ def deploy(
     from flexhub.install import driver_dir_name
 
     dir_name, exe_name = driver_dir_name(driver)
-    shim_on_host = _host(host_root, found.path) / dir_name / exe_name
-    previous = _installed_runtime(shim_on_host)
     install(
         _host(host_root, found.path),
         config=Path(config) if config else None,
@@ -171,8 +162,7 @@ def deploy(
         marker=marker,
     )
     verify(host_root, f"{found.path.rstrip('/')}/{dir_name}/{exe_name}")
-    keep = tuple(Path(p).name for p in (runtime, previous) if p)
-    removed = prune_runtimes(host_root, runtime_dir, keep, proc_root)
+    removed = prune_runtimes(host_root, runtime_dir, Path(runtime).name, proc_root)
     return Deployment(runtime, f"{found.path}/{dir_name}/{exe_name}", found, removed)
 
 
