@@ -53,7 +53,9 @@ def copy_runtime(source: Path, host_root: Path, runtime_dir: str) -> str:
     """Copy ``source`` to ``<runtime_dir>/<its name>`` on the host; return the host path."""
     name = read_marker(source)["name"]
     target_dir = _host(host_root, runtime_dir)
-    target_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for directory in (*reversed(target_dir.relative_to(host_root).parents), target_dir):
+        if str(directory) != ".":  # new directories are root's alone, like state_dir
+            (host_root / directory).mkdir(mode=0o700, exist_ok=True)
     final = target_dir / name
     if not (final / RUNTIME_MARKER).is_file():
         partial = target_dir / f".{name}.{os.getpid()}.partial"
@@ -102,12 +104,13 @@ def prune_runtimes(
     return tuple(removed)
 
 
-def verify(host_root: Path, driver: str) -> None:
-    """Run ``<driver> init`` the way kubelet does, inside the host's root.
+def run_in_host(host_root: Path, argv: list[str], timeout: float = 60) -> tuple[int, bytes]:
+    """Run ``argv`` the way kubelet runs a driver (bare environment, stdin /dev/null, stderr
+    merged, cwd /), inside the host's root; return its exit status and output.
 
-    :raises FlexhubError: the reply is not a Success that kubelet could parse.
+    :raises OSError: it could not start; :raises subprocess.TimeoutExpired: it hung.
     """
-    from flexhub.harness import KUBELET_ENV, ReplyError, parse_reply
+    from flexhub.harness import KUBELET_ENV
 
     root = str(host_root)
 
@@ -117,22 +120,33 @@ def verify(host_root: Path, driver: str) -> None:
         os.chdir("/")
 
     proc = subprocess.run(
-        [driver, "init"],
+        argv,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=dict(KUBELET_ENV),
-        preexec_fn=enter,
-        timeout=60,
+        preexec_fn=enter,  # chroot into the host, where kubelet runs it
+        timeout=timeout,
         check=False,
     )
+    return proc.returncode, proc.stdout
+
+
+def verify(host_root: Path, driver: str) -> None:
+    """Run ``<driver> init`` as kubelet would, inside the host's root.
+
+    :raises FlexhubError: the reply is not a Success that kubelet could parse.
+    """
+    from flexhub.harness import ReplyError, parse_reply
+
+    code, output = run_in_host(host_root, [driver, "init"])
     try:
-        reply = parse_reply(proc.stdout)
+        reply = parse_reply(output)
     except ReplyError as exc:
         raise FlexhubError(
             f"the installed driver's init is not what kubelet parses: {exc}"
         ) from None
-    if reply.get("status") != "Success" or proc.returncode != 0:
+    if reply.get("status") != "Success" or code != 0:
         raise FlexhubError(f"the installed driver's init failed: {reply}")
 
 

@@ -117,8 +117,10 @@ class Doctor:
     # -- checks ---------------------------------------------------------------------------------
 
     def check_config(self) -> Check:
+        from flexhub.config import config_path
+
         try:
-            self.config = load_config(self.config_path)
+            self.config = load_config(self.host(self.config_path or config_path()))
         except FlexhubError as exc:
             self.config = None
             return Check("config", "fail", exc.message, "fix the file, or remove it for defaults")
@@ -172,31 +174,24 @@ class Doctor:
         return Check("driver", "ok", str(path))
 
     def check_init(self) -> Check:
-        from flexhub.harness import KUBELET_ENV, ReplyError, parse_reply
+        from flexhub.deploy import run_in_host
+        from flexhub.harness import ReplyError, parse_reply
 
         path = self._driver_path()
+        driver = "/" + str(path.relative_to(self.host_root))
         try:
-            proc = subprocess.run(
-                [str(path), "init"],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                env=dict(KUBELET_ENV),
-                cwd="/",
-                timeout=30,
-                check=False,
-            )
+            returncode, output = run_in_host(self.host_root, [driver, "init"], timeout=30)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return Check("init", "fail", f"{path} init: {exc}", "reinstall the driver")
         try:
-            reply = parse_reply(proc.stdout)
+            reply = parse_reply(output)
         except ReplyError as exc:
             return Check("init", "fail", f"kubelet cannot parse the reply: {exc}", "reinstall")
-        if reply.get("status") != "Success" or proc.returncode != 0:
+        if reply.get("status") != "Success" or returncode != 0:
             return Check(
                 "init",
                 "fail",
-                f"init answered {reply.get('status')!r} (exit {proc.returncode}): "
+                f"init answered {reply.get('status')!r} (exit {returncode}): "
                 f"{reply.get('message', '')}",
                 "reinstall the driver; check that its runtime exists",
             )
