@@ -21,6 +21,7 @@ import os
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -106,7 +107,9 @@ def build_image(layout: Path, runtime: Path, tag: str) -> dict[str, object]:
     }
     (layout / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
     index_path = layout / "index.json"
-    index = json.loads(index_path.read_text()) if index_path.exists() else {"schemaVersion": 2}
+    index: dict[str, Any] = (
+        json.loads(index_path.read_text()) if index_path.exists() else {"schemaVersion": 2}
+    )
     others = [
         m
         for m in index.get("manifests", [])
