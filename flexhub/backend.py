@@ -60,6 +60,7 @@ __all__ = [
     "InvalidOptions",
     "LockTimeout",
     "Node",
+    "NodeRequirements",
     "NotSupported",
     "PodInfo",
     "Result",
@@ -70,6 +71,23 @@ __all__ = [
     "VolumeError",
     "redact",
 ]
+
+
+@dataclass(frozen=True)
+class NodeRequirements:
+    """What a backend needs on the node, checked by ``flexhub doctor`` (never per call).
+
+    ``commands`` are looked up where the runner looks (``/usr/sbin:/usr/bin:/sbin:/bin``),
+    ``kernel_modules`` must be loaded, built in or loadable, ``daemons`` must be running
+    (by process name); ``hint`` tells the operator what to install.
+
+    .. versionadded:: 0.2
+    """
+
+    commands: tuple[str, ...] = ()
+    kernel_modules: tuple[str, ...] = ()
+    daemons: tuple[str, ...] = ()
+    hint: str = ""
 
 
 @dataclass(frozen=True)
@@ -103,6 +121,8 @@ class Backend(abc.ABC):
     #: allowed by the core and need not be listed.
     schema_package: ClassVar[str] = ""
     schema_file: ClassVar[str] = "schema.json"
+    #: What the backend needs on the node (``flexhub doctor`` checks it).
+    node_requirements: ClassVar[NodeRequirements] = NodeRequirements()
 
     def __init__(self, node: Node) -> None:
         self.node = node

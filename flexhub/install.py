@@ -11,12 +11,20 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from flexhub import DRIVER_NAME
 from flexhub.errors import UsageError
 
-__all__ = ["driver_dir_name", "install", "render_shim", "uninstall"]
+__all__ = [
+    "RUNTIME_MARKER",
+    "current_runtime",
+    "driver_dir_name",
+    "install",
+    "render_shim",
+    "uninstall",
+]
 
 
 _BOOTSTRAP = """import sys
@@ -42,13 +50,61 @@ def driver_dir_name(driver: str) -> tuple[str, str]:
     return driver.replace("/", "~"), match.group(3)
 
 
-def render_shim(python: str, config: Path | None) -> str:
-    """The text of the driver executable."""
-    py = shlex.quote(python)
+#: The file that marks a relocatable runtime (``deploy/build_runtime.py``), at its top.
+RUNTIME_MARKER = "flexhub-runtime.json"
+
+
+def read_marker(runtime: Path) -> dict[str, str]:
+    """The description a runtime build writes at its top."""
+    import json
+
+    data = json.loads((runtime / RUNTIME_MARKER).read_text("utf-8"))
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise UsageError(f"{runtime / RUNTIME_MARKER} is not a flexhub runtime description")
+    return data
+
+
+def current_runtime() -> Path | None:
+    """The relocatable runtime this interpreter belongs to, or ``None`` (a plain Python)."""
+    root = Path(sys.executable).parent.parent
+    return root if (root / RUNTIME_MARKER).is_file() else None
+
+
+def runtime_command(runtime: str, marker: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """``(check, command)`` for the shim: the file that must exist and how to start Python.
+
+    A relocatable runtime starts through its own dynamic loader with an explicit library
+    path, so that no library of the node is loaded and the path does not reach the
+    commands flexhub runs (an ``LD_LIBRARY_PATH`` would).
+    """
+    if marker is None:
+        marker = read_marker(Path(runtime))
+    python = f"{runtime}/{marker['python']}"
+    loader = f"{runtime}/{marker['loader']}"
+    library = f"{runtime}/{marker['library_path']}"
+    quoted = " ".join(shlex.quote(p) for p in (loader, "--library-path", library, python))
+    return python, quoted
+
+
+def render_shim(
+    python: str,
+    config: Path | str | None,
+    runtime: str | None = None,
+    marker: Mapping[str, str] | None = None,
+) -> str:
+    """The text of the driver executable.
+
+    :param python: the interpreter to run, or, with ``runtime``, ignored.
+    :param runtime: a relocatable runtime's directory (as the node sees it).
+    """
+    if runtime is not None:
+        check, command = runtime_command(runtime, marker)
+    else:
+        check, command = python, '"$PY"'
     lines = [
         "#!/bin/sh",
         "# flexhub FlexVolume driver; written by `flexhub install`. Do not edit.",
-        f"PY={py}",
+        f"PY={shlex.quote(check)}",
         'if [ ! -x "$PY" ]; then',
         '  printf \'{"status":"Failure","message":"flexhub runtime missing: %s"}\\n\' "$PY"',
         "  exit 1",
@@ -59,7 +115,7 @@ def render_shim(python: str, config: Path | None) -> str:
         lines.append("export FLEXHUB_CONFIG")
     # Python, not the shell, starts flexhub, so that even a broken installation answers
     # kubelet with one JSON object instead of a traceback or nothing.
-    lines.append(f'exec "$PY" -I -c \'{_BOOTSTRAP}\' "$@" 2>/dev/null')
+    lines.append(f"exec {command} -I -c '{_BOOTSTRAP}' \"$@\" 2>/dev/null")
     return "\n".join(lines) + "\n"
 
 
@@ -68,18 +124,30 @@ def install(
     config: Path | None = None,
     driver: str = DRIVER_NAME,
     python: str | None = None,
+    runtime: str | None = None,
+    marker: Mapping[str, str] | None = None,
 ) -> Path:
-    """Write ``plugin_dir/<vendor>~<name>/<name>`` and return its path."""
+    """Write ``plugin_dir/<vendor>~<name>/<name>`` and return its path.
+
+    :param python: the interpreter the shim runs (default: this one).
+    :param runtime: a relocatable runtime's directory as the node sees it (default: the
+        runtime this interpreter belongs to, if any); then ``python`` is not used.
+    :param marker: that runtime's description, when ``runtime`` is not readable here (a
+        host path seen from a container).
+    """
     dir_name, exe_name = driver_dir_name(driver)
     if not plugin_dir.is_absolute():
         plugin_dir = plugin_dir.resolve()
-    if config is not None:
+    if config is not None and runtime is None:
         config = config.resolve()
+    if runtime is None and python is None:
+        here = current_runtime()
+        runtime = str(here) if here is not None else None
     driver_dir = plugin_dir / dir_name
     driver_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
     target = driver_dir / exe_name
     tmp = driver_dir / f".{exe_name}.{os.getpid()}.tmp"
-    text = render_shim(python or sys.executable, config)
+    text = render_shim(python or sys.executable, config, runtime, marker)
     try:
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(text)

@@ -15,6 +15,8 @@ COMMANDS = frozenset(
         "install",
         "uninstall",
         "demo",
+        "doctor",
+        "daemonset",
         "help",
     }
 )

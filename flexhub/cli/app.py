@@ -1,4 +1,5 @@
-"""Admin commands: backends, schema, validate, version, install, uninstall, demo."""
+"""Admin commands: backends, schema, validate, version, state, install, uninstall, doctor,
+demo."""
 
 from __future__ import annotations
 
@@ -103,17 +104,90 @@ def state(
 
 @app.command()
 def install(
-    plugin_dir: Annotated[Path, typer.Option("--plugin-dir", help="kubelet's --volume-plugin-dir")],
+    plugin_dir: Annotated[
+        str | None,
+        typer.Option("--plugin-dir", help="kubelet's --volume-plugin-dir (default: detected)"),
+    ] = None,
     config: Annotated[
         Path | None, typer.Option(help="node config to export as FLEXHUB_CONFIG")
     ] = None,
     driver: Annotated[str, typer.Option(help="driver name vendor/name")] = DRIVER_NAME,
 ) -> None:
-    """Install the driver executable into a kubelet plugin directory (atomically)."""
-    from flexhub.install import install as do_install
+    """Install the driver executable into kubelet's plugin directory (atomically).
 
-    path = do_install(plugin_dir, config=config, driver=driver)
+    Without --plugin-dir the directory is detected: kubelet's command line, its config
+    file, then the distribution's default; the rule that decided is printed.
+    """
+    from flexhub.install import install as do_install
+    from flexhub.plugindir import detect_plugin_dir
+
+    found = detect_plugin_dir(plugin_dir)
+    if plugin_dir is None:
+        typer.echo(f"plugin directory: {found.describe()}")
+    path = do_install(Path(found.path), config=config, driver=driver)
     typer.echo(str(path))
+
+
+@app.command()
+def daemonset(
+    host_root: Annotated[Path, typer.Option(help="where the host's / is mounted")] = Path("/host"),
+    plugin_dir: Annotated[
+        str | None,
+        typer.Option("--plugin-dir", help="kubelet's --volume-plugin-dir (default: detected)"),
+    ] = None,
+    config: Annotated[
+        str | None, typer.Option(help="node config on the host, exported to the driver")
+    ] = None,
+    runtime_dir: Annotated[
+        str, typer.Option(help="where runtimes live on the host")
+    ] = "/var/lib/flexhub/runtime",
+    once: Annotated[bool, typer.Option("--once", help="install and exit")] = False,
+) -> None:
+    """The DaemonSet's entrypoint: install this runtime and the driver onto the host, check
+    the driver's init as kubelet runs it, then stay up (never uninstalls: see the README)."""
+    from flexhub.deploy import deploy, serve_forever
+
+    done = deploy(host_root, plugin_dir=plugin_dir, config=config, runtime_dir=runtime_dir)
+    summary = {
+        "runtime": done.runtime,
+        "driver": done.driver,
+        "plugin_dir": done.plugin_dir.describe(),
+        "removed": list(done.removed),
+    }
+    typer.echo(json.dumps({"flexhub": "installed", **summary}, sort_keys=True))
+    if not once:
+        serve_forever()
+
+
+@app.command()
+def doctor(
+    plugin_dir: Annotated[
+        str | None,
+        typer.Option("--plugin-dir", help="kubelet's --volume-plugin-dir (default: detected)"),
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="node config (default: FLEXHUB_CONFIG)")
+    ] = None,
+    driver: Annotated[str, typer.Option(help="driver name vendor/name")] = DRIVER_NAME,
+    host_root: Annotated[
+        Path, typer.Option(help="where the host's / is mounted (in a container)")
+    ] = Path("/"),
+    probe: Annotated[
+        bool, typer.Option("--probe", help="only the cheap checks (a liveness probe)")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Check this node: driver, init, directories, backends and their tools, journal."""
+    from flexhub.doctor import Doctor, render
+
+    doc = Doctor(plugin_dir=plugin_dir, config=config, driver=driver, host_root=host_root)
+    checks = doc.probe() if probe else doc.run()
+    if as_json:
+        typer.echo(json.dumps([c.to_json() for c in checks], indent=2))
+    else:
+        for line in render(checks):
+            typer.echo(line)
+    raise typer.Exit(1 if any(c.status == "fail" for c in checks) else 0)
 
 
 @app.command()

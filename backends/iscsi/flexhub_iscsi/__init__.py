@@ -46,6 +46,7 @@ from flexhub.backend import (
     BlockBackend,
     CommandError,
     InvalidOptions,
+    NodeRequirements,
     Volume,
     VolumeError,
 )
@@ -104,6 +105,12 @@ class IscsiBackend(BlockBackend):
     """Block volumes on LUNs of iSCSI targets."""
 
     schema_package = "flexhub_iscsi"
+    node_requirements = NodeRequirements(
+        commands=("iscsiadm", "blkid", "mkfs.ext4", "mkfs.xfs", "fsck", "mount", "umount"),
+        kernel_modules=("iscsi_tcp",),
+        daemons=("iscsid",),
+        hint="install open-iscsi (iscsi-initiator-utils on RHEL) and start iscsid",
+    )
 
     #: Where sysfs and device nodes are; tests point these at a fake tree.
     sysfs: Sysfs = Sysfs()

@@ -50,6 +50,7 @@ from flexhub.backend import (
     CommandError,
     FlexhubError,
     InvalidOptions,
+    NodeRequirements,
     Volume,
     VolumeError,
 )
@@ -112,6 +113,11 @@ class LoopfileBackend(BlockBackend):
     """Block volumes backed by files under the node's loopfile root."""
 
     schema_package = "flexhub_loopfile"
+    node_requirements = NodeRequirements(
+        commands=("losetup", "blkid", "mkfs.ext4", "mkfs.xfs", "fsck", "mount", "umount"),
+        kernel_modules=("loop",),
+        hint="install util-linux, e2fsprogs and xfsprogs",
+    )
 
     # --------------------------------------------------------------------------- paths
 

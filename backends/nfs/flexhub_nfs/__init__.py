@@ -77,6 +77,7 @@ from flexhub.backend import (
     CommandTimeout,
     FilesystemBackend,
     FlexhubError,
+    NodeRequirements,
     Volume,
     VolumeError,
 )
@@ -121,6 +122,11 @@ class NfsBackend(FilesystemBackend):
     """NFS exports mounted straight onto pod directories."""
 
     schema_package = "flexhub_nfs"
+    node_requirements = NodeRequirements(
+        commands=("mount.nfs", "mount", "umount"),
+        kernel_modules=("nfs",),
+        hint="install the NFS client (nfs-common on Debian/Ubuntu, nfs-utils on RHEL/Fedora)",
+    )
 
     # --------------------------------------------------------------------------- settings
 

@@ -1,0 +1,172 @@
+"""Build flexhub's relocatable node runtime: one directory that runs on a node with no Python.
+
+    python3 deploy/build_runtime.py OUT_DIR        # prints the runtime directory it made
+
+The directory holds the interpreter, its standard library, flexhub, the three backends and
+their dependencies, every shared library they load (glibc included) and glibc's own dynamic
+loader. It is started as ``lib/ld-linux-x86-64.so.2 --library-path lib bin/python3.11``: the
+bundled loader resolves every library inside the runtime, the node's libc and libraries are
+never loaded, and, unlike ``LD_LIBRARY_PATH``, the library path is not inherited by the
+commands flexhub runs (mount, losetup, iscsiadm are the node's own, with its environment).
+Bytecode is compiled at build time with unchecked hashes, so a read-only copy starts fast.
+
+The runtime is built from the interpreter that runs this script (3.11, shared or static
+libpython) and installs flexhub from this checkout with pip; the name of the directory is
+``flexhub-<version>-<digest of its content>``, so two different builds never collide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BACKENDS = ("loopfile", "nfs", "iscsi")
+PYVER = f"python{sys.version_info.major}.{sys.version_info.minor}"
+LOADER = "ld-linux-x86-64.so.2"
+MARKER = "flexhub-runtime.json"
+#: Standard-library parts a driver never uses (GUI, tests, installers).
+SKIP_STDLIB = {
+    "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages",
+    "__pycache__", "pydoc_data", "unittest",
+}  # fmt: skip
+SKIP_EXTENSIONS = ("_tkinter", "_test", "xxlimited", "_ctypes_test", "_xxtestfuzz")
+
+LAUNCHER = """#!/bin/sh
+# flexhub's runtime launcher (for people; kubelet runs the shim in its plugin directory).
+RT=$(cd "$(dirname "$0")/.." && pwd -P)
+exec "$RT/lib/{loader}" --library-path "$RT/lib" "$RT/bin/{python}" -I -m flexhub "$@"
+"""
+
+
+def _run(argv: list[str], **kwargs: object) -> None:
+    subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, **kwargs)  # type: ignore[call-overload]
+
+
+def _needed(elf: Path) -> dict[str, Path]:
+    """The shared libraries ``elf`` loads (ldd), by file name, and the loader itself."""
+    proc = subprocess.run(["ldd", str(elf)], capture_output=True, text=True, check=False)
+    found: dict[str, Path] = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
+            found[Path(parts[0]).name] = Path(parts[2])
+        elif parts and parts[0].startswith("/") and LOADER in parts[0]:
+            found[LOADER] = Path(parts[0])
+    return found
+
+
+def _is_elf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def _copy_stdlib(source: Path, target: Path) -> None:
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        skipped = {n for n in names if n in SKIP_STDLIB and Path(directory) == source}
+        skipped |= {n for n in names if n == "__pycache__"}
+        skipped |= {n for n in names if n.startswith(SKIP_EXTENSIONS) and n.endswith(".so")}
+        return skipped
+
+    shutil.copytree(source, target, ignore=ignore, symlinks=False)
+
+
+def build(out_dir: Path, python: str = sys.executable) -> Path:
+    """Build the runtime under ``out_dir`` and return its directory."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".build-", dir=out_dir))
+    try:
+        rt = work / "runtime"
+        (rt / "bin").mkdir(parents=True)
+        (rt / "lib").mkdir()
+        real_python = Path(os.path.realpath(python))
+        shutil.copy2(real_python, rt / "bin" / PYVER)
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        _copy_stdlib(stdlib, rt / "lib" / PYVER)
+        site = rt / "lib" / PYVER / "site-packages"
+        _run(
+            [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             "--no-compile", "--no-warn-script-location", "--target", str(site),
+             str(REPO), *(str(REPO / "backends" / b) for b in BACKENDS)],
+            env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"},
+        )  # fmt: skip
+        libpython = sysconfig.get_config_var("LDLIBRARY") or ""
+        libdir = Path(sysconfig.get_config_var("LIBDIR") or "/nonexistent")
+        if libpython.endswith(".so") or ".so." in libpython:
+            for candidate in libdir.glob(libpython + "*"):
+                shutil.copy2(candidate, rt / "lib" / candidate.name, follow_symlinks=True)
+        libraries: dict[str, Path] = {}
+        for path in sorted(rt.rglob("*")):
+            if (
+                path.is_file()
+                and (path.suffix == ".so" or ".so." in path.name or path.parent.name == "bin")
+                and _is_elf(path)
+            ):
+                libraries.update(_needed(path))
+        for name, source in sorted(libraries.items()):
+            if not (rt / "lib" / name).exists():
+                shutil.copy2(source, rt / "lib" / name, follow_symlinks=True)
+        if not (rt / "lib" / LOADER).exists():
+            raise SystemExit(f"build_runtime: no {LOADER} found by ldd")
+        (rt / "bin" / "flexhub").write_text(LAUNCHER.format(loader=LOADER, python=PYVER))
+        (rt / "bin" / "flexhub").chmod(0o755)
+        runner = [
+            str(rt / "lib" / LOADER),
+            "--library-path",
+            str(rt / "lib"),
+            str(rt / "bin" / PYVER),
+        ]
+        _run([*runner, "-I", "-m", "compileall", "-q", "-j", "0",
+              "--invalidation-mode", "unchecked-hash", str(rt / "lib" / PYVER)],
+             stdout=subprocess.DEVNULL)  # fmt: skip
+        flexhub_version = _flexhub_version(site)
+        digest = _digest(rt)
+        name = f"flexhub-{flexhub_version}-{digest[:12]}"
+        (rt / MARKER).write_text(
+            json.dumps(
+                {"version": flexhub_version, "build": digest, "name": name,
+                 "python": f"bin/{PYVER}", "loader": f"lib/{LOADER}", "library_path": "lib"},
+                indent=1, sort_keys=True,
+            ) + "\n"
+        )  # fmt: skip
+        final = out_dir / name
+        if final.exists():
+            shutil.rmtree(final)
+        rt.rename(final)
+        return final
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _flexhub_version(site: Path) -> str:
+    for dist in site.glob("flexhub-*.dist-info"):
+        for line in (dist / "METADATA").read_text().splitlines():
+            if line.startswith("Version: "):
+                return line.split(": ", 1)[1].strip()
+    return "0"
+
+
+def _digest(root: Path) -> str:
+    """A digest of every file's path and content (the runtime's identity)."""
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            h.update(str(path.relative_to(root)).encode())
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: build_runtime.py OUT_DIR")
+    print(build(Path(sys.argv[1])))

@@ -1,0 +1,189 @@
+"""Install the running relocatable runtime onto a node and point kubelet's driver at it.
+
+What the DaemonSet's entrypoint (``flexhub daemonset``) and ``flexhub install --runtime-dir``
+do, with every host path under ``host_root`` (the hostPath mount of ``/``):
+
+1. copy this runtime to ``<runtime_dir>/<name>`` (a new name per build: a dot-named copy,
+   then a rename, so a half-copied runtime is never used);
+2. write the shim into the detected plugin directory (dot-file, rename): calls that start
+   from now on use the new runtime, calls already running keep the one they started with;
+3. run the shim's ``init`` as kubelet would (inside the host's root) and fail if kubelet could
+   not parse it;
+4. remove runtimes older than the previous one (the newest other), unless a process still
+   maps a file of them.
+
+Nothing is ever removed when the DaemonSet is deleted: kubelet needs the driver to unmount
+volumes that are still mounted, so uninstalling is an explicit ``flexhub uninstall``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from flexhub import DRIVER_NAME
+from flexhub.errors import FlexhubError
+from flexhub.install import RUNTIME_MARKER, current_runtime, install, read_marker
+from flexhub.plugindir import Detection, detect_plugin_dir
+
+__all__ = ["DEFAULT_RUNTIME_DIR", "Deployment", "deploy", "prune_runtimes"]
+
+DEFAULT_RUNTIME_DIR = "/var/lib/flexhub/runtime"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What :func:`deploy` did (host paths)."""
+
+    runtime: str
+    driver: str
+    plugin_dir: Detection
+    removed: tuple[str, ...]
+
+
+def _host(host_root: Path, path: str) -> Path:
+    return host_root / path.lstrip("/")
+
+
+def copy_runtime(source: Path, host_root: Path, runtime_dir: str) -> str:
+    """Copy ``source`` to ``<runtime_dir>/<its name>`` on the host; return the host path."""
+    name = read_marker(source)["name"]
+    target_dir = _host(host_root, runtime_dir)
+    for directory in (*reversed(target_dir.relative_to(host_root).parents), target_dir):
+        if str(directory) != ".":  # new directories are root's alone, like state_dir
+            (host_root / directory).mkdir(mode=0o700, exist_ok=True)
+    final = target_dir / name
+    if not (final / RUNTIME_MARKER).is_file():
+        partial = target_dir / f".{name}.{os.getpid()}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(source, partial, symlinks=True)
+        if final.exists():  # a copy without its marker: never complete
+            shutil.rmtree(final)
+        partial.rename(final)
+    return f"{runtime_dir.rstrip('/')}/{name}"
+
+
+def _in_use(directory: Path, proc_root: Path) -> bool:
+    """Whether a process maps a file under ``directory`` (as seen through ``proc_root``)."""
+    needle = str(directory).rstrip("/") + "/"
+    for pid in os.listdir(proc_root):
+        if not pid.isdigit():
+            continue
+        try:
+            maps = (proc_root / pid / "maps").read_text("utf-8", errors="replace")
+        except OSError:
+            continue
+        if needle in maps:
+            return True
+    return False
+
+
+def prune_runtimes(
+    host_root: Path, runtime_dir: str, current: str, proc_root: Path = Path("/proc")
+) -> tuple[str, ...]:
+    """Remove old runtimes under ``runtime_dir``: all but ``current`` and the newest other
+    one (the previous version), and none that a process still maps."""
+    base = _host(host_root, runtime_dir)
+    others = sorted(
+        (e for e in (base.iterdir() if base.is_dir() else ()) if e.is_dir() and e.name != current),
+        key=lambda e: e.stat().st_mtime,
+    )
+    removed = []
+    for entry in others[:-1]:
+        if entry.name.startswith("."):
+            continue
+        host_path = f"{runtime_dir.rstrip('/')}/{entry.name}"
+        if _in_use(Path(host_path), proc_root):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(host_path)
+    return tuple(removed)
+
+
+def run_in_host(host_root: Path, argv: list[str], timeout: float = 60) -> tuple[int, bytes]:
+    """Run ``argv`` the way kubelet runs a driver (bare environment, stdin /dev/null, stderr
+    merged, cwd /), inside the host's root; return its exit status and output.
+
+    :raises OSError: it could not start; :raises subprocess.TimeoutExpired: it hung.
+    """
+    from flexhub.harness import KUBELET_ENV
+
+    root = str(host_root)
+
+    def enter() -> None:
+        if root != "/":
+            os.chroot(root)
+        os.chdir("/")
+
+    proc = subprocess.run(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(KUBELET_ENV),
+        preexec_fn=enter,  # chroot into the host, where kubelet runs it
+        timeout=timeout,
+        check=False,
+    )
+    return proc.returncode, proc.stdout
+
+
+def verify(host_root: Path, driver: str) -> None:
+    """Run ``<driver> init`` as kubelet would, inside the host's root.
+
+    :raises FlexhubError: the reply is not a Success that kubelet could parse.
+    """
+    from flexhub.harness import ReplyError, parse_reply
+
+    code, output = run_in_host(host_root, [driver, "init"])
+    try:
+        reply = parse_reply(output)
+    except ReplyError as exc:
+        raise FlexhubError(
+            f"the installed driver's init is not what kubelet parses: {exc}"
+        ) from None
+    if reply.get("status") != "Success" or code != 0:
+        raise FlexhubError(f"the installed driver's init failed: {reply}")
+
+
+def deploy(
+    host_root: Path = Path("/"),
+    plugin_dir: str | None = None,
+    config: str | None = None,
+    runtime_dir: str = DEFAULT_RUNTIME_DIR,
+    driver: str = DRIVER_NAME,
+    proc_root: Path = Path("/proc"),
+) -> Deployment:
+    """Install this runtime and the driver onto the host; see the module docstring."""
+    source = current_runtime()
+    if source is None:
+        raise FlexhubError("not running from a flexhub runtime (deploy/build_runtime.py)")
+    runtime = copy_runtime(source, host_root, runtime_dir)
+    marker = read_marker(_host(host_root, runtime))
+    found = detect_plugin_dir(plugin_dir, proc_root=proc_root, host_root=host_root)
+    from flexhub.install import driver_dir_name
+
+    dir_name, exe_name = driver_dir_name(driver)
+    install(
+        _host(host_root, found.path),
+        config=Path(config) if config else None,
+        driver=driver,
+        runtime=runtime,
+        marker=marker,
+    )
+    verify(host_root, f"{found.path.rstrip('/')}/{dir_name}/{exe_name}")
+    removed = prune_runtimes(host_root, runtime_dir, Path(runtime).name, proc_root)
+    return Deployment(runtime, f"{found.path}/{dir_name}/{exe_name}", found, removed)
+
+
+def serve_forever(interval: float = 3600.0) -> None:  # pragma: no cover - the pod's main loop
+    """Stay up (the DaemonSet's pod) until SIGTERM; the liveness probe runs ``doctor``."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    while True:
+        time.sleep(interval)

@@ -1,0 +1,395 @@
+"""``flexhub doctor``: is this node able to serve flexhub volumes, and if not, what to do.
+
+Each check gives ``ok``, ``warn`` or ``fail`` with a one-line detail and, unless ``ok``, the
+fix. ``--probe`` (the DaemonSet's liveness probe) runs only the cheap checks: the driver is
+installed where kubelet looks, ``init`` answers as kubelet parses it, and the state
+directory is usable.
+
+All paths are host paths read under ``host_root`` (``/`` on the node, the hostPath mount in
+the DaemonSet), so that the same code checks the host from inside a container.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from flexhub import DRIVER_NAME
+from flexhub.config import NodeConfig, load_config
+from flexhub.errors import FlexhubError
+
+__all__ = ["Check", "Doctor", "render"]
+
+#: Where the runner looks for node tools (:data:`flexhub.node.runner.DEFAULT_ENV`).
+TOOL_DIRS = ("usr/sbin", "usr/bin", "sbin", "bin")
+EXPECTED_CAPABILITIES = {
+    "attach": False,
+    "selinuxRelabel": True,
+    "fsGroup": False,
+    "supportsMetrics": True,
+    "requiresFSResize": True,
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    """The result of one check."""
+
+    name: str
+    status: str  # "ok", "warn" or "fail"
+    detail: str
+    fix: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def render(checks: Iterable[Check]) -> list[str]:
+    """A table for people: status, check, detail, and the fix under each problem."""
+    rows = list(checks)
+    width = max((len(c.name) for c in rows), default=0)
+    lines = []
+    for check in rows:
+        lines.append(f"{check.status.upper():<4}  {check.name:<{width}}  {check.detail}")
+        if check.fix:
+            lines.append(f"{'':<4}  {'':<{width}}  fix: {check.fix}")
+    failed = sum(1 for c in rows if c.status == "fail")
+    warned = sum(1 for c in rows if c.status == "warn")
+    lines.append(f"{len(rows)} checks: {failed} failed, {warned} warnings")
+    return lines
+
+
+class Doctor:
+    """Runs the checks.
+
+    :param plugin_dir: kubelet's plugin directory (host path); detected when ``None``.
+    :param config: the node config file; ``FLEXHUB_CONFIG`` or the default when ``None``.
+    :param host_root: where the host's ``/`` is visible.
+    :param proc_root: a ``/proc`` that shows the host's processes.
+    """
+
+    def __init__(
+        self,
+        plugin_dir: str | None = None,
+        config: Path | None = None,
+        driver: str = DRIVER_NAME,
+        host_root: Path = Path("/"),
+        proc_root: Path = Path("/proc"),
+    ) -> None:
+        self.plugin_dir = plugin_dir
+        self.config_path = config
+        self.driver = driver
+        self.host_root = host_root
+        self.proc_root = proc_root
+        self.config: NodeConfig | None = None
+
+    def host(self, path: str | Path) -> Path:
+        return self.host_root / str(path).lstrip("/")
+
+    # -- the runs -------------------------------------------------------------------------------
+
+    def probe(self) -> list[Check]:
+        """The liveness checks: cheap, and each one is a reason to restart the installer."""
+        checks = [self.check_config()]
+        plugin = self.check_plugin_dir()
+        checks.append(plugin)
+        driver = self.check_driver()
+        checks.append(driver)
+        if driver.status != "fail":
+            checks.append(self.check_init())
+        checks.extend(self.check_dirs())
+        return checks
+
+    def run(self) -> list[Check]:
+        """Every check."""
+        checks = self.probe()
+        if self._driver_path().is_file():
+            checks.append(self.check_shim_runtime())
+        checks.extend(self.check_backends())
+        checks.extend(self.check_journal())
+        return checks
+
+    # -- checks ---------------------------------------------------------------------------------
+
+    def check_config(self) -> Check:
+        from flexhub.config import config_path
+
+        try:
+            self.config = load_config(self.host(self.config_path or config_path()))
+        except FlexhubError as exc:
+            self.config = None
+            return Check("config", "fail", exc.message, "fix the file, or remove it for defaults")
+        source = self.config.source or "defaults (no file)"
+        return Check("config", "ok", f"{source}")
+
+    def check_plugin_dir(self) -> Check:
+        from flexhub.plugindir import detect_plugin_dir
+
+        found = detect_plugin_dir(
+            self.plugin_dir, proc_root=self.proc_root, host_root=self.host_root
+        )
+        self.plugin_dir = found.path
+        if not self.host(found.path).is_dir():
+            return Check(
+                "plugin directory",
+                "fail",
+                f"{found.describe()} does not exist",
+                "install the driver (flexhub install), or pass kubelet's --volume-plugin-dir",
+            )
+        return Check("plugin directory", "ok", found.describe())
+
+    def _driver_path(self) -> Path:
+        from flexhub.install import driver_dir_name
+
+        dir_name, exe_name = driver_dir_name(self.driver)
+        assert self.plugin_dir is not None
+        return self.host(self.plugin_dir) / dir_name / exe_name
+
+    def check_driver(self) -> Check:
+        path = self._driver_path()
+        fix = f"flexhub install --plugin-dir {self.plugin_dir}"
+        try:
+            info = os.stat(path)
+        except OSError as exc:
+            return Check("driver", "fail", f"{path}: {exc.strerror}", fix)
+        if not stat.S_ISREG(info.st_mode) or not info.st_mode & stat.S_IXUSR:
+            return Check("driver", "fail", f"{path} is not an executable file", fix)
+        strays = sorted(
+            p.name
+            for p in path.parent.iterdir()
+            if p.name != path.name and not p.name.startswith(".")
+        )
+        if strays:
+            return Check(
+                "driver",
+                "warn",
+                f"{path.parent} also holds {', '.join(strays)}: kubelet re-probes on each change",
+                f"remove them; only {path.name} belongs there",
+            )
+        return Check("driver", "ok", str(path))
+
+    def check_init(self) -> Check:
+        from flexhub.deploy import run_in_host
+        from flexhub.harness import ReplyError, parse_reply
+
+        path = self._driver_path()
+        driver = "/" + str(path.relative_to(self.host_root))
+        try:
+            returncode, output = run_in_host(self.host_root, [driver, "init"], timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return Check("init", "fail", f"{path} init: {exc}", "reinstall the driver")
+        try:
+            reply = parse_reply(output)
+        except ReplyError as exc:
+            return Check("init", "fail", f"kubelet cannot parse the reply: {exc}", "reinstall")
+        if reply.get("status") != "Success" or returncode != 0:
+            return Check(
+                "init",
+                "fail",
+                f"init answered {reply.get('status')!r} (exit {returncode}): "
+                f"{reply.get('message', '')}",
+                "reinstall the driver; check that its runtime exists",
+            )
+        if reply.get("capabilities") != EXPECTED_CAPABILITIES:
+            return Check(
+                "init",
+                "fail",
+                f"unexpected capabilities {reply.get('capabilities')}",
+                "the installed driver is another flexhub version: reinstall",
+            )
+        return Check("init", "ok", "Success, capabilities as documented")
+
+    def check_dirs(self) -> list[Check]:
+        if self.config is None:
+            return []
+        return [
+            self._check_dir("state directory", self.config.state_dir, private=True),
+            self._check_dir("log directory", self.config.log_dir, private=False),
+        ]
+
+    def _check_dir(self, name: str, path: Path, private: bool) -> Check:
+        where = self.host(path)
+        try:
+            info = os.stat(where)
+        except FileNotFoundError:
+            return Check(name, "warn", f"{path} does not exist yet (made on the first call)")
+        except OSError as exc:
+            return Check(name, "fail", f"{path}: {exc.strerror}", f"make {path} usable by root")
+        if not stat.S_ISDIR(info.st_mode):
+            return Check(name, "fail", f"{path} is not a directory", f"remove it or move {name}")
+        try:
+            readonly = bool(os.statvfs(where).f_flag & os.ST_RDONLY)
+        except OSError:
+            readonly = False
+        if readonly or not os.access(where, os.W_OK):
+            return Check(name, "fail", f"{path} is not writable", f"make {path} writable by root")
+        if self.plugin_dir and str(path).startswith(self.plugin_dir.rstrip("/") + "/"):
+            return Check(
+                name,
+                "fail",
+                f"{path} is inside the plugin directory: every write re-probes the driver",
+                f"move {name} out of {self.plugin_dir}",
+            )
+        if info.st_uid != 0 and os.geteuid() == 0:
+            return Check(
+                name, "fail", f"{path} is owned by uid {info.st_uid}", f"chown root {path}"
+            )
+        mode = stat.S_IMODE(info.st_mode)
+        if private and mode & 0o077:
+            return Check(
+                name,
+                "fail",
+                f"{path} has mode {mode:04o}: other users can read volumes",
+                f"chmod 0700 {path}",
+            )
+        if mode & 0o022:
+            return Check(
+                name,
+                "fail",
+                f"{path} has mode {mode:04o}: writable by others",
+                f"chmod go-w {path}",
+            )
+        return Check(name, "ok", f"{path} ({mode:04o})")
+
+    def check_shim_runtime(self) -> Check:
+        path = self._driver_path()
+        try:
+            text = path.read_text("utf-8", errors="replace")
+        except OSError:
+            return Check("runtime", "fail", f"{path} unreadable", "reinstall the driver")
+        python = next(
+            (line[3:].strip("'") for line in text.splitlines() if line.startswith("PY=")), ""
+        )
+        if not python:
+            return Check("runtime", "fail", f"{path} is not a flexhub shim", "reinstall the driver")
+        if not os.access(self.host(python), os.X_OK):
+            return Check(
+                "runtime",
+                "fail",
+                f"the driver runs {python}, which is missing",
+                "reinstall the runtime and the driver",
+            )
+        return Check("runtime", "ok", f"the driver runs {python}")
+
+    def check_backends(self) -> list[Check]:
+        from flexhub.loader import describe_backends, load_backend
+
+        infos = describe_backends()
+        if not infos:
+            return [Check("backends", "fail", "no backend installed", "install flexhub's backends")]
+        checks = []
+        for info in infos:
+            name = f"backend {info.name}"
+            if info.error:
+                checks.append(Check(name, "fail", info.error, f"reinstall {info.distribution}"))
+                continue
+            needs = load_backend(info.name).node_requirements
+            missing = [c for c in needs.commands if not self._has_command(c)]
+            modules = [m for m in needs.kernel_modules if not self._has_module(m)]
+            daemons = [d for d in needs.daemons if not self._running(d)]
+            problems = [f"command {c} not found" for c in missing]
+            problems += [f"kernel module {m} not available" for m in modules]
+            problems += [f"{d} is not running" for d in daemons]
+            if problems:
+                fix = needs.hint or "install the backend's node packages"
+                checks.append(Check(name, "fail", "; ".join(problems), fix))
+            else:
+                checks.append(
+                    Check(name, "ok", f"{info.distribution} {info.version}, node tools present")
+                )
+        return checks
+
+    def _has_command(self, command: str) -> bool:
+        return any(os.access(self.host(f"/{d}/{command}"), os.X_OK) for d in TOOL_DIRS)
+
+    def _has_module(self, module: str) -> bool:
+        """Loaded, built in, or loadable from the running kernel's module tree."""
+        if self.host(f"/sys/module/{module}").is_dir():
+            return True
+        release = os.uname().release
+        tree = self.host(f"/lib/modules/{release}")
+        wanted = module.replace("-", "_")
+        for index in ("modules.builtin", "modules.dep"):
+            try:
+                text = (tree / index).read_text("utf-8", errors="replace")
+            except OSError:
+                continue
+            for line in text.splitlines():
+                stem = os.path.basename(line.split(":", 1)[0]).split(".ko", 1)[0]
+                if stem.replace("-", "_") == wanted:
+                    return True
+        return False
+
+    def _running(self, name: str) -> bool:
+        try:
+            pids = [p for p in os.listdir(self.proc_root) if p.isdigit()]
+        except OSError:
+            return False
+        for pid in pids:
+            try:
+                if (self.proc_root / pid / "comm").read_text().strip() == name:
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def check_journal(self) -> list[Check]:
+        if self.config is None:
+            return []
+        from flexhub.node.mounts import MountTable
+        from flexhub.state import node_state
+
+        state = node_state(self.config)
+        checks = []
+        for pod in state["pods"]:
+            if not pod["mounted"]:
+                checks.append(
+                    Check(
+                        "journal",
+                        "fail",
+                        f"record of {pod['target']} but nothing is mounted there",
+                        f"let kubelet finish, or run the driver's unmount {pod['target']}",
+                    )
+                )
+        for volume in state["volumes"]:
+            if not volume["mounted"]:
+                checks.append(
+                    Check(
+                        "journal",
+                        "fail",
+                        f"volume {volume['volume_id']} is recorded but not staged",
+                        "unmount its pod directories through the driver, then check again",
+                    )
+                )
+        staging = str(self.config.state_dir / "staging") + "/"
+        recorded = {v["staging"] for v in state["volumes"]}
+        for entry in MountTable().entries():
+            point = entry.mount_point
+            if (
+                point.startswith(staging)
+                and "/" not in point[len(staging) :]
+                and point not in recorded
+            ):
+                checks.append(
+                    Check(
+                        "journal",
+                        "fail",
+                        f"{point} is mounted ({entry.source}) without a record",
+                        f"umount {point} once no pod uses it",
+                    )
+                )
+        if not checks:
+            checks.append(
+                Check(
+                    "journal",
+                    "ok",
+                    f"{len(state['pods'])} pod directories, "
+                    f"{len(state['volumes'])} staged volumes, all mounted",
+                )
+            )
+        return checks

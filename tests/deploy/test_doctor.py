@@ -1,0 +1,193 @@
+"""`flexhub doctor` reports each failure it knows, on real state: real files, modes, mounts,
+processes and an installed driver; the exit status follows the failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flexhub.install import install
+from flexhub.node.journal import Journal, PodRecord
+from tests.conftest import KUBELET_ENV, PYTHON, TEST_SITE, needs_root
+
+
+def doctor(
+    node: dict[str, Path], *extra: str, site: bool = False
+) -> tuple[int, list[dict[str, str]]]:
+    env = dict(KUBELET_ENV)
+    if site:
+        env["PYTHONPATH"] = str(TEST_SITE)
+    argv = [PYTHON, "-m", "flexhub", "doctor", "--json", "--plugin-dir", str(node["plugins"])]
+    proc = subprocess.run(
+        [*argv, "--config", str(node["config"]), *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def status(checks: list[dict[str, str]], name: str) -> list[tuple[str, str]]:
+    return [(c["status"], c["detail"]) for c in checks if c["name"] == name]
+
+
+@pytest.fixture
+def node(node_tree: dict[str, Path]) -> dict[str, Path]:
+    for key in ("state", "log"):
+        node_tree[key].mkdir(mode=0o700)
+    node_tree["plugins"].mkdir()
+    return node_tree
+
+
+def test_a_healthy_node_passes_the_probe(node: dict[str, Path]) -> None:
+    install(node["plugins"], config=node["config"])
+    code, checks = doctor(node, "--probe")
+    assert code == 0, checks
+    assert {c["status"] for c in checks} == {"ok"}
+    assert status(checks, "init") == [("ok", "Success, capabilities as documented")]
+
+
+def test_missing_driver(node: dict[str, Path]) -> None:
+    code, checks = doctor(node, "--probe")
+    assert code == 1
+    ((state, detail),) = status(checks, "driver")
+    assert state == "fail" and "No such file" in detail
+    assert status(checks, "init") == []
+
+
+def test_driver_not_executable_and_stray_files(node: dict[str, Path]) -> None:
+    driver = install(node["plugins"], config=node["config"])
+    (driver.parent / "flexhub.log").write_text("a log in the plugin dir")
+    code, checks = doctor(node, "--probe")
+    assert code == 0  # a warning, not a failure
+    assert status(checks, "driver")[0][0] == "warn"
+    assert "flexhub.log" in status(checks, "driver")[0][1]
+    driver.chmod(0o644)
+    code, checks = doctor(node, "--probe")
+    assert code == 1
+    assert status(checks, "driver") == [("fail", f"{driver} is not an executable file")]
+
+
+def test_init_that_kubelet_cannot_parse(node: dict[str, Path]) -> None:
+    driver = install(node["plugins"], config=node["config"])
+    driver.write_text('#!/bin/sh\necho "starting"\necho \'{"status":"Success"}\'\n')
+    code, checks = doctor(node, "--probe")
+    assert code == 1
+    ((state, detail),) = status(checks, "init")
+    assert state == "fail" and "kubelet cannot parse" in detail
+
+
+def test_driver_whose_runtime_is_gone(node: dict[str, Path]) -> None:
+    install(node["plugins"], config=node["config"], python="/nonexistent/python3")
+    code, checks = doctor(node)
+    assert code == 1
+    assert status(checks, "init")[0][0] == "fail"
+    assert status(checks, "runtime") == [
+        ("fail", "the driver runs /nonexistent/python3, which is missing")
+    ]
+
+
+@needs_root
+def test_state_and_log_directories(node: dict[str, Path], tmp_path: Path) -> None:
+    install(node["plugins"], config=node["config"])
+    node["state"].chmod(0o755)
+    code, checks = doctor(node, "--probe")
+    assert code == 1
+    assert "mode 0755" in status(checks, "state directory")[0][1]
+    node["state"].chmod(0o700)
+    os.chown(node["log"], 65534, 65534)
+    code, checks = doctor(node, "--probe")
+    assert status(checks, "log directory")[0] == ("fail", f"{node['log']} is owned by uid 65534")
+    os.chown(node["log"], 0, 0)
+    subprocess.run(
+        ["mount", "--bind", "-o", "ro", str(node["state"]), str(node["state"])], check=True
+    )
+    try:
+        code, checks = doctor(node, "--probe")
+    finally:
+        subprocess.run(["umount", str(node["state"])], check=True)
+    assert code == 1
+    assert status(checks, "state directory")[0] == ("fail", f"{node['state']} is not writable")
+    inside = node["plugins"] / "logs"
+    inside.mkdir(mode=0o700)
+    node["config"].write_text(node["config"].read_text().replace(str(node["log"]), str(inside)))
+    code, checks = doctor(node, "--probe")
+    assert "inside the plugin directory" in status(checks, "log directory")[0][1]
+
+
+def test_broken_config(node: dict[str, Path]) -> None:
+    install(node["plugins"], config=node["config"])
+    node["config"].write_text("state_dir = 'relative'\n")
+    code, checks = doctor(node, "--probe")
+    assert code == 1
+    assert status(checks, "config")[0][0] == "fail"
+    assert "absolute path" in status(checks, "config")[0][1]
+
+
+def test_broken_backend_and_missing_node_tools(node: dict[str, Path], tmp_path: Path) -> None:
+    install(node["plugins"], config=node["config"])
+    host = tmp_path / "host"
+    (host / "usr/sbin").mkdir(parents=True)
+    (host / "sys/module/loop").mkdir(parents=True)
+    for tool in ("losetup", "blkid", "mkfs.ext4", "fsck", "mount", "umount"):  # no mkfs.xfs
+        real = next(
+            p
+            for d in ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
+            if os.path.exists(p := f"{d}/{tool}")
+        )
+        (host / "usr/sbin" / tool).symlink_to(real)
+    code, checks = doctor(node, "--host-root", str(host), site=True)
+    assert code == 1
+    assert status(checks, "backend loopfile") == [("fail", "command mkfs.xfs not found")]
+    assert status(checks, "backend broken")[0][0] == "fail"
+    assert "libfrobnicate" in status(checks, "backend broken")[0][1]
+    iscsi = status(checks, "backend iscsi")[0]
+    assert iscsi[0] == "fail" and "iscsid is not running" in iscsi[1]
+
+
+@needs_root
+def test_journal_and_mounts_that_disagree(node: dict[str, Path], tmp_path: Path) -> None:
+    install(node["plugins"], config=node["config"])
+    gone = tmp_path / "kubelet/pods/u1/volumes/k8s~flexhub/pv"
+    Journal(node["state"]).put_pod(PodRecord(str(gone), "loopfile", "loopfile:x", None, False))
+    stray = node["state"] / "staging" / ("a" * 32)
+    stray.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "stray", str(stray)], check=True)
+    try:
+        code, checks = doctor(node)
+    finally:
+        subprocess.run(["umount", str(stray)], check=True)
+    assert code == 1
+    details = [d for s, d in status(checks, "journal") if s == "fail"]
+    assert f"record of {gone} but nothing is mounted there" in details
+    assert f"{stray} is mounted (stray) without a record" in details
+
+
+def test_table_for_people(node: dict[str, Path]) -> None:
+    proc = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "flexhub",
+            "doctor",
+            "--probe",
+            "--plugin-dir",
+            str(node["plugins"]),
+            "--config",
+            str(node["config"]),
+        ],
+        env=dict(KUBELET_ENV),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "FAIL  driver" in proc.stdout
+    assert "fix: flexhub install --plugin-dir" in proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1].endswith("failed, 0 warnings")

@@ -1,0 +1,167 @@
+"""The relocatable runtime serves kubelet with every Python of the host hidden, loads no
+library from outside itself, and `flexhub daemonset` installs and upgrades it atomically on a
+host root (a real mount namespace with the host's /usr bind-mounted and its Pythons masked)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import needs_root
+from tests.deploy.conftest import LOOP_OPTIONS, fake_host, in_namespace
+
+pytestmark = needs_root
+
+
+@pytest.fixture
+def node(tmp_path: Path, runtime: Path) -> Iterator[dict[str, Path]]:
+    tree = {name: tmp_path / name for name in ("plugins", "state", "log", "loop", "kubelet")}
+    config = tmp_path / "flexhub.toml"
+    config.write_text(
+        f'state_dir = "{tree["state"]}"\nlog_dir = "{tree["log"]}"\n'
+        f'[loopfile]\nroot = "{tree["loop"]}"\n'
+    )
+    subprocess.run(
+        [str(runtime / "bin" / "flexhub"), "install", "--plugin-dir", str(tree["plugins"]),
+         "--config", str(config)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    tree["driver"] = tree["plugins"] / "k8s~flexhub" / "flexhub"
+    tree["target"] = tree["kubelet"] / "pods/u1/volumes/k8s~flexhub/pv"
+    tree["target"].mkdir(parents=True)
+    yield tree
+    subprocess.run([str(tree["driver"]), "unmount", str(tree["target"])], capture_output=True)
+
+
+def test_the_shim_runs_the_runtime_through_its_own_loader(
+    node: dict[str, Path], runtime: Path
+) -> None:
+    text = node["driver"].read_text()
+    assert f"exec {runtime}/lib/ld-linux-x86-64.so.2 --library-path {runtime}/lib " in text
+    assert "LD_LIBRARY_PATH" not in text
+
+
+def test_init_mount_unmount_with_every_host_python_hidden(node: dict[str, Path]) -> None:
+    driver, target = node["driver"], node["target"]
+    result = in_namespace(
+        f"""
+        for p in $(compgen -c python | sort -u) {sys.executable}; do
+            if "$p" -c pass 2>/dev/null; then echo "python runs: $p"; exit 1; fi
+        done
+        K="env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8"
+        echo "init $($K {driver} init)"
+        echo "mount $($K {driver} mount {target} '{json.dumps(LOOP_OPTIONS)}')"
+        echo "fs $(findmnt -n -o FSTYPE {target})"
+        echo data > {target}/file
+        echo "unmount $($K {driver} unmount {target})"
+        echo "after $(findmnt -n {target} || echo none)"
+        """
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert json.loads(lines["init"])["capabilities"]["attach"] is False
+    assert json.loads(lines["mount"]) == {"status": "Success"}
+    assert lines["fs"] == "ext4"
+    assert json.loads(lines["unmount"]) == {"status": "Success"}
+    assert lines["after"] == "none"
+
+
+def test_the_running_driver_maps_no_library_of_the_node(
+    node: dict[str, Path], runtime: Path, tmp_path: Path
+) -> None:
+    driver, target = node["driver"], node["target"]
+    real = shutil.which("losetup")
+    assert real is not None
+    saved = tmp_path / "losetup.real"
+    shutil.copy2(real, saved)
+    slow = tmp_path / "losetup.slow"
+    slow.write_text(f'#!/bin/bash\nenv > {tmp_path}/child-env\nsleep 2\nexec {saved} "$@"\n')
+    slow.chmod(0o755)
+    result = in_namespace(
+        f"""
+        mount --bind {slow} {real}
+        env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin {driver} mount {target} '{json.dumps(LOOP_OPTIONS)}' > {tmp_path}/reply &
+        pid=$!
+        sleep 1.2
+        cat /proc/$pid/maps > {tmp_path}/maps
+        wait $pid
+        env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin {driver} unmount {target} > /dev/null
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "reply").read_text()) == {"status": "Success"}
+    libraries = {
+        line.split()[-1]
+        for line in (tmp_path / "maps").read_text().splitlines()
+        if ".so" in line.split()[-1]
+    }
+    assert any("libpython" in lib for lib in libraries)
+    outside = sorted(lib for lib in libraries if not lib.startswith(f"{runtime}/"))
+    assert outside == []
+    child_env = (tmp_path / "child-env").read_text()
+    assert "LD_LIBRARY_PATH" not in child_env
+    assert "PATH=/usr/sbin:/usr/bin:/sbin:/bin" in child_env.splitlines()
+
+
+def daemonset(runtime: Path, host: Path) -> str:
+    return (
+        f"{runtime}/bin/flexhub daemonset --once --host-root {host} --plugin-dir /plugins "
+        "--config /etc/flexhub/flexhub.toml"
+    )
+
+
+def test_daemonset_installs_and_upgrades_atomically(runtime: Path, tmp_path: Path) -> None:
+    host, mounts = fake_host(tmp_path)
+    second = tmp_path / "second"
+    shutil.copytree(runtime, second, symlinks=True)
+    marker = json.loads((second / "flexhub-runtime.json").read_text())
+    marker["name"] = marker["name"] + "-next"
+    (second / "flexhub-runtime.json").write_text(json.dumps(marker))
+    third = tmp_path / "third"
+    shutil.copytree(runtime, third, symlinks=True)
+    marker["name"] = marker["name"] + "-last"
+    (third / "flexhub-runtime.json").write_text(json.dumps(marker))
+    runtimes = host / "var/lib/flexhub/runtime"
+    shim = host / "plugins/k8s~flexhub/flexhub"
+    result = in_namespace(
+        f"""
+        {mounts}
+        echo "first $({daemonset(runtime, host)})"
+        echo "init1 $(chroot {host} env -i PATH=/usr/bin:/bin /plugins/k8s~flexhub/flexhub init)"
+        echo "second $({daemonset(second, host)})"
+        # a call still running on the first runtime keeps it
+        {runtimes}/{runtime.name}/bin/flexhub version > /dev/null
+        {runtimes}/{runtime.name}/lib/ld-linux-x86-64.so.2 --library-path {runtimes}/{runtime.name}/lib {runtimes}/{runtime.name}/bin/python3.11 -I -c 'import time; time.sleep(20)' &
+        busy=$!
+        sleep 0.5
+        echo "third $({daemonset(third, host)})"
+        kill $busy
+        wait $busy || true
+        echo "fourth $({daemonset(third, host)})"
+        """
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    first, second_run = json.loads(lines["first"]), json.loads(lines["second"])
+    third_run, fourth = json.loads(lines["third"]), json.loads(lines["fourth"])
+    assert first["runtime"] == f"/var/lib/flexhub/runtime/{runtime.name}"
+    assert first["driver"] == "/plugins/k8s~flexhub/flexhub"
+    assert "explicit" in first["plugin_dir"]
+    assert json.loads(lines["init1"])["status"] == "Success"
+    assert second_run["runtime"].endswith("-next") and second_run["removed"] == []
+    # the oldest runtime was in use: kept; once free, removed; the previous one always stays
+    assert third_run["removed"] == []
+    assert fourth["removed"] == [f"/var/lib/flexhub/runtime/{runtime.name}"], (third_run, fourth)
+    assert sorted(p.name for p in runtimes.iterdir()) == sorted(
+        [marker["name"], marker["name"].removesuffix("-last")]
+    )
+    text = shim.read_text()
+    assert f"/var/lib/flexhub/runtime/{marker['name']}/bin/python3.11" in text
+    assert "FLEXHUB_CONFIG=/etc/flexhub/flexhub.toml" in text
+    assert [p.name for p in shim.parent.iterdir()] == ["flexhub"]  # no temporary left
