@@ -305,7 +305,7 @@ def _do_mount_block(
             staging,
             fs_type,
             volume.read_only,
-            volume.mount_options,
+            _staging_options(backend, volume),
             node.config.mount_timeout,
         )
         progress.staged = True
@@ -326,6 +326,12 @@ def _do_mount_block(
             "requested"
         )
     if not volume.read_only and "ro" in staged.options:
+        if backend.shared_device:
+            raise VolumeError(
+                f"{volume_id} is mounted read-only on this node (by other pods); it cannot "
+                "become read-write while they use it, since another node may have written to "
+                "it meanwhile: retry once they have unmounted it"
+            )
         LOG.info("remounting %s read-write for %s", staging, target)
         remount(node.runner, staging, ["rw"], node.config.mount_timeout)
     target.mkdir(mode=0o750, parents=True, exist_ok=True)
@@ -337,6 +343,15 @@ def _do_mount_block(
     if volume.fs_group is not None and not volume.read_only:
         apply_fs_group(staging, volume.fs_group)
     checkpoint("done")
+
+
+def _staging_options(backend: BlockBackend, volume: Volume) -> tuple[str, ...]:
+    """The mount options of a staging mount: a read-only mount of a device that another
+    node may be writing never replays its journal (``norecovery``: ext4 and xfs)."""
+    options = volume.mount_options
+    if volume.read_only and backend.shared_device and "norecovery" not in options:
+        options = (*options, "norecovery")
+    return options
 
 
 def _record_matches(record: VolumeRecord | None, staged: MountEntry | None) -> bool:
