@@ -15,6 +15,7 @@ COMMANDS = frozenset(
         "install",
         "uninstall",
         "demo",
+        "fence",
         "help",
     }
 )

@@ -223,7 +223,7 @@ def test_release_failure_does_not_block_the_unmount(a: IscsiBackend, pr: FakePR)
 
 
 def test_fence_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from flexhub.cli.app import main
+    from flexhub.__main__ import main  # as the command line reaches it
 
     state = tmp_path / "state"
     config = tmp_path / "flexhub.toml"
