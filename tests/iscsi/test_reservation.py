@@ -20,7 +20,7 @@ from flexhub_iscsi._reservation import (
     pending_preempt,
 )
 
-from flexhub.backend import Volume, VolumeError
+from flexhub.backend import CommandError, Result, Volume, VolumeError
 from flexhub.config import NodeConfig
 from flexhub.errors import FlexhubError
 from flexhub.node import Node
@@ -246,3 +246,23 @@ def test_fence_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         assert main([*argv, "--config", str(config)]) != 0
         assert error in capsys.readouterr().err
     assert pending_preempt(state, VOLUME_ID) == 0x1234  # the refused calls changed nothing
+
+
+def test_missing_sg_persist_is_named(a: IscsiBackend) -> None:
+    def missing(args: tuple[str, ...]) -> Result:
+        raise CommandError(f"{args[0]} could not start: No such file or directory")
+
+    runner(a).answers.append((("sg_persist",), missing))
+    with pytest.raises(VolumeError, match=r"could not start.*\(install sg3-utils\)"):
+        a.attach(volume())
+    assert a.sysfs.sessions() == []
+
+
+def test_schema_knows_fencing() -> None:
+    from flexhub.validation import validate_options
+
+    options = {"backend": "iscsi", "targetPortal": "127.0.0.1", "iqn": IQN, "lun": "0"}
+    for value in ("none", "scsi3-pr"):
+        validate_options(IscsiBackend, {**options, "fencing": value})
+    with pytest.raises(FlexhubError, match="fencing"):
+        validate_options(IscsiBackend, {**options, "fencing": "off"})

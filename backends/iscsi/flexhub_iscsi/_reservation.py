@@ -179,7 +179,10 @@ class Fence:
             try:
                 result = self.runner(argv, timeout=self.timeout, check=False)
             except CommandError as exc:
-                raise VolumeError(f"iscsi: cannot {what} on {device}: {exc.message}") from None
+                hint = " (install sg3-utils)" if "could not start" in exc.message else ""
+                raise VolumeError(
+                    f"iscsi: cannot {what} on {device}: {exc.message}{hint}"
+                ) from None
             if result.returncode != _SG_UNIT_ATTENTION:
                 break
         assert result is not None
