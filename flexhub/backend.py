@@ -187,6 +187,15 @@ class FilesystemBackend(Backend):
 class BlockBackend(Backend):
     """A backend that provides a block device; the core formats, stages and binds it."""
 
+    #: Whether other nodes may mount the same device at the same time (a SAN LUN), as
+    #: opposed to a node-local one (a loop file). For such a device the core mounts a
+    #: read-only staging mount with ``norecovery`` (the journal another node writes is never
+    #: replayed) and never remounts a read-only staging mount read-write (its cache may be
+    #: stale). Keeping two nodes from writing is the backend's job, in :meth:`attach`.
+    #:
+    #: .. versionadded:: 0.2
+    shared_device: ClassVar[bool] = False
+
     @abc.abstractmethod
     def attach(self, volume: Volume) -> Attachment:
         """Make the volume's block device present on this node and return it.

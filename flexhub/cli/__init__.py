@@ -17,6 +17,7 @@ COMMANDS = frozenset(
         "demo",
         "doctor",
         "daemonset",
+        "fence",
         "help",
     }
 )

@@ -1,12 +1,12 @@
 """Admin commands: backends, schema, validate, version, state, install, uninstall, doctor,
-demo."""
+daemonset, demo, fence."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -211,6 +211,77 @@ def demo(
     from flexhub.demo import run_demo
 
     raise typer.Exit(run_demo(keep=keep, fs_type=fs_type))
+
+
+fence_app = typer.Typer(
+    help="iSCSI fencing (SCSI-3 persistent reservations): this node's key, and taking over "
+    "a LUN whose holder died.",
+    no_args_is_help=True,
+)
+app.add_typer(fence_app, name="fence")
+
+
+def _iscsi_fencing() -> Any:
+    try:
+        import flexhub_iscsi._reservation as reservation
+    except ImportError:
+        raise FlexhubError("the iscsi backend (flexhub_iscsi) is not installed") from None
+    return reservation
+
+
+def _node_key(config: Path | None) -> tuple[Any, int]:
+    from flexhub.config import load_config
+
+    reservation = _iscsi_fencing()
+    from flexhub_iscsi._options import Settings
+
+    node = load_config(config)
+    settings = Settings.from_table(node.backend_table("iscsi"))
+    return node, reservation.node_key(node.state_dir, settings.reservation_key)
+
+
+@fence_app.command("key")
+def fence_key(
+    config: Annotated[
+        Path | None, typer.Option(help="node config (default: FLEXHUB_CONFIG)")
+    ] = None,
+) -> None:
+    """Print this node's reservation key (what other nodes' errors name as the holder)."""
+    reservation = _iscsi_fencing()
+    _, key = _node_key(config)
+    typer.echo(reservation.format_key(key))
+
+
+@fence_app.command("preempt")
+def fence_preempt(
+    volume: Annotated[str, typer.Option(help="the volume: iscsi:<target iqn>:<lun>")],
+    key: Annotated[str, typer.Option(help="the dead holder's key, as the error names it")],
+    config: Annotated[
+        Path | None, typer.Option(help="node config (default: FLEXHUB_CONFIG)")
+    ] = None,
+) -> None:
+    """Let this node's next read-write mount of VOLUME take it over from KEY (once).
+
+    Only for a holder that is dead or cut off for good: its registrations are removed, so it
+    can no longer write to the LUN even if it comes back.
+    """
+    reservation = _iscsi_fencing()
+    prefix, _, lun = volume.rpartition(":")
+    iqn = prefix.removeprefix("iscsi:")
+    if not prefix.startswith("iscsi:") or not iqn or not lun.isdigit():
+        raise FlexhubError(f"--volume {volume!r} is not iscsi:<target iqn>:<lun>")
+    volume = f"iscsi:{iqn}:{int(lun)}"
+    holder = reservation.parse_key(key)
+    node, own = _node_key(config)
+    if holder == own:
+        raise FlexhubError(
+            f"{reservation.format_key(holder)} is this node's own key: nothing to preempt"
+        )
+    path = reservation.authorize_preempt(node.state_dir, volume, holder)
+    typer.echo(
+        f"the next read-write mount of {volume} on this node will preempt key "
+        f"{reservation.format_key(holder)} if that key still holds it ({path})"
+    )
 
 
 def main(args: list[str]) -> int:

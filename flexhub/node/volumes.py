@@ -345,7 +345,7 @@ def _do_mount_block(
             staging,
             fs_type,
             volume.read_only,
-            volume.mount_options,
+            _staging_options(backend, volume),
             node.config.mount_timeout,
             blank_hint=progress.attachment.blank if progress.attachment else None,
             label=_device_label(vrecord),
@@ -404,6 +404,15 @@ def _device_label(record: VolumeRecord) -> str:
     """The device of ``record`` for messages, with its backing file when the backend says."""
     file = record.details.get("file")
     return f"{record.device} (file {file})" if file else record.device
+
+
+def _staging_options(backend: BlockBackend, volume: Volume) -> tuple[str, ...]:
+    """The mount options of a staging mount: a read-only mount of a device that another
+    node may be writing never replays its journal (``norecovery``: ext4 and xfs)."""
+    options = volume.mount_options
+    if volume.read_only and backend.shared_device and "norecovery" not in options:
+        options = (*options, "norecovery")
+    return options
 
 
 def _record_matches(record: VolumeRecord | None, staged: MountEntry | None) -> bool:

@@ -146,6 +146,56 @@ Answer = Result | Callable[[tuple[str, ...]], Result]
 
 
 @dataclass
+class FakePR:
+    """The persistent-reservation state of one LUN, as ``sg_persist`` sees it (each device
+    path is its own I_T nexus), for a type 5 target like LIO; ``supported=False`` plays a
+    target without persistent reservations."""
+
+    registered: dict[str, int] = field(default_factory=dict)  # device -> key
+    holder: tuple[str, int] | None = None  # (device, key)
+    supported: bool = True
+
+    def __call__(self, args: tuple[str, ...]) -> Result:
+        device = args[-1]
+        if not self.supported:
+            return Result(args, 5, "", "PR in (Read reservation): Illegal request")
+        opt = {a.split("=")[0]: int(a.split("=")[1], 16) for a in args if "=" in a}
+        mine = self.registered.get(device)
+        if "--read-reservation" in args:
+            if self.holder is None:
+                return Result(args, 0, "  PR generation=0x1, there is NO reservation held\n", "")
+            return Result(
+                args,
+                0,
+                f"  PR generation=0x2, Reservation follows:\n    Key={self.holder[1]:#x}\n"
+                "    scope: LU_SCOPE,  type: Write Exclusive, registrants only\n",
+                "",
+            )
+        conflict = Result(args, 24, "", "PR out: Reservation conflict")
+        if "--register-ignore" in args:
+            if opt["--param-sark"]:
+                self.registered[device] = opt["--param-sark"]
+            else:
+                self.registered.pop(device, None)
+                if self.holder and self.holder[0] == device:
+                    self.holder = None
+        elif "--reserve" in args:
+            if mine is None or mine != opt["--param-rk"]:
+                return conflict
+            if self.holder and self.holder[0] != device:
+                return conflict
+            self.holder = (device, mine)
+        elif "--preempt" in args:
+            if mine is None or mine != opt["--param-rk"]:
+                return conflict
+            victim = opt["--param-sark"]
+            self.registered = {d: k for d, k in self.registered.items() if k != victim}
+            if self.holder and self.holder[1] == victim:
+                self.holder = (device, mine)
+        return Result(args, 0, "", "")
+
+
+@dataclass
 class FakeIscsi:
     """A runner that plays iscsiadm/multipath against a :class:`FakeSysfs`."""
 
@@ -155,6 +205,7 @@ class FakeIscsi:
     secrets_seen: list[list[str]] = field(default_factory=list)
     answers: list[tuple[tuple[str, ...], Answer]] = field(default_factory=list)
     multipathd: bool = False
+    pr: FakePR = field(default_factory=FakePR)
 
     def answer(self, *words: str, rc: int = 0, stdout: str = "", stderr: str = "") -> None:
         """Answer every argv that contains all of ``words`` (in any place) like this."""
@@ -189,6 +240,8 @@ class FakeIscsi:
             if "daemon" in args:
                 return ok if self.multipathd else Result(args, 1, "", "can't connect")
             return ok
+        if args[:1] == ("sg_persist",):
+            return self.pr(args)
         if args[:2] == ("multipath", "-f"):
             self.sysfs.remove_map(args[2])
             return ok

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from flexhub_iscsi import IscsiBackend
 from flexhub_iscsi._options import Portal, dedicated_iface, parse_portal, parse_target
+from flexhub_iscsi._reservation import format_key, node_key
 from flexhub_iscsi._sysfs import Sysfs
 
 from flexhub.backend import Attachment, InvalidOptions, Volume, VolumeError
@@ -284,6 +285,7 @@ def test_attach_sequence_without_chap(backend: IscsiBackend, runner: FakeIscsi) 
         "devices": "sda",
         "multipath": "",
         "iface_created": "false",
+        "reservation": format_key(node_key(backend.node.state_dir)),
     }
     # only the requested LUN was scanned, on the one session
     assert [lun for _, lun in backend.sysfs.scans] == [0]  # type: ignore[attr-defined]

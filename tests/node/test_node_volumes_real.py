@@ -276,6 +276,40 @@ def test_read_only_bind_is_verified_and_refuses_writes(rig: Rig) -> None:
     rig.assert_clean()
 
 
+@pytest.mark.parametrize("fs_type", ["ext4", "xfs"])
+def test_shared_device_read_only_staging_skips_recovery_and_never_turns_rw(
+    rig: Rig, fs_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device other nodes may write (iSCSI): the read-only staging mount does not replay
+    the journal, and a read-write pod waits until the read-only pods are gone."""
+    monkeypatch.setattr(type(rig.backend), "shared_device", True)
+    file = rig.file(size=320 << 20)
+    _preformat(file, fs_type, {"f": "x"})
+    ro_pod, rw_pod = rig.pod("ro"), rig.pod("rw")
+    _mount(rig, ro_pod, rig.volume(file, fs_type=fs_type, read_only=True))
+    table = MountTable()
+    staging = staging_dir(rig.node, rig.backend.volume_id(rig.volume(file)))
+    staged = table.at(staging)
+    assert staged is not None and staged.read_only
+    assert "norecovery" in staged.super_options, staged
+    with pytest.raises(VolumeError, match="mounted read-only by .* on this node"):
+        _mount(rig, rw_pod, rig.volume(file, fs_type=fs_type))
+    assert table.at(rw_pod) is None
+    staged = table.at(staging)
+    assert staged is not None and staged.read_only
+    assert (ro_pod / "f").read_text() == "x"
+    _unmount(rig, ro_pod)
+    rig.assert_clean()
+    # with the read-only pods gone, a read-write mount is a fresh, recovering mount
+    _mount(rig, rw_pod, rig.volume(file, fs_type=fs_type))
+    staged = table.at(staging)
+    assert staged is not None and not staged.read_only
+    assert "norecovery" not in staged.super_options
+    (rw_pod / "new").write_text("yes")
+    _unmount(rig, rw_pod)
+    rig.assert_clean()
+
+
 def test_fs_group_sets_the_root_directory_group(rig: Rig) -> None:
     file = rig.file()
     target = rig.pod("a")

@@ -6,12 +6,13 @@ imported once per VM); it also works as a script:
 ``/usr/bin/python3 lio.py ACTION 'JSON-SPEC'`` prints a JSON result.
 
 Actions:
-  create  {"iqn", "luns": [{"path", "size"}], "portals": ["ip:port"],
+  create  {"iqn", "luns": [{"path", "size", "pr"?}], "portals": ["ip:port"],
            "session_chap": {"userid", "password"} | null,
            "discovery_chap": {"userid", "password"} | null,
            "initiators": ["iqn..."] | null}
           ``initiators`` null means demo mode (any initiator; with session CHAP
-          the credentials are set on the TPG).
+          the credentials are set on the TPG). ``"pr": false`` turns off
+          SCSI-3 persistent reservations on that LUN (emulate_pr=0).
   delete  {"iqn"}   (also clears discovery CHAP when no target is left)
   resize  {"iqn", "lun", "size"}   (backing file grown by the caller)
   portal_down {"iqn", "portal"}  /  portal_up {"iqn", "portal"}
@@ -60,6 +61,8 @@ def create(spec: dict[str, Any]) -> dict[str, Any]:
         so = FileIOStorageObject(
             _so_name(spec["iqn"], i), dev=lun["path"], size=int(lun["size"]), write_back=True
         )
+        if not lun.get("pr", True):
+            so.set_attribute("emulate_pr", "0")  # only possible before the LUN is exported
         luns.append(LUN(tpg, i, storage_object=so))
     for portal in spec["portals"]:
         ip, port = _split(portal)

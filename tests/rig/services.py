@@ -160,7 +160,10 @@ def _lio(vm: VM, action: str, spec: dict[str, object]) -> dict[str, object]:
 
 def _ensure_lio(vm: VM) -> None:
     vm.run(["modprobe", "-a", "target_core_mod", "target_core_file", "iscsi_target_mod"])
-    vm.run(["mkdir", "-p", LUN_DIR, "/etc/rtslib-fb-target"])
+    # LIO writes its persistent-reservation metadata under <dbroot>/pr (rtslib sets the
+    # dbroot to /etc/rtslib-fb-target) on every PR OUT; without that directory REGISTER
+    # answers NOT READY (after registering).
+    vm.run(["mkdir", "-p", LUN_DIR, "/etc/rtslib-fb-target/pr"])
     if vm.run(["mountpoint", "-q", LUN_DIR], check=False).rc != 0:
         vm.run(["mount", "-t", "tmpfs", "-o", "mode=0700", "rig-luns", LUN_DIR])
 
@@ -173,11 +176,13 @@ def iscsi_target(
     discovery_chap: Chap | None = None,
     initiators: list[str] | None = None,
     iqn: str | None = None,
+    persistent_reservations: bool = True,
 ) -> IscsiTarget:
     """Create an LIO target with fileio LUNs (sparse files on tmpfs) of the
     given sizes (default one 64 MiB LUN) on the given portals (default
     127.0.0.1:3260).  ``initiators=None`` accepts any initiator; otherwise only
-    the listed IQNs (use :data:`GUEST_INITIATOR` for the guest's own)."""
+    the listed IQNs (use :data:`GUEST_INITIATOR` for the guest's own).
+    ``persistent_reservations=False`` makes LUNs without SCSI-3 PR (``emulate_pr=0``)."""
     _ensure_lio(vm)
     sizes = lun_sizes or [64 * MiB]
     iqn = iqn or f"iqn.2026-01.io.flexhub:rig-{uuid.uuid4().hex[:8]}"
@@ -200,7 +205,10 @@ def iscsi_target(
         {
             "iqn": iqn,
             "portals": target.portals,
-            "luns": [{"path": p, "size": s} for p, s in zip(paths, sizes, strict=True)],
+            "luns": [
+                {"path": p, "size": s, "pr": persistent_reservations}
+                for p, s in zip(paths, sizes, strict=True)
+            ],
             "session_chap": session_chap.as_dict() if session_chap else None,
             "discovery_chap": discovery_chap.as_dict() if discovery_chap else None,
             "initiators": initiators,

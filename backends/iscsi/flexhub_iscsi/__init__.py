@@ -45,6 +45,7 @@ from flexhub.backend import (
     Attachment,
     BlockBackend,
     CommandError,
+    FlexhubError,
     InvalidOptions,
     NodeRequirements,
     Volume,
@@ -70,6 +71,7 @@ from flexhub_iscsi._options import (
     parse_portal,
     parse_target,
 )
+from flexhub_iscsi._reservation import Fence, NoReservations, format_key, node_key, parse_key
 from flexhub_iscsi._sysfs import Session, Sysfs
 
 __all__ = ["IscsiBackend"]
@@ -111,6 +113,9 @@ class IscsiBackend(BlockBackend):
         daemons=("iscsid",),
         hint="install open-iscsi (iscsi-initiator-utils on RHEL) and start iscsid",
     )
+    #: A LUN can be logged in from several nodes: read-only staging mounts use
+    #: ``norecovery`` and read-write mounts are fenced with a persistent reservation.
+    shared_device = True
 
     #: Where sysfs and device nodes are; tests point these at a fake tree.
     sysfs: Sysfs = Sysfs()
@@ -183,6 +188,7 @@ class IscsiBackend(BlockBackend):
                 logged_in = time.monotonic()
                 disks = self._wait_disks(target, iface, settings.device_timeout)
                 device, mpath = self._pick_device(adm, disks, settings.multipath_timeout)
+                reservation = self._fence_for_write(volume, target, disks, settings)
             except BaseException:
                 self._cleanup_failed_attach(adm, target, iface, before)
                 raise
@@ -206,6 +212,8 @@ class IscsiBackend(BlockBackend):
             "multipath": mpath,
             "iface_created": "true" if iface.startswith(IFACE_PREFIX) else "false",
         }
+        if reservation:
+            details["reservation"] = reservation
         return Attachment(device, details)
 
     def detach(self, attachment: Attachment) -> None:
@@ -224,6 +232,7 @@ class IscsiBackend(BlockBackend):
         settings = self._settings()
         adm = Iscsiadm(self.node.runner, settings.command_timeout)
         with self._target_locks(iqn, iface):
+            self._unfence(details.get("reservation", ""), iqn, iface, lun, settings)
             self._remove_lun(adm, iqn, iface, lun, attachment.device, details.get("multipath", ""))
             self._logout_if_unused(adm, iqn, iface, lun, portals)
             if iface.startswith(IFACE_PREFIX):
@@ -262,6 +271,59 @@ class IscsiBackend(BlockBackend):
                     f"after a rescan, {new_size} requested: grow the LUN on the target first"
                 )
             LOG.info("iscsi: %s is %d bytes after the rescan", attachment.device, size)
+
+    # --------------------------------------------------------------------------- fencing
+
+    def _fence_for_write(
+        self, volume: Volume, target: Target, disks: list[str], settings: Settings
+    ) -> str:
+        """Reserve the LUN for this node before a read-write mount (see ``_reservation``).
+
+        :returns: the key now holding it ("" for a read-only volume or ``fencing: none``).
+        """
+        if volume.read_only:
+            return ""
+        if volume.options.get("fencing") == "none":
+            LOG.warning("iscsi: %s is mounted read-write without fencing", target.volume_id)
+            return ""
+        key = node_key(self.node.state_dir, settings.reservation_key)
+        fence = Fence(self.node.runner, settings.command_timeout, key, self._paths(disks))
+        try:
+            fence.acquire(target.volume_id, self.node.state_dir)
+        except NoReservations as exc:
+            raise VolumeError(
+                f"iscsi: the target of {target.volume_id} does not support SCSI-3 persistent "
+                "reservations, so flexhub cannot keep other nodes from writing to it: read-write "
+                'mount refused (set the PV option fencing: "none" to mount it without '
+                f"fencing) ({exc.message})"
+            ) from None
+        return format_key(key)
+
+    def _unfence(self, key_text: str, iqn: str, iface: str, lun: int, settings: Settings) -> None:
+        """Unregister the node's key from the LUN's paths (which ends its reservation)."""
+        if not key_text:
+            return
+        disks = self._lun_disks(iqn, iface, lun)
+        volume_id = f"iscsi:{iqn}:{lun}"
+        if not disks:
+            LOG.warning(
+                "iscsi: %s has no path left: its reservation (key %s) cannot be released here",
+                volume_id,
+                key_text,
+            )
+            return
+        try:
+            key = parse_key(key_text)
+            Fence(self.node.runner, settings.command_timeout, key, self._paths(disks)).release(
+                volume_id
+            )
+        except FlexhubError as exc:
+            # The target is unreachable or refuses: the unmount still goes on; the key stays
+            # registered there, and this node finds its own key again on its next mount.
+            LOG.error("iscsi: %s: releasing the reservation failed: %s", volume_id, exc)
+
+    def _paths(self, disks: list[str]) -> list[str]:
+        return [str(self.sysfs.dev / disk) for disk in disks]
 
     # --------------------------------------------------------------------------- attach steps
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flexhub.backend import FlexhubError, InvalidOptions, Volume
+from flexhub_iscsi._reservation import parse_key
 
 __all__ = [
     "DEFAULT_IFACE",
@@ -206,6 +207,18 @@ def _number(table: Mapping[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
+def _key(table: Mapping[str, Any]) -> str:
+    value = table.get("reservation_key", "")
+    if not isinstance(value, str):
+        raise FlexhubError("node config: [iscsi] reservation_key must be a string of hex digits")
+    if value:
+        try:
+            parse_key(value)
+        except FlexhubError as exc:
+            raise FlexhubError(f"node config: [iscsi] {exc.message}") from None
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """The node config's ``[iscsi]`` table.
@@ -213,13 +226,16 @@ class Settings:
     ``device_timeout``: seconds to wait for the LUN's block device after login (20).
     ``multipath_timeout``: seconds to wait for multipathd's map over several paths (10).
     ``login_timeout``: bound of one ``iscsiadm`` login or discovery (60).
-    ``command_timeout``: bound of any other ``iscsiadm`` call (30).
+    ``command_timeout``: bound of any other ``iscsiadm`` (and ``sg_persist``) call (30).
+    ``reservation_key``: this node's SCSI-3 reservation key, hex; empty: derived from
+    ``/etc/machine-id`` and the state directory.
     """
 
     device_timeout: float = 20.0
     multipath_timeout: float = 10.0
     login_timeout: float = 60.0
     command_timeout: float = 30.0
+    reservation_key: str = ""
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any]) -> Settings:
@@ -227,7 +243,13 @@ class Settings:
 
         :raises FlexhubError: a value is not a positive number, or a key is unknown.
         """
-        known = {"device_timeout", "multipath_timeout", "login_timeout", "command_timeout"}
+        known = {
+            "device_timeout",
+            "multipath_timeout",
+            "login_timeout",
+            "command_timeout",
+            "reservation_key",
+        }
         unknown = sorted(set(table) - known)
         if unknown:
             raise FlexhubError(f"node config: unknown [iscsi] setting(s) {', '.join(unknown)}")
@@ -236,4 +258,5 @@ class Settings:
             multipath_timeout=_number(table, "multipath_timeout", cls.multipath_timeout),
             login_timeout=_number(table, "login_timeout", cls.login_timeout),
             command_timeout=_number(table, "command_timeout", cls.command_timeout),
+            reservation_key=_key(table),
         )

@@ -1,0 +1,268 @@
+"""Fencing logic of the iscsi backend against a fake persistent-reservation target.
+
+Two "nodes" are two backends with their own state directory and their own fake sysfs (so
+their own device paths, i.e. I_T nexuses), sharing one :class:`FakePR` LUN. The real thing
+is tested in the VM (``tests/vm/test_iscsi_fence.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from flexhub_iscsi import IscsiBackend
+from flexhub_iscsi._options import Settings
+from flexhub_iscsi._reservation import (
+    authorize_preempt,
+    format_key,
+    node_key,
+    parse_key,
+    pending_preempt,
+)
+
+from flexhub.backend import CommandError, Result, Volume, VolumeError
+from flexhub.config import NodeConfig
+from flexhub.errors import FlexhubError
+from flexhub.node import Node
+
+from .conftest import IQN, FakeIscsi, FakePR, FakeSysfs, MiB
+
+VOLUME_ID = f"iscsi:{IQN}:0"
+
+
+def make_node(base: Path, pr: FakePR, **settings: object) -> IscsiBackend:
+    sysfs = FakeSysfs(base / "sys", base / "dev")
+    sysfs.exported[IQN] = {0: 64 * MiB}
+    runner = FakeIscsi(sysfs, pr=pr)
+    config = NodeConfig(
+        state_dir=base / "state",
+        log_dir=base / "log",
+        lock_timeout=5,
+        backends={"iscsi": {"device_timeout": 0.5, **settings}},
+    )
+    backend = IscsiBackend(Node(config, backend="iscsi", runner=runner))
+    backend.sysfs = sysfs
+    return backend
+
+
+def volume(read_only: bool = False, **extra: str) -> Volume:
+    options = {"backend": "iscsi", "targetPortal": "127.0.0.1", "iqn": IQN, "lun": "0", **extra}
+    return Volume(options=options, fs_type="ext4", read_only=read_only)
+
+
+def key(backend: IscsiBackend) -> int:
+    return node_key(backend.node.state_dir)
+
+
+def runner(backend: IscsiBackend) -> FakeIscsi:
+    assert isinstance(backend.node.runner, FakeIscsi)
+    return backend.node.runner
+
+
+@pytest.fixture
+def pr() -> FakePR:
+    return FakePR()
+
+
+@pytest.fixture
+def a(tmp_path: Path, pr: FakePR) -> IscsiBackend:
+    return make_node(tmp_path / "a", pr)
+
+
+@pytest.fixture
+def b(tmp_path: Path, pr: FakePR) -> IscsiBackend:
+    return make_node(tmp_path / "b", pr)
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def test_node_key_is_stable_and_differs_per_state_dir(tmp_path: Path) -> None:
+    machine = tmp_path / "machine-id"
+    machine.write_text("3d1219c7c4c5404aaa1f6d2a48adfda4\n")
+    one = node_key(tmp_path / "one", machine_id=machine)
+    assert one == node_key(tmp_path / "one", machine_id=machine)
+    assert one != node_key(tmp_path / "two", machine_id=machine)
+    machine.write_text("0" * 32 + "\n")
+    assert one != node_key(tmp_path / "one", machine_id=machine)
+    assert 0 < one < 2**64
+
+
+def test_node_key_override_and_errors(tmp_path: Path) -> None:
+    assert node_key(tmp_path, "0xABC") == 0xABC
+    assert node_key(tmp_path, "1f", machine_id=tmp_path / "none") == 0x1F
+    with pytest.raises(FlexhubError, match=r"machine-id|reservation_key"):
+        node_key(tmp_path, machine_id=tmp_path / "none")
+    for bad in ("0", "0x", "xyz", "0x" + "f" * 17, "-1"):
+        with pytest.raises(FlexhubError, match="hex"):
+            parse_key(bad)
+    with pytest.raises(FlexhubError, match=r"\[iscsi\] reservation key"):
+        Settings.from_table({"reservation_key": "nope"})
+    assert Settings.from_table({"reservation_key": "0x1"}).reservation_key == "0x1"
+
+
+def test_configured_key_is_used(tmp_path: Path, pr: FakePR) -> None:
+    node = make_node(tmp_path / "n", pr, reservation_key="0xfeed")
+    attachment = node.attach(volume())
+    assert attachment.details["reservation"] == format_key(0xFEED)
+    assert pr.holder is not None and pr.holder[1] == 0xFEED
+
+
+# --------------------------------------------------------------------------- two nodes
+
+
+def test_second_writer_is_refused_reader_is_not(
+    a: IscsiBackend, b: IscsiBackend, pr: FakePR
+) -> None:
+    first = a.attach(volume())
+    assert first.details["reservation"] == format_key(key(a))
+    assert pr.holder == (first.device, key(a))
+    assert set(pr.registered.values()) == {key(a)}
+
+    with pytest.raises(VolumeError) as info:
+        b.attach(volume())
+    message = info.value.message
+    assert f"reserved for writing by key {format_key(key(a))}" in message
+    assert f"flexhub fence preempt --volume {VOLUME_ID} --key {format_key(key(a))}" in message
+    assert "\n" not in message
+    # B registered nothing, kept no session; A still holds the LUN.
+    assert set(pr.registered.values()) == {key(a)} and pr.holder == (first.device, key(a))
+    assert b.sysfs.sessions() == []
+
+    reader = b.attach(volume(read_only=True))
+    assert "reservation" not in reader.details
+    assert set(pr.registered.values()) == {key(a)}
+    b.detach(reader)
+
+    a.detach(first)
+    assert pr.holder is None and pr.registered == {}
+    second = b.attach(volume())
+    assert pr.holder == (second.device, key(b))
+    b.detach(second)
+    assert pr.holder is None and pr.registered == {}
+
+
+def test_reattach_by_the_holder_is_idempotent(a: IscsiBackend, pr: FakePR) -> None:
+    first = a.attach(volume())
+    again = a.attach(volume())
+    assert again.device == first.device and pr.holder == (first.device, key(a))
+    a.detach(again)
+    assert pr.holder is None and pr.registered == {}
+
+
+def test_race_lost_between_read_and_reserve_unregisters(
+    a: IscsiBackend, b: IscsiBackend, pr: FakePR
+) -> None:
+    """B saw no reservation, but A reserved before B's RESERVE: B backs out."""
+    first = a.attach(volume())
+    holder = pr.holder
+    pr.holder = None  # what B's first read sees
+    calls = {"n": 0}
+    original = pr.__call__
+
+    def racing(args: tuple[str, ...]):  # type: ignore[no-untyped-def]
+        if "--read-reservation" in args:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                pr.holder = holder  # A's reservation lands
+        return original(args)
+
+    runner(b).pr = racing  # type: ignore[assignment]
+    with pytest.raises(VolumeError, match=f"reserved for writing by key {format_key(key(a))}"):
+        b.attach(volume())
+    assert set(pr.registered.values()) == {key(a)}
+    a.detach(first)
+
+
+def test_operator_preemption_is_one_shot_and_key_bound(
+    a: IscsiBackend, b: IscsiBackend, pr: FakePR
+) -> None:
+    first = a.attach(volume())
+    state = b.node.state_dir
+    # permission for another key: refused, and the message says so
+    authorize_preempt(state, VOLUME_ID, 0x1234)
+    with pytest.raises(VolumeError, match="preemption allowed on this node is for key"):
+        b.attach(volume())
+    assert pr.holder == (first.device, key(a))
+
+    authorize_preempt(state, VOLUME_ID, key(a))
+    taken = b.attach(volume())
+    assert pr.holder == (taken.device, key(b))
+    assert set(pr.registered.values()) == {key(b)}  # A cannot write any more
+    assert pending_preempt(state, VOLUME_ID) is None  # used up
+
+    # A comes back and tries again: refused, no automatic preemption either way.
+    with pytest.raises(VolumeError, match=f"by key {format_key(key(b))}"):
+        a.attach(volume())
+    b.detach(taken)
+    a.detach(first)  # the dead node's late cleanup: nothing of B's is touched
+    assert pr.holder is None and pr.registered == {}
+
+
+def test_target_without_reservations(a: IscsiBackend, pr: FakePR) -> None:
+    pr.supported = False
+    with pytest.raises(VolumeError, match=r'does not support SCSI-3 persistent.*fencing: "none"'):
+        a.attach(volume())
+    assert a.sysfs.sessions() == []
+    unfenced = a.attach(volume(fencing="none"))
+    assert "reservation" not in unfenced.details
+    a.detach(unfenced)
+    reader = a.attach(volume(read_only=True))
+    assert not [c for c in runner(a).calls if c[0] == "sg_persist" and "--out" in c]
+    a.detach(reader)
+
+
+def test_release_failure_does_not_block_the_unmount(a: IscsiBackend, pr: FakePR) -> None:
+    first = a.attach(volume())
+    runner(a).answer("sg_persist", "--register-ignore", rc=2, stderr="Device not ready")
+    a.detach(first)  # logged, not raised: the device is still removed
+    assert a.sysfs.sessions() == []
+
+
+# --------------------------------------------------------------------------- admin command
+
+
+def test_fence_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flexhub.__main__ import main  # as the command line reaches it
+
+    state = tmp_path / "state"
+    config = tmp_path / "flexhub.toml"
+    config.write_text(f'state_dir = "{state}"\n')
+    assert main(["fence", "key", "--config", str(config)]) == 0
+    own = capsys.readouterr().out.strip()
+    assert own == format_key(node_key(state))
+
+    argv = ["fence", "preempt", "--volume", VOLUME_ID, "--key", "0x1234", "--config", str(config)]
+    assert main(argv) == 0
+    assert "will preempt key 0x0000000000001234" in capsys.readouterr().out
+    assert pending_preempt(state, VOLUME_ID) == 0x1234
+
+    for volume_arg, key_arg, error in (
+        ("nfs:srv:/x", "0x1", "is not iscsi:"),
+        (VOLUME_ID, "zz", "hex"),
+        (VOLUME_ID, own, "own key"),
+    ):
+        argv = ["fence", "preempt", "--volume", volume_arg, "--key", key_arg]
+        assert main([*argv, "--config", str(config)]) != 0
+        assert error in capsys.readouterr().err
+    assert pending_preempt(state, VOLUME_ID) == 0x1234  # the refused calls changed nothing
+
+
+def test_missing_sg_persist_is_named(a: IscsiBackend) -> None:
+    def missing(args: tuple[str, ...]) -> Result:
+        raise CommandError(f"{args[0]} could not start: No such file or directory")
+
+    runner(a).answers.append((("sg_persist",), missing))
+    with pytest.raises(VolumeError, match=r"could not start.*\(install sg3-utils\)"):
+        a.attach(volume())
+    assert a.sysfs.sessions() == []
+
+
+def test_schema_knows_fencing() -> None:
+    from flexhub.validation import validate_options
+
+    options = {"backend": "iscsi", "targetPortal": "127.0.0.1", "iqn": IQN, "lun": "0"}
+    for value in ("none", "scsi3-pr"):
+        validate_options(IscsiBackend, {**options, "fencing": value})
+    with pytest.raises(FlexhubError, match="fencing"):
+        validate_options(IscsiBackend, {**options, "fencing": "off"})

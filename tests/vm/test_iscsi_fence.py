@@ -1,0 +1,244 @@
+"""Fencing of iSCSI LUNs between two nodes, against a real kernel LIO target.
+
+The two "nodes" are two flexhub installations in the one guest, each with its own node
+config and state directory (so its own reservation key), reaching the target with their own
+initiator name (``initiatorName``: a dedicated open-iscsi iface, so their own session and
+I_T nexus). Persistent reservations are checked with ``sg_persist`` on the nodes' own SCSI
+disks. Driver calls are few (each costs seconds in the emulated guest).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from tests.rig import services
+from tests.rig.services import IscsiTarget
+from tests.rig.vm import VM
+
+pytest_plugins = ["tests.rig.fixtures"]
+
+PODS = "/var/lib/kubelet/pods"
+
+
+@dataclass
+class FakeNode:
+    """One flexhub installation driven the way kubelet drives it."""
+
+    vm: VM
+    name: str
+    driver: str
+    config: str
+    initiator: str
+    pods: int = 0
+
+    def call(self, argv: list[str]) -> dict[str, object]:
+        rc, output = self.vm.call_driver(self.driver, argv, timeout=240)
+        reply = json.loads(output)  # strict: nothing but the one JSON object
+        assert isinstance(reply, dict)
+        assert (rc == 0) == (reply["status"] == "Success"), (rc, output)
+        return reply
+
+    def mount(
+        self, target: IscsiTarget, readwrite: str = "rw", **extra: str
+    ) -> tuple[str, dict[str, object]]:
+        self.pods += 1
+        uid = f"{self.name}-{self.pods:04d}"
+        directory = f"{PODS}/{uid}/volumes/k8s~flexhub/pv-shared"
+        self.vm.run(["mkdir", "-p", "-m", "0750", directory])
+        options = {
+            "backend": "iscsi",
+            "targetPortal": target.portal,
+            "iqn": target.iqn,
+            "lun": "0",
+            "initiatorName": self.initiator,
+            "kubernetes.io/fsType": "ext4",
+            "kubernetes.io/readwrite": readwrite,
+            "kubernetes.io/pvOrVolumeName": "pv-shared",
+            "kubernetes.io/pod.uid": uid,
+            **extra,
+        }
+        return directory, self.call(["mount", directory, json.dumps(options)])
+
+    def unmount(self, directory: str) -> None:
+        assert self.call(["unmount", directory]) == {"status": "Success"}
+
+    def disk(self, target: IscsiTarget) -> str:
+        """This node's SCSI disk of LUN 0 (its own session, found by initiator name)."""
+        script = (
+            "for s in /sys/class/iscsi_session/session*; do "
+            '[ "$(cat $s/targetname)" = "$1" ] && [ "$(cat $s/initiatorname)" = "$2" ] || '
+            "continue; for b in $s/device/target*/*/block/*; do echo /dev/${b##*/}; done; done"
+        )
+        out = self.vm.run(["/bin/sh", "-c", script, "sh", target.iqn, self.initiator]).stdout
+        disks = out.split()
+        assert len(disks) == 1, out
+        return disks[0]
+
+
+def pr_state(vm: VM, disk: str) -> tuple[str | None, list[str]]:
+    """(holder key or None, registered keys) as the target reports them."""
+    res = vm.run(["sg_persist", "--no-inquiry", "--read-reservation", disk]).stdout
+    holder = re.search(r"Key=(0x[0-9a-f]+)", res)
+    keys = vm.run(["sg_persist", "--no-inquiry", "--read-keys", disk]).stdout
+    registered = re.findall(r"^\s+(0x[0-9a-f]+)\s*$", keys, re.M)
+    return (holder.group(1) if holder else None), registered
+
+
+def no_pr(vm: VM, target: IscsiTarget) -> bool:
+    """Nothing reserved or registered, seen through a throw-away session of the rig."""
+    services.discover(vm, target.portal)
+    services.login(vm, target.iqn, target.portal)
+    try:
+        disks = services.session_disks(vm, target.iqn)
+        assert disks, "the rig's session has no disk"
+        return pr_state(vm, disks[0]) == (None, [])
+    finally:
+        services.logout(vm, target.iqn, target.portal)
+        vm.run(["iscsiadm", "-m", "node", "-T", target.iqn, "-o", "delete"], check=False)
+
+
+def key_of(value: int) -> str:
+    return f"{value:#x}"
+
+
+@pytest.fixture(scope="module")
+def nodes(vm: VM) -> Iterator[tuple[FakeNode, FakeNode]]:
+    made = []
+    for name in ("a", "b"):
+        root = f"/var/lib/flexhub-fence-{name}"
+        config = f"{root}/flexhub.toml"
+        vm.run(["mkdir", "-p", root])
+        vm.write_file(
+            config,
+            f'state_dir = "{root}/state"\nlog_dir = "{root}/log"\nlog_level = "debug"\n'
+            "[iscsi]\ndevice_timeout = 30\n",
+        )
+        driver = vm.install_flexhub(f"{root}/plugins", config=config)
+        made.append(FakeNode(vm, name, driver, config, f"iqn.2026-01.io.flexhub:node-{name}"))
+    yield made[0], made[1]
+
+
+@pytest.fixture
+def clean(vm: VM) -> Iterator[None]:
+    yield
+    services.reset_iscsi(vm)
+
+
+def sessions_of(vm: VM, node: FakeNode) -> int:
+    script = (
+        "n=0; for s in /sys/class/iscsi_session/session*; do "
+        '[ -e "$s" ] && [ "$(cat $s/initiatorname)" = "$1" ] && n=$((n+1)); done; echo $n'
+    )
+    return int(vm.run(["/bin/sh", "-c", script, "sh", node.initiator]).stdout)
+
+
+def test_two_nodes_one_writer_readers_and_handover(
+    vm: VM, nodes: tuple[FakeNode, FakeNode], clean: None
+) -> None:
+    a, b = nodes
+    target = services.iscsi_target(vm)
+
+    # A mounts read-write and writes; it alone holds the LUN.
+    a_dir, reply = a.mount(target)
+    assert reply == {"status": "Success"}
+    vm.run(["/bin/sh", "-c", f"echo from-a > {a_dir}/data && sync"])
+    # Push the journal to the filesystem proper: a reader elsewhere never replays it.
+    vm.run(["fsfreeze", "-f", a_dir])
+    vm.run(["fsfreeze", "-u", a_dir])
+    a_disk = a.disk(target)
+    a_key, registered = pr_state(vm, a_disk)
+    assert a_key is not None and registered == [a_key]
+
+    # B's read-write mount fails cleanly, naming A's key and the way out; A is untouched.
+    b_dir, reply = b.mount(target)
+    assert reply["status"] == "Failure"
+    message = str(reply["message"])
+    assert "\n" not in message
+    assert f"reserved for writing by key 0x{int(a_key, 16):016x}" in message, message
+    assert "flexhub fence preempt" in message, message
+    assert vm.run(["mountpoint", "-q", b_dir], check=False).rc != 0
+    assert sessions_of(vm, b) == 0
+    assert pr_state(vm, a_disk) == (a_key, [a_key])
+    assert vm.run(["cat", f"{a_dir}/data"]).stdout == "from-a\n"
+
+    # B's read-only mount works, without journal recovery, and sees A's data.
+    b_ro, reply = b.mount(target, "ro")
+    assert reply == {"status": "Success"}
+    assert vm.run(["cat", f"{b_ro}/data"]).stdout == "from-a\n"
+    options = vm.run(["findmnt", "-n", "-o", "OPTIONS", "--target", b_ro]).stdout
+    assert "ro" in options.split(",") and "norecovery" in options, options
+    assert pr_state(vm, b.disk(target)) == (a_key, [a_key])  # a reader does not register
+    vm.run(["/bin/sh", "-c", f"echo more > {a_dir}/more && sync"])  # A still writes
+    b.unmount(b_ro)
+
+    # A goes away: its reservation and registration go with it.
+    a.unmount(a_dir)
+    assert sessions_of(vm, a) == 0
+
+    # Now B mounts read-write, finds A's data, and holds the LUN until its last unmount.
+    b_dir, reply = b.mount(target)
+    assert reply == {"status": "Success"}
+    assert vm.run(["cat", f"{b_dir}/data", f"{b_dir}/more"]).stdout == "from-a\nmore\n"
+    b_key, registered = pr_state(vm, b.disk(target))
+    assert b_key is not None and b_key != a_key and registered == [b_key]
+    b.unmount(b_dir)
+    assert sessions_of(vm, b) == 0
+    assert no_pr(vm, target)
+
+
+def test_dead_holder_is_preempted_only_by_the_operator(
+    vm: VM, nodes: tuple[FakeNode, FakeNode], clean: None
+) -> None:
+    a, b = nodes
+    target = services.iscsi_target(vm)
+    a_dir, reply = a.mount(target)
+    assert reply == {"status": "Success"}
+    a_disk = a.disk(target)
+    a_key, _ = pr_state(vm, a_disk)
+    assert a_key is not None
+    full = f"0x{int(a_key, 16):016x}"
+    # A "dies": it never unmounts. B is refused until the operator acts.
+    b_dir, reply = b.mount(target)
+    assert reply["status"] == "Failure" and full in str(reply["message"]), reply
+    volume = f"iscsi:{target.iqn}:0"
+    argv = ["fence", "preempt", "--volume", volume, "--key", full, "--config", b.config]
+    res = vm.run([vm.python, "-m", "flexhub", *argv])
+    assert "will preempt key" in res.stdout, res.output
+    b_dir, reply = b.mount(target)
+    assert reply == {"status": "Success"}, reply
+    b_disk = b.disk(target)
+    b_key, registered = pr_state(vm, b_disk)
+    assert b_key not in (None, a_key) and registered == [b_key]
+    # A can no longer write to the LUN (its registration is gone): the fence holds.
+    denied = vm.run(
+        ["dd", "if=/dev/zero", f"of={a_disk}", "bs=4096", "count=1", "oflag=direct"],
+        check=False,
+    )
+    assert denied.rc != 0, denied.output
+    # The authorization was used up: B's next unmount and A's late cleanup leave nothing.
+    b.unmount(b_dir)
+    a.unmount(a_dir)
+    assert sessions_of(vm, a) == 0 and sessions_of(vm, b) == 0
+    assert no_pr(vm, target)
+
+
+def test_target_without_reservations_refuses_read_write_unless_opted_out(
+    vm: VM, nodes: tuple[FakeNode, FakeNode], clean: None
+) -> None:
+    a, _ = nodes
+    target = services.iscsi_target(vm, persistent_reservations=False)
+    directory, reply = a.mount(target)
+    assert reply["status"] == "Failure"
+    message = str(reply["message"])
+    assert "persistent reservations" in message and 'fencing: "none"' in message, message
+    assert sessions_of(vm, a) == 0
+    directory, reply = a.mount(target, fencing="none")
+    assert reply == {"status": "Success"}
+    vm.run(["/bin/sh", "-c", f"echo unfenced > {directory}/f && sync"])
+    a.unmount(directory)
+    assert sessions_of(vm, a) == 0
