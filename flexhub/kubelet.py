@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -46,6 +47,11 @@ MAX_OPTIONS_BYTES = 256 * 1024
 MIN_SECRET_CHARS = 3
 #: Largest single option value.
 MAX_VALUE_CHARS = 64 * 1024
+#: Characters no option key or value may hold: C0 controls (newline, tab, ...), DEL, C1
+#: controls, and the Unicode line and paragraph separators. A trailing newline would otherwise
+#: pass a schema pattern (Python's ``$`` matches before it) and name another file in sysfs.
+#: Secret values are base64, so they never hold one either.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class Reply:
@@ -154,6 +160,11 @@ def parse_options(raw: str, call: Call) -> dict[str, str]:
             raise InvalidOptions(f"option {shown!r} must be a string, not {_json_type(value)}")
         if _has_surrogates(key) or _has_surrogates(value) or "\x00" in key + value:
             raise InvalidOptions(f"option {shown!r} is not valid text")
+        if _CONTROL.search(key) or _CONTROL.search(value):
+            raise InvalidOptions(
+                f"option {shown!r} contains a control character (a newline, tab, ...): "
+                "no option key or value may"
+            )
         if len(value) > MAX_VALUE_CHARS:
             raise InvalidOptions(f"option {shown!r} is longer than {MAX_VALUE_CHARS} characters")
     call.backend = data.get("backend", "")
