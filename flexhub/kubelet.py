@@ -19,18 +19,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flexhub.errors import (
+    MIN_SECRET_CHARS,
     FlexhubError,
     InvalidOptions,
     NotSupported,
     UsageError,
     one_line,
     redact,
+    remember_secrets,
 )
 
 if TYPE_CHECKING:
     from flexhub.config import NodeConfig
 
-__all__ = ["CAPABILITIES", "OPERATIONS", "Reply", "serve"]
+__all__ = ["CAPABILITIES", "MIN_SECRET_CHARS", "OPERATIONS", "Reply", "serve"]
 
 #: The reply to ``init``. See the README ("Capabilities") for why each is set so.
 CAPABILITIES: dict[str, bool] = {
@@ -43,8 +45,6 @@ CAPABILITIES: dict[str, bool] = {
 
 #: Largest options argument accepted (kubelet's are a few hundred bytes; secrets add some).
 MAX_OPTIONS_BYTES = 256 * 1024
-#: Shorter secret values are not scrubbed from replies and logs (they would mangle any text).
-MIN_SECRET_CHARS = 3
 #: Largest single option value.
 MAX_VALUE_CHARS = 64 * 1024
 #: Characters no option key or value may hold: C0 controls (newline, tab, ...), DEL, C1
@@ -154,6 +154,7 @@ def parse_options(raw: str, call: Call) -> dict[str, str]:
         if key.startswith(SECRET_PREFIX) and isinstance(value, str):
             call.secrets.append(value)
             call.secrets.extend(_decoded(value))
+    remember_secrets(call.secrets)
     for key, value in data.items():
         shown = key if len(key) <= 80 else key[:77] + "..."
         if not isinstance(value, str):

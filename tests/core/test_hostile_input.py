@@ -81,3 +81,63 @@ def test_a_trailing_newline_in_a_file_name_is_a_failure_that_changes_nothing(
     assert not os.path.ismount(target)
     assert not node_tree["loopfiles"].exists() or list(node_tree["loopfiles"].iterdir()) == []
     assert not (node_tree["state"] / "pods").exists()
+
+
+# -- redaction before folding and truncation -----------------------------------------------------
+
+
+def _leak(node_tree: dict[str, Path], tmp_path: Path, secret: str) -> tuple[str, str]:
+    """Mount with a backend whose internal error quotes the decoded secret; (output, log)."""
+    raw = mount_opts({"backend": "echo", "tag": "leak"}, secrets={"password": secret})
+    reply = run_flexhub(["mount", str(tmp_path), raw], node_tree["config"])
+    assert reply.status == "Failure"
+    assert reply.message.startswith("internal error: RuntimeError: cannot log in with ***")
+    return reply.output.decode(), (node_tree["log"] / "flexhub.log").read_text()
+
+
+def _pieces(secret: str, size: int = 8) -> set[str]:
+    return {secret[i : i + size] for i in range(len(secret) - size + 1)}
+
+
+def test_a_secret_with_whitespace_never_appears_in_any_form(
+    tmp_path: Path, node_tree: dict[str, Path]
+) -> None:
+    secret = "pa ss\n"  # kubectl create secret --from-file keeps the file's final newline
+    output, log = _leak(node_tree, tmp_path, secret)
+    for form in (secret, "pa ss", json.dumps(secret)[1:-1]):
+        assert form not in output
+        assert form not in log
+
+
+def test_a_secret_across_the_truncation_point_never_appears(
+    tmp_path: Path, node_tree: dict[str, Path]
+) -> None:
+    # the reply's message is cut at 1000 characters; this secret starts before and ends after
+    secret = "".join(f"{i:04d}Zq" for i in range(300))
+    output, log = _leak(node_tree, tmp_path, secret)
+    assert not any(piece in output for piece in _pieces(secret))
+    assert not any(piece in log for piece in _pieces(secret))
+
+
+def test_the_runner_excerpt_redacts_the_calls_secrets_before_cutting() -> None:
+    from flexhub.node.runner import Result, command_error
+
+    secret = "".join(f"{i:03d}Kx" for i in range(100))
+    encoded = base64.b64encode(secret.encode()).decode()
+    parse_options(json.dumps({"kubernetes.io/secret/key": encoded}), Call("mount"))
+    # a tool echoes the secret (not passed to this command as a secret) past the excerpt's cut
+    result = Result(("tool", "arg"), 1, "", "error: " + "x" * 380 + " " + secret + "\n")
+    error = command_error(result)
+    assert not any(piece in error.message for piece in _pieces(secret))
+    assert not any(piece in error.output for piece in _pieces(secret))
+    assert "***" in error.message or error.message.endswith("...")
+
+
+def test_redact_knows_every_form_of_a_secret() -> None:
+    from flexhub.errors import one_line, redact
+
+    secret = "my  pass\tword\n"
+    text = f"a {secret} b {secret.strip()} c {secret!r} d {json.dumps(secret)}"
+    redacted = redact(text, [secret], 3)
+    assert "pass" not in redacted
+    assert "pass" not in one_line(redact(text, [secret]))
