@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from flexhub.backend import Attachment, Backend, BlockBackend, FilesystemBackend
-from flexhub.errors import BackendError, FlexhubError, VolumeError
+from flexhub.errors import MIN_SECRET_CHARS, BackendError, FlexhubError, VolumeError
 from flexhub.node import Node
 from flexhub.node.fs import format_and_mount, grow_filesystem
 from flexhub.node.journal import PodRecord, VolumeRecord, record_details
@@ -118,9 +118,15 @@ def _backend_name(node: Node, backend: Backend, volume: Volume) -> str:
 
 
 def _check_no_secret(backend_name: str, details: dict[str, str], volume: Volume) -> None:
-    secrets = volume.secrets.revealed()
+    # Whole values only: a CHAP user name inside an IQN, or a one-letter value, is no leak.
+    secrets = {
+        form
+        for secret in volume.secrets.revealed()
+        for form in (secret, secret.strip())
+        if len(form) >= MIN_SECRET_CHARS
+    }
     for key, value in details.items():
-        if any(secret in value or secret in key for secret in secrets):
+        if value in secrets or value.strip() in secrets or key in secrets:
             raise BackendError(
                 f"backend {backend_name!r} returned a secret in its details ({key!r}): "
                 "refusing to journal it"

@@ -141,3 +141,82 @@ def test_redact_knows_every_form_of_a_secret() -> None:
     redacted = redact(text, [secret], 3)
     assert "pass" not in redacted
     assert "pass" not in one_line(redact(text, [secret]))
+
+
+# -- the "secret in the details" check and lazy secret decoding --------------------------------
+
+
+def _mount_echo(
+    node_tree: dict[str, Path], tmp_path: Path, tag: str, secrets: dict[str, str]
+) -> tuple[str, str]:
+    target = tmp_path / "pod"
+    target.mkdir(exist_ok=True)
+    options = Kubelet.mount_options(
+        {"backend": "echo", "tag": tag}, pv="pv-1", pod_uid="uid-1", secrets=None
+    )
+    for key, value in secrets.items():
+        options[f"kubernetes.io/secret/{key}"] = value
+    reply = run_flexhub(["mount", str(target), go_json(options)], node_tree["config"])
+    mounted = os.path.ismount(target)
+    assert run_flexhub(["unmount", str(target)], node_tree["config"]).ok
+    assert not os.path.ismount(target)
+    return reply.status + ("+mounted" if mounted else ""), reply.message
+
+
+def _b64(value: bytes) -> str:
+    return base64.b64encode(value).decode()
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("tag", "secret"),
+    [
+        ("storage-db", "storage"),  # a CHAP user name that occurs in an IQN-like value
+        ("t1", "t"),  # a one-character secret
+        ("ab", "ab"),  # equal, but shorter than the minimum secret length
+    ],
+)
+def test_a_secret_inside_a_detail_is_not_a_leak(
+    tag: str, secret: str, tmp_path: Path, node_tree: dict[str, Path]
+) -> None:
+    status, message = _mount_echo(node_tree, tmp_path, tag, {"username": _b64(secret.encode())})
+    assert (status, message) == ("Success+mounted", "")
+
+
+@needs_root
+def test_a_detail_equal_to_a_secret_is_still_refused(
+    tmp_path: Path, node_tree: dict[str, Path]
+) -> None:
+    status, message = _mount_echo(
+        node_tree, tmp_path, "t1-secret", {"password": _b64(b"t1-secret\n")}
+    )
+    assert status == "Failure"
+    assert (
+        message == "backend 'echo' returned a secret in its details ('tag'): refusing to journal it"
+    )
+
+
+@needs_root
+def test_a_binary_key_the_backend_does_not_use_does_not_fail_the_mount(
+    tmp_path: Path, node_tree: dict[str, Path]
+) -> None:
+    binary = {"tls.key": _b64(b"\xff\xfe\x00\x80 key"), "ca.crt": "not base64!"}
+    status, message = _mount_echo(node_tree, tmp_path, "t1", binary)
+    assert (status, message) == ("Success+mounted", "")
+
+
+def test_a_used_secret_key_that_is_not_text_is_named_not_shown() -> None:
+    from flexhub.volume import Secrets
+
+    secrets = Secrets.from_options(
+        {
+            "kubernetes.io/secret/password": _b64(b"\xff\xfe"),
+            "kubernetes.io/secret/user": _b64(b"alice"),
+            "backend": "x",
+        }
+    )
+    assert sorted(secrets) == ["password", "user"] and "password" in secrets
+    assert secrets["user"].reveal() == "alice"
+    assert secrets.revealed() == ["alice"]
+    with pytest.raises(InvalidOptions, match="secret key 'password' is not base64-encoded UTF-8"):
+        secrets.get("password")
