@@ -225,13 +225,36 @@ def op_getvolumename(args: list[str], call: Call) -> Reply:
     return Reply(extra={"volumeName": options.get("kubernetes.io/pvOrVolumeName", "")})
 
 
-def _validated(raw: str, call: Call, *, with_pod: bool) -> tuple[Any, Any, Any]:
+def check_pod_uid(target: Path, options: Mapping[str, str]) -> None:
+    """Refuse a ``kubernetes.io/pod.uid`` that contradicts the pod directory.
+
+    kubelet mounts on ``<root>/pods/<uid>/volumes/<vendor~driver>/<name>`` (any root) and
+    merges the user's options last, so a ``pod.uid`` option can claim another pod. A directory
+    of another shape (a test, a replayer) is not checked.
+    """
+    parts = target.parts
+    if len(parts) < 6 or parts[-5] != "pods" or parts[-3] != "volumes" or "~" not in parts[-2]:
+        return
+    uid = options.get("kubernetes.io/pod.uid", "")
+    if uid != parts[-4]:
+        shown = uid if len(uid) <= 80 else uid[:77] + "..."
+        raise InvalidOptions(
+            f"kubernetes.io/pod.uid {shown!r} contradicts the pod directory (pod {parts[-4]!r}): "
+            "a volume's options must not set kubernetes.io/ keys"
+        )
+
+
+def _validated(
+    raw: str, call: Call, *, with_pod: bool, target: Path | None = None
+) -> tuple[Any, Any, Any]:
     """Parse, validate and load: returns (volume, backend instance, node)."""
     from flexhub.loader import load_backend
     from flexhub.validation import validate_options
     from flexhub.volume import Volume
 
     options = parse_options(raw, call)
+    if target is not None:
+        check_pod_uid(target, options)
     config = _config()
     backend_cls = load_backend(options.get("backend"))
     validate_options(backend_cls, options)
@@ -290,7 +313,7 @@ def op_mount(args: list[str], call: Call) -> Reply:
     _expect(args, 2, "mount <podVolumeDir> <json>")
     target = _directory(args[0], "mount directory")
     call.target = str(target)
-    volume, backend, node = _validated(args[1], call, with_pod=True)
+    volume, backend, node = _validated(args[1], call, with_pod=True, target=target)
     from flexhub.node.mounts import is_corrupted
     from flexhub.node.volumes import mount_volume
 
