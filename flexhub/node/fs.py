@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 
 from flexhub.errors import CommandError, InvalidOptions, VolumeError
-from flexhub.node.mounts import check_mount_options, mount
+from flexhub.node.mounts import check_block_mount_options, mount
 from flexhub.node.runner import CommandRunner
 
 __all__ = [
@@ -94,7 +94,7 @@ def format_and_mount(
         raise InvalidOptions(
             f"fsType {fs_type!r} is not supported (use one of {', '.join(sorted(MKFS))})"
         )
-    opts = check_mount_options(options)
+    opts = check_block_mount_options(o for o in options if o not in ("ro", "rw"))
     existing, table = probe(runner, device)
     formatted = False
     if table is not None:
@@ -125,7 +125,10 @@ def format_and_mount(
             )
         if result.returncode:
             LOG.warning("fsck -a %s corrected errors (exit %d)", device, result.returncode)
-    final = [o for o in opts if o not in ("ro", "rw")]
+    final = list(opts)
+    if _is_ext(fs_type) and not any(o.startswith("errors=") for o in final):
+        # the superblock's own default may be errors=panic (a hostile image or LUN)
+        final.append("errors=remount-ro")
     if read_only:
         final.append("ro")
     mount(runner, device, target, fs_type=fs_type, options=final, timeout=mount_timeout)

@@ -49,6 +49,7 @@ from flexhub.node.journal import PodRecord, VolumeRecord, record_details
 from flexhub.node.mounts import (
     MountEntry,
     bind_mount,
+    check_block_mount_options,
     check_mount_options,
     cleanup_mount_point,
     is_corrupted,
@@ -186,6 +187,8 @@ def mount_volume(node: Node, backend: Backend, target: Path, volume: Volume) -> 
     """
     target = _abs(target)
     check_mount_options(volume.mount_options)
+    if isinstance(backend, BlockBackend):
+        check_block_mount_options(volume.mount_options)
     volume_id = backend.volume_id(volume)
     with node.lock("pod", str(target)):
         if isinstance(backend, BlockBackend):
