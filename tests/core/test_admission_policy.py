@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,25 @@ def test_flexhub_validate_reports_the_same_volumes(
     results = validate_file(manifest, DRIVER)
     kubelet_key_errors = [e for _, e in results if "must not set kubernetes.io/ keys" in e]
     assert (not kubelet_key_errors) is admitted, results
+
+
+def test_flexhub_validate_command_fails_on_a_kubelet_key(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.yaml"
+    bad = pod(flex("data", {**LOOPFILE, "kubernetes.io/pod.namespace": "kube-system"}))
+    manifest.write_text(yaml.safe_dump_all([pv(LOOPFILE), bad]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "flexhub", "validate", str(manifest)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines() == [
+        "PersistentVolume/pv-db: ok",
+        "Pod/p volume data: option 'kubernetes.io/pod.namespace' is kubelet's: a volume's "
+        "options must not set kubernetes.io/ keys (kubelet merges the options last, over its own)",
+    ]
 
 
 INLINE_CASES = [
