@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["MIN_SECRET_CHARS", "Call", "Reply"]
+from flexhub.errors import MIN_SECRET_CHARS
 
-#: Shorter secret values are not scrubbed from replies and logs (they would mangle any text).
-MIN_SECRET_CHARS = 3
+__all__ = ["MIN_SECRET_CHARS", "Call", "Reply"]
 
 
 class Reply:

@@ -64,6 +64,7 @@ def copy_runtime(source: Path, host_root: Path, runtime_dir: str) -> str:
         if final.exists():  # a copy without its marker: never complete
             shutil.rmtree(final)
         partial.rename(final)
+    os.utime(final)  # install order is mtime order: the previous version is the newest other
     return f"{runtime_dir.rstrip('/')}/{name}"
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import ClassVar
 
 __all__ = [
+    "MIN_SECRET_CHARS",
     "BackendError",
     "CommandError",
     "CommandTimeout",
@@ -33,8 +34,11 @@ __all__ = [
     "StateError",
     "UsageError",
     "VolumeError",
+    "forget_secrets",
     "one_line",
     "redact",
+    "remember_secrets",
+    "secret_forms",
 ]
 
 
@@ -101,22 +105,67 @@ class VolumeError(FlexhubError):
     """The storage refuses the operation (wrong filesystem, missing device, no room...)."""
 
 
-def redact(text: str, secrets: Iterable[str], min_length: int = 1) -> str:
+#: Shorter secret values are not scrubbed from text (they would mangle any message by chance).
+MIN_SECRET_CHARS = 3
+
+#: The secret values of this process's call (one kubelet call per process), in every form.
+_CALL_SECRETS: set[str] = set()
+
+
+def secret_forms(value: str) -> set[str]:
+    """The forms in which ``value`` can show up in text.
+
+    As is, stripped (a password file from ``kubectl create secret --from-file`` ends in a
+    newline), whitespace-folded (what :func:`one_line` makes of it), and escaped by ``repr``
+    or JSON (``{value!r}`` in a message, a JSON log line).
+    """
+    import json
+
+    return {
+        value,
+        value.strip(),
+        " ".join(value.split()),
+        repr(value)[1:-1],
+        json.dumps(value)[1:-1],
+        json.dumps(value, ensure_ascii=False)[1:-1],
+    }
+
+
+def remember_secrets(values: Iterable[str]) -> None:
+    """Scrub ``values`` from every text this process redacts or folds onto one line."""
+    for value in values:
+        _CALL_SECRETS.update(f for f in secret_forms(value) if len(f) >= MIN_SECRET_CHARS)
+
+
+def forget_secrets() -> None:
+    """Forget the remembered secrets (tests that serve several calls in one process)."""
+    _CALL_SECRETS.clear()
+
+
+def redact(text: str, secrets: Iterable[str] = (), min_length: int = 1) -> str:
     """Replace every secret value in ``text`` with ``***``, longest first.
 
-    :param min_length: values shorter than this are left alone (a one-letter value would
+    Each value of ``secrets`` is replaced in every form of :func:`secret_forms`, and so is
+    every value given to :func:`remember_secrets`.
+
+    :param min_length: forms shorter than this are left alone (a one-letter value would
         mangle every message it appears in by chance).
     """
-    for value in sorted(
-        {s for s in secrets if len(s) >= max(min_length, 1)}, key=len, reverse=True
-    ):
+    values = set(_CALL_SECRETS)
+    for secret in secrets:
+        values.update(f for f in secret_forms(secret) if len(f) >= max(min_length, 1))
+    for value in sorted(values, key=len, reverse=True):
         text = text.replace(value, "***")
     return text
 
 
 def one_line(text: str, limit: int = 1000) -> str:
-    """Fold ``text`` onto one line of at most ``limit`` characters."""
-    folded = " ".join(str(text).split())
+    """Fold ``text`` onto one line of at most ``limit`` characters.
+
+    The call's secrets are redacted first: folding whitespace or cutting the text could
+    otherwise leave a form or a piece of a secret that no later redaction recognises.
+    """
+    folded = " ".join(redact(str(text)).split())
     if len(folded) > limit:
         folded = folded[: limit - 3] + "..."
     return folded

@@ -11,26 +11,29 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flexhub.call import MIN_SECRET_CHARS, Call, Reply
+from flexhub.call import Call, Reply
 from flexhub.errors import (
+    MIN_SECRET_CHARS,
     FlexhubError,
     InvalidOptions,
     NotSupported,
     UsageError,
     one_line,
     redact,
+    remember_secrets,
 )
 
 if TYPE_CHECKING:
     from flexhub.config import NodeConfig
 
-__all__ = ["CAPABILITIES", "OPERATIONS", "Reply", "serve"]
+__all__ = ["CAPABILITIES", "MIN_SECRET_CHARS", "OPERATIONS", "Reply", "serve"]
 
 #: The reply to ``init``. See the README ("Capabilities") for why each is set so.
 CAPABILITIES: dict[str, bool] = {
@@ -45,6 +48,11 @@ CAPABILITIES: dict[str, bool] = {
 MAX_OPTIONS_BYTES = 256 * 1024
 #: Largest single option value.
 MAX_VALUE_CHARS = 64 * 1024
+#: Characters no option key or value may hold: C0 controls (newline, tab, ...), DEL, C1
+#: controls, and the Unicode line and paragraph separators. A trailing newline would otherwise
+#: pass a schema pattern (Python's ``$`` matches before it) and name another file in sysfs.
+#: Secret values are base64, so they never hold one either.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 Handler = Callable[[list[str], Call], Reply]
@@ -106,12 +114,18 @@ def parse_options(raw: str, call: Call) -> dict[str, str]:
         if key.startswith(SECRET_PREFIX) and isinstance(value, str):
             call.secrets.append(value)
             call.secrets.extend(_decoded(value))
+    remember_secrets(call.secrets)
     for key, value in data.items():
         shown = key if len(key) <= 80 else key[:77] + "..."
         if not isinstance(value, str):
             raise InvalidOptions(f"option {shown!r} must be a string, not {_json_type(value)}")
         if _has_surrogates(key) or _has_surrogates(value) or "\x00" in key + value:
             raise InvalidOptions(f"option {shown!r} is not valid text")
+        if _CONTROL.search(key) or _CONTROL.search(value):
+            raise InvalidOptions(
+                f"option {shown!r} contains a control character (a newline, tab, ...): "
+                "no option key or value may"
+            )
         if len(value) > MAX_VALUE_CHARS:
             raise InvalidOptions(f"option {shown!r} is longer than {MAX_VALUE_CHARS} characters")
     call.backend = data.get("backend", "")
@@ -171,7 +185,28 @@ def op_getvolumename(args: list[str], call: Call) -> Reply:
     return Reply(extra={"volumeName": options.get("kubernetes.io/pvOrVolumeName", "")})
 
 
-def _validated(raw: str, call: Call, *, with_pod: bool) -> tuple[Any, Any, Any]:
+def check_pod_uid(target: Path, options: Mapping[str, str]) -> None:
+    """Refuse a ``kubernetes.io/pod.uid`` that contradicts the pod directory.
+
+    kubelet mounts on ``<root>/pods/<uid>/volumes/<vendor~driver>/<name>`` (any root) and
+    merges the user's options last, so a ``pod.uid`` option can claim another pod. A directory
+    of another shape (a test, a replayer) is not checked.
+    """
+    parts = target.parts
+    if len(parts) < 6 or parts[-5] != "pods" or parts[-3] != "volumes" or "~" not in parts[-2]:
+        return
+    uid = options.get("kubernetes.io/pod.uid", "")
+    if uid != parts[-4]:
+        shown = uid if len(uid) <= 80 else uid[:77] + "..."
+        raise InvalidOptions(
+            f"kubernetes.io/pod.uid {shown!r} contradicts the pod directory (pod {parts[-4]!r}): "
+            "a volume's options must not set kubernetes.io/ keys"
+        )
+
+
+def _validated(
+    raw: str, call: Call, *, with_pod: bool, target: Path | None = None
+) -> tuple[Any, Any, Any]:
     """Parse, validate and load: returns (volume, backend instance, node)."""
     from flexhub.loader import load_backend
     from flexhub.memo import Memo
@@ -179,6 +214,8 @@ def _validated(raw: str, call: Call, *, with_pod: bool) -> tuple[Any, Any, Any]:
     from flexhub.volume import Volume
 
     options = parse_options(raw, call)
+    if target is not None:
+        check_pod_uid(target, options)
     config = _config()
     backend_cls = load_backend(options.get("backend"), config)
     validate_options(backend_cls, options, Memo(config.state_dir))
@@ -237,7 +274,7 @@ def op_mount(args: list[str], call: Call) -> Reply:
     _expect(args, 2, "mount <podVolumeDir> <json>")
     target = _directory(args[0], "mount directory")
     call.target = str(target)
-    volume, backend, node = _validated(args[1], call, with_pod=True)
+    volume, backend, node = _validated(args[1], call, with_pod=True, target=target)
     from flexhub.node.mounts import is_corrupted
     from flexhub.node.volumes import mount_volume, pod_dir
 

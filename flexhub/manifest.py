@@ -10,7 +10,7 @@ from typing import Any
 
 from flexhub.errors import FlexhubError
 
-__all__ = ["flex_volumes", "options_as_kubelet_sends", "validate_file"]
+__all__ = ["flex_volumes", "kubelet_key_error", "options_as_kubelet_sends", "validate_file"]
 
 
 def _load_documents(path: Path) -> list[Any]:
@@ -73,6 +73,25 @@ def options_as_kubelet_sends(flex: Mapping[str, Any], volume_name: str = "") -> 
     return options
 
 
+def kubelet_key_error(flex: Mapping[str, Any]) -> str:
+    """The error for user options that set a ``kubernetes.io/`` key, or ``""``.
+
+    kubelet merges the user's options last, over its own keys (pod namespace and uid,
+    readwrite, secrets, fsGroup), so such an option would lie to flexhub about the pod. The
+    admission policy in ``deploy/admission-policy.yaml`` rejects the same volumes.
+    """
+    user = flex.get("options") or {}
+    if not isinstance(user, dict):
+        return ""
+    keys = sorted(k for k in user if isinstance(k, str) and k.startswith("kubernetes.io/"))
+    if not keys:
+        return ""
+    return (
+        f"option {keys[0][:80]!r} is kubelet's: a volume's options must not set "
+        "kubernetes.io/ keys (kubelet merges the options last, over its own)"
+    )
+
+
 def validate_options_object(options: Any) -> str:
     """Validate one options object; return the error text or ``""``."""
     from flexhub.call import Call
@@ -100,5 +119,8 @@ def validate_file(path: Path, driver: str) -> list[tuple[str, str]]:
             continue
         for where, flex in flex_volumes(doc, driver):
             name = where.rsplit(" ", 1)[-1] if " volume " in where else where.split("/", 1)[-1]
-            results.append((where, validate_options_object(options_as_kubelet_sends(flex, name))))
+            error = kubelet_key_error(flex) or validate_options_object(
+                options_as_kubelet_sends(flex, name)
+            )
+            results.append((where, error))
     return results

@@ -69,49 +69,72 @@ class Secret:
 
 
 class Secrets(Mapping[str, Secret]):
-    """The ``kubernetes.io/secret/<key>`` values of a ``mount`` call, base64-decoded.
+    """The ``kubernetes.io/secret/<key>`` values of a ``mount`` call, decoded when used.
 
-    Keys are the Secret's own keys (without the prefix). Only ``mount`` carries secrets.
+    Keys are the Secret's own keys (without the prefix). Only ``mount`` carries secrets. A
+    value is base64-decoded the first time a backend asks for its key: a key the backend does
+    not use (a binary TLS key elsewhere in the same Secret) never fails the mount.
     """
 
-    def __init__(self, values: Mapping[str, Secret] | None = None) -> None:
+    def __init__(
+        self,
+        values: Mapping[str, Secret] | None = None,
+        *,
+        encoded: Mapping[str, str] | None = None,
+    ) -> None:
         self._values = dict(values or {})
+        self._encoded = {k: v for k, v in (encoded or {}).items() if k not in self._values}
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> Secrets:
-        """Decode every ``kubernetes.io/secret/*`` entry of ``options``.
+        """The ``kubernetes.io/secret/*`` entries of ``options``, still base64-encoded."""
+        encoded = {
+            key[len(SECRET_PREFIX) :]: raw
+            for key, raw in options.items()
+            if key.startswith(SECRET_PREFIX)
+        }
+        return cls(encoded=encoded)
 
-        :raises InvalidOptions: a value is not valid base64 or not UTF-8 (named by key only).
+    def __getitem__(self, key: str) -> Secret:
+        """The decoded value of ``key``.
+
+        :raises KeyError: the Secret has no such key.
+        :raises InvalidOptions: its value is not base64 of UTF-8 text (named by key only).
         """
-        values: dict[str, Secret] = {}
-        for key, raw in options.items():
-            if not key.startswith(SECRET_PREFIX):
-                continue
-            name = key[len(SECRET_PREFIX) :]
+        if key not in self._values:
+            raw = self._encoded[key]
             try:
                 text = base64.b64decode(raw, validate=True).decode("utf-8")
             except (binascii.Error, ValueError):
                 raise InvalidOptions(
-                    f"secret key {name!r} is not base64-encoded UTF-8 text"
+                    f"secret key {key!r} is not base64-encoded UTF-8 text"
                 ) from None
-            values[name] = Secret(text)
-        return cls(values)
-
-    def __getitem__(self, key: str) -> Secret:
+            self._values[key] = Secret(text)
         return self._values[key]
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._values or key in self._encoded
+
     def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
+        return iter(sorted(set(self._values) | set(self._encoded)))
 
     def __len__(self) -> int:
-        return len(self._values)
+        return len(set(self._values) | set(self._encoded))
 
     def __repr__(self) -> str:
-        return f"Secrets(keys={sorted(self._values)!r})"
+        return f"Secrets(keys={sorted(self)!r})"
 
     def revealed(self) -> list[str]:
-        """Every secret value, for scrubbing text that a tool may have echoed."""
-        return [s.reveal() for s in self._values.values() if s.reveal()]
+        """Every secret value that is text, for scrubbing text that a tool may have echoed."""
+        values = []
+        for key in self:
+            try:
+                value = self[key].reveal()
+            except InvalidOptions:
+                continue  # binary: it cannot be in text; its base64 form is scrubbed instead
+            if value:
+                values.append(value)
+        return values
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
+from flexhub.errors import forget_secrets
 from flexhub.harness import KUBELET_ENV, DriverReply, Kubelet, parse_reply
 from flexhub.install import install
 
@@ -25,6 +26,13 @@ def is_root() -> bool:
 
 
 needs_root = pytest.mark.skipif(not is_root(), reason="needs root (real mounts and loop devices)")
+
+
+@pytest.fixture(autouse=True)
+def _forget_call_secrets() -> Iterator[None]:
+    """Secrets parsed in-process are remembered for the call (the process); not across tests."""
+    yield
+    forget_secrets()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 
 from flexhub.errors import CommandError, InvalidOptions, VolumeError
-from flexhub.node.mounts import check_mount_options, mount
+from flexhub.node.mounts import check_block_mount_options, mount
 from flexhub.node.runner import CommandRunner
 
 __all__ = [
@@ -136,6 +136,7 @@ def format_and_mount(
     mount_timeout: float | None = None,
     blank_hint: bool | None = None,
     label: str = "",
+    internal_options: Sequence[str] = (),
 ) -> bool:
     """Mount ``device`` on ``target`` as ``fs_type``, creating the filesystem only if blank.
 
@@ -145,6 +146,9 @@ def format_and_mount(
     never for a read-only mount; a filesystem of another type is a failure naming both types
     (never a reformat); ``fsck -a`` a read-write ext filesystem first (exit 1 and 2 are fine,
     4 and above fail). ``label`` names the device in errors (default: ``device``).
+    ``options`` come from the volume and must pass the allow-list;
+    ``internal_options`` are flexhub's own choice (``norecovery`` for a read-only mount of a
+    shared device) and are not checked against it.
 
     :returns: whether the device was formatted by this call.
     :raises InvalidOptions: ``fs_type`` is not supported, or a mount option is forbidden.
@@ -155,7 +159,7 @@ def format_and_mount(
         raise InvalidOptions(
             f"fsType {fs_type!r} is not supported (use one of {', '.join(sorted(MKFS))})"
         )
-    opts = check_mount_options(options)
+    opts = check_block_mount_options(o for o in options if o not in ("ro", "rw"))
     existing, table = probe(runner, device)
     formatted = False
     if table is not None:
@@ -193,7 +197,10 @@ def format_and_mount(
             )
         if result.returncode:
             LOG.warning("fsck -a %s corrected errors (exit %d)", device, result.returncode)
-    final = [o for o in opts if o not in ("ro", "rw")]
+    final = [*opts, *(o for o in internal_options if o not in opts)]
+    if _is_ext(fs_type) and not any(o.startswith("errors=") for o in final):
+        # the superblock's own default may be errors=panic (a hostile image or LUN)
+        final.append("errors=remount-ro")
     if read_only:
         final.append("ro")
     mount(runner, device, target, fs_type=fs_type, options=final, timeout=mount_timeout)

@@ -15,11 +15,15 @@ from flexhub.errors import CommandError, CommandTimeout, InvalidOptions, VolumeE
 from flexhub.node.runner import CommandRunner
 
 __all__ = [
+    "BLOCK_MOUNT_FLAGS",
+    "BLOCK_MOUNT_VALUES",
     "CORRUPTED_ERRNOS",
     "MOUNTINFO",
     "MountEntry",
     "MountTable",
     "bind_mount",
+    "block_schema_pattern",
+    "check_block_mount_options",
     "check_mount_options",
     "cleanup_mount_point",
     "is_corrupted",
@@ -268,6 +272,100 @@ def check_mount_options(options: Iterable[str]) -> tuple[str, ...]:
             raise InvalidOptions(f"mount option {option!r} is not allowed")
         checked.append(option)
     return tuple(checked)
+
+
+#: Mount options of a filesystem on a block device (ext3, ext4, xfs) that a volume may ask
+#: for; everything else is refused. Flags:
+BLOCK_MOUNT_FLAGS = (
+    "noatime",
+    "nodiratime",
+    "relatime",
+    "strictatime",
+    "lazytime",
+    "nodev",
+    "nosuid",
+    "noexec",
+    "sync",
+    "dirsync",
+    "discard",
+    "nodiscard",
+    "acl",
+    "noacl",
+    "user_xattr",
+    "nouser_xattr",
+    "barrier",
+    "inode64",
+    "nouuid",
+)
+#: ... and options with a value, each value a regular expression of the whole value.
+BLOCK_MOUNT_VALUES = {
+    "data": "(ordered|writeback|journal)",
+    "errors": "(continue|remount-ro)",
+    "commit": "([1-9]|[1-9][0-9]|[12][0-9]{2}|300)",
+    "barrier": "1",
+    "logbsize": "(16|32|64|128|256)k",
+    "allocsize": "[1-9][0-9]{0,6}[kmg]?",
+    "stripe": "[1-9][0-9]{0,8}",
+}
+#: Why some options that a volume might ask for are refused (the message of the Failure).
+_BLOCK_REFUSED = {
+    "errors=panic": "panics the whole node on the first filesystem error",
+    "nobarrier": "risks a corrupt filesystem on a power cut",
+    "barrier=0": "risks a corrupt filesystem on a power cut",
+    "norecovery": "mounts without replaying the journal (a corrupt filesystem)",
+    "noload": "mounts without replaying the journal (a corrupt filesystem)",
+    "abort": "aborts the journal (a debugging option)",
+    "debug": "is a debugging option",
+    "dax": "maps the device straight into memory",
+}
+_BLOCK_REFUSED_PREFIXES = {
+    "journal_path=": "names a device of the node",
+    "journal_dev=": "names a device of the node",
+    "logdev=": "names a device of the node",
+    "rtdev=": "names a device of the node",
+    "usrjquota=": "names a file of the node",
+    "grpjquota=": "names a file of the node",
+    "context=": "sets an SELinux label (the container runtime labels volumes)",
+    "fscontext=": "sets an SELinux label (the container runtime labels volumes)",
+    "defcontext=": "sets an SELinux label (the container runtime labels volumes)",
+    "rootcontext=": "sets an SELinux label (the container runtime labels volumes)",
+    "commit=": "must be 1 to 300 seconds",
+}
+_BLOCK_VALUE = re.compile(
+    "|".join(BLOCK_MOUNT_FLAGS)
+    + "|"
+    + "|".join(f"{name}={value}" for name, value in BLOCK_MOUNT_VALUES.items())
+)
+
+
+def block_schema_pattern() -> str:
+    """The ``blockMountOptions`` pattern of ``schemas/common.json``: the allow-list as a regex."""
+    item = f"({_BLOCK_VALUE.pattern})"
+    # $(?!\n): Python's $ also matches before a final newline (jsonschema uses re.search)
+    return f"^$(?!\\n)|^{item}(,{item})*$(?!\\n)"
+
+
+def check_block_mount_options(options: Iterable[str]) -> tuple[str, ...]:
+    """Refuse every mount option of a block volume that is not on the allow-list.
+
+    Nothing that can crash or hang the node (``errors=panic``), corrupt the filesystem
+    (``nobarrier``, ``norecovery``), name a node's device or file (``journal_path=``,
+    ``usrjquota=``), or set SELinux labels.
+
+    :returns: the options, unchanged, as a tuple.
+    :raises InvalidOptions: naming the first option refused, and why when it is known.
+    """
+    checked = tuple(check_mount_options(options))
+    for option in checked:
+        if _BLOCK_VALUE.fullmatch(option):
+            continue
+        lowered = option.lower()
+        reason = _BLOCK_REFUSED.get(lowered) or next(
+            (why for prefix, why in _BLOCK_REFUSED_PREFIXES.items() if lowered.startswith(prefix)),
+            "is not on the allow-list of block-volume mount options (see the README)",
+        )
+        raise InvalidOptions(f"mount option {option!r} is not allowed: it {reason}")
+    return checked
 
 
 def mount(

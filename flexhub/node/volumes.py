@@ -43,13 +43,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from flexhub.backend import Attachment, Backend, BlockBackend, FilesystemBackend
-from flexhub.errors import BackendError, FlexhubError, StateError, VolumeError
+from flexhub.errors import MIN_SECRET_CHARS, BackendError, FlexhubError, StateError, VolumeError
 from flexhub.node import Node
 from flexhub.node.fs import format_and_mount, grow_filesystem
 from flexhub.node.journal import PodRecord, VolumeRecord, record_details
 from flexhub.node.mounts import (
     MountEntry,
     bind_mount,
+    check_block_mount_options,
     check_mount_options,
     cleanup_mount_point,
     is_corrupted,
@@ -153,9 +154,15 @@ def _backend_name(node: Node, backend: Backend, volume: Volume) -> str:
 
 
 def _check_no_secret(backend_name: str, details: dict[str, str], volume: Volume) -> None:
-    secrets = volume.secrets.revealed()
+    # Whole values only: a CHAP user name inside an IQN, or a one-letter value, is no leak.
+    secrets = {
+        form
+        for secret in volume.secrets.revealed()
+        for form in (secret, secret.strip())
+        if len(form) >= MIN_SECRET_CHARS
+    }
     for key, value in details.items():
-        if any(secret in value or secret in key for secret in secrets):
+        if value in secrets or value.strip() in secrets or key in secrets:
             raise BackendError(
                 f"backend {backend_name!r} returned a secret in its details ({key!r}): "
                 "refusing to journal it"
@@ -215,6 +222,8 @@ def mount_volume(node: Node, backend: Backend, target: Path, volume: Volume) -> 
     """
     given, target = _abs(target), pod_dir(target)
     check_mount_options(volume.mount_options)
+    if isinstance(backend, BlockBackend):
+        check_block_mount_options(volume.mount_options)
     secure_state_dir(node.state_dir)
     volume_id = backend.volume_id(volume)
     with node.lock("pod", str(target)):
@@ -345,10 +354,11 @@ def _do_mount_block(
             staging,
             fs_type,
             volume.read_only,
-            _staging_options(backend, volume),
+            volume.mount_options,
             node.config.mount_timeout,
             blank_hint=progress.attachment.blank if progress.attachment else None,
             label=_device_label(vrecord),
+            internal_options=_internal_options(backend, volume),
         )
         progress.staged = True
         LOG.info(
@@ -406,13 +416,10 @@ def _device_label(record: VolumeRecord) -> str:
     return f"{record.device} (file {file})" if file else record.device
 
 
-def _staging_options(backend: BlockBackend, volume: Volume) -> tuple[str, ...]:
-    """The mount options of a staging mount: a read-only mount of a device that another
+def _internal_options(backend: BlockBackend, volume: Volume) -> tuple[str, ...]:
+    """flexhub's own options of a staging mount: a read-only mount of a device that another
     node may be writing never replays its journal (``norecovery``: ext4 and xfs)."""
-    options = volume.mount_options
-    if volume.read_only and backend.shared_device and "norecovery" not in options:
-        options = (*options, "norecovery")
-    return options
+    return ("norecovery",) if volume.read_only and backend.shared_device else ()
 
 
 def _record_matches(record: VolumeRecord | None, staged: MountEntry | None) -> bool:

@@ -427,7 +427,7 @@ def test_bad_options_fail_before_any_command(
     import flexhub.node
 
     monkeypatch.setattr(flexhub.node, "SubprocessRunner", lambda timeout: runner)
-    options = Kubelet.mount_options({"backend": "nfs", **user}, pv="pv", pod_uid="u1")
+    options = Kubelet.mount_options({"backend": "nfs", **user}, pv="pv", pod_uid="uid")
     call = kubelet.Call(operation="mount")
     reply = kubelet.handle([str(target), go_json(options)], call)
     assert reply.status == "Failure"

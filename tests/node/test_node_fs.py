@@ -53,7 +53,9 @@ def test_blank_device_is_formatted_then_mounted(fs_type: str, mkfs: list[str]) -
     assert runner.calls[2] == ["cmp", "-n", "1048576", "-i", "0:0", "--", DEV, "/dev/zero"]
     assert runner.calls[3][4] == f"{(64 << 20) - (1 << 20)}:0"
     assert runner.calls[5] == mkfs
-    assert runner.calls[6] == ["mount", "-t", fs_type, "-o", "noatime", "--", DEV, "/s"]
+    # ext: errors=remount-ro unless the volume chose, whatever the superblock's default
+    options = "noatime" if fs_type == "xfs" else "noatime,errors=remount-ro"
+    assert runner.calls[6] == ["mount", "-t", fs_type, "-o", options, "--", DEV, "/s"]
 
 
 @pytest.mark.parametrize("which", ["head", "tail"])
@@ -151,7 +153,16 @@ def test_fsck_uncorrected_errors_fail(rc: int) -> None:
 def test_read_only_and_xfs_skip_fsck() -> None:
     runner = _runner(0, "TYPE=ext4\n")
     format_and_mount(runner, DEV, "/s", "ext4", True, ["rw", "noatime"])
-    assert runner.calls[-1] == ["mount", "-t", "ext4", "-o", "noatime,ro", "--", DEV, "/s"]
+    assert runner.calls[-1] == [
+        "mount",
+        "-t",
+        "ext4",
+        "-o",
+        "noatime,errors=remount-ro,ro",
+        "--",
+        DEV,
+        "/s",
+    ]
     runner = _runner(0, "TYPE=xfs\n")
     format_and_mount(runner, DEV, "/s", "xfs", False)
     assert _commands(runner) == ["blkid", "mount"]

@@ -292,7 +292,7 @@ def test_shared_device_read_only_staging_skips_recovery_and_never_turns_rw(
     staged = table.at(staging)
     assert staged is not None and staged.read_only
     assert "norecovery" in staged.super_options, staged
-    with pytest.raises(VolumeError, match="mounted read-only by .* on this node"):
+    with pytest.raises(VolumeError, match=r"mounted read-only by .* on this node"):
         _mount(rig, rw_pod, rig.volume(file, fs_type=fs_type))
     assert table.at(rw_pod) is None
     staged = table.at(staging)

@@ -145,7 +145,8 @@ def _item_pattern() -> str:
 def schema_pattern() -> str:
     """The ``mountOptions`` pattern of ``schemas/nfs.json``: the allow-list as one regex."""
     item = _item_pattern()
-    return f"^$|^{item}(,{item})*$"
+    # $(?!\n): Python's $ also matches before a final newline (jsonschema uses re.search)
+    return f"^$(?!\\n)|^{item}(,{item})*$(?!\\n)"
 
 
 @dataclass(frozen=True)
