@@ -140,7 +140,16 @@ class Backend(abc.ABC):
 
 
 class FilesystemBackend(Backend):
-    """A backend whose storage mounts straight onto a directory (NFS, ...)."""
+    """A backend whose storage mounts straight onto a directory (NFS, ...).
+
+    The core holds only the pod directory's lock around :meth:`mount` and :meth:`unmount`,
+    so mounts and unmounts of one volume on different pod directories run in parallel (each
+    must be safe to run alongside the others). Set :attr:`volume_lock` to have the core also
+    hold the volume's lock, or take ``self.node.lock(...)`` on what really needs it.
+    """
+
+    #: Whether the core serialises every mount and unmount of one volume id on the node.
+    volume_lock: ClassVar[bool] = False
 
     @abc.abstractmethod
     def mount(self, target: Path, volume: Volume) -> Mapping[str, str]:

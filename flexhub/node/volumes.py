@@ -13,7 +13,9 @@ record before the bind), so that an interrupted call leaves enough state for the
 for ``unmount``, to converge.
 
 Locks: ``("pod", target)`` then ``("volume", volume id)`` then ``("staging", staging dir)``,
-always in that order; never a global lock.
+always in that order; never a global lock. Filesystem backends get only the pod lock (one
+export's mounts on different pod directories do not queue behind each other) unless they set
+``volume_lock``.
 
 fsGroup: the driver reports ``fsGroup: false`` so kubelet never chowns. For a read-write block
 volume with ``kubernetes.io/mounterArgs.FsGroup``, flexhub sets the group of the
@@ -194,7 +196,7 @@ def _mount_filesystem(
     node: Node, backend: FilesystemBackend, target: Path, volume: Volume, volume_id: str
 ) -> None:
     name = _backend_name(node, backend, volume)
-    with node.lock("volume", volume_id):
+    with _filesystem_lock(node, type(backend), volume_id):
         record = node.journal.get_pod(target)
         entry = _clean_if_corrupted(node, target)
         if entry is not None:
@@ -216,6 +218,16 @@ def _mount_filesystem(
             _undo_filesystem(node, backend, target)
             raise
         checkpoint("done")
+
+
+def _filesystem_lock(
+    node: Node, backend_type: type[Backend | None], volume_id: str
+) -> contextlib.AbstractContextManager[None]:
+    """The volume lock if the filesystem backend asks for it; else nothing (the caller holds
+    the pod lock, which is all that one pod directory needs)."""
+    if getattr(backend_type, "volume_lock", False):
+        return node.lock("volume", volume_id)
+    return contextlib.nullcontext()
 
 
 def _undo_filesystem(node: Node, backend: FilesystemBackend, target: Path) -> None:
@@ -509,13 +521,26 @@ def unmount_volume(node: Node, target: Path, load_backend: Callable[[str], Backe
 def _unmount_filesystem(
     node: Node, target: Path, record: PodRecord, load_backend: Callable[[str], Backend]
 ) -> None:
-    with node.lock("volume", record.volume_id):
-        if node.mounts.is_mount_point(target):
-            backend = load_backend(record.backend)
-            if isinstance(backend, FilesystemBackend):
-                backend.unmount(target, record.details)
+    backend = None
+    if node.mounts.is_mount_point(target):
+        backend = _load_for_unmount(load_backend, record.backend, record.volume_id)
+    with _filesystem_lock(node, type(backend), record.volume_id):
+        if isinstance(backend, FilesystemBackend) and node.mounts.is_mount_point(target):
+            backend.unmount(target, record.details)
         cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
         node.journal.delete_pod(target)
+
+
+def _load_for_unmount(
+    load_backend: Callable[[str], Backend], name: str, volume_id: str
+) -> Backend | None:
+    """The backend ``name``, or ``None`` (logged) when it cannot be loaded: unmount goes on
+    with what the core can do alone."""
+    try:
+        return load_backend(name)
+    except FlexhubError as exc:
+        LOG.warning("backend %r unusable for unmounting %s: %s", name, volume_id, exc)
+        return None
 
 
 def _guess_staging(node: Node, target: Path) -> tuple[Path | None, str | None]:
