@@ -301,8 +301,9 @@ def op_unmount(args: list[str], call: Call) -> Reply:
     from flexhub.node.volumes import unmount_volume
 
     config = _config()
-    unmount_volume(Node(config), target, backend_factory(config, call))
-    return Reply()
+    # Success once nothing is mounted on target, even if something could not be released:
+    # a Failure would make kubelet retry forever and keep the pod Terminating.
+    return Reply(message=unmount_volume(Node(config), target, backend_factory(config, call)))
 
 
 def op_expandvolume(args: list[str], call: Call) -> Reply:

@@ -42,9 +42,10 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from flexhub.backend import Attachment, Backend, BlockBackend, FilesystemBackend
-from flexhub.errors import BackendError, FlexhubError, VolumeError
+from flexhub.errors import BackendError, FlexhubError, StateError, VolumeError
 from flexhub.node import Node
 from flexhub.node.fs import format_and_mount, grow_filesystem
 from flexhub.node.journal import PodRecord, VolumeRecord, record_details
@@ -86,6 +87,8 @@ CHECKPOINTS = (
 )
 #: The steps of a block unmount at which :func:`checkpoint` may crash the process.
 UNMOUNT_CHECKPOINTS = ("unbound", "unstaged", "released")
+
+_K = TypeVar("_K", str, Path)
 
 #: Seconds given to the ``stat`` of a possibly stale mount point.
 STAT_TIMEOUT = 5.0
@@ -488,34 +491,51 @@ def _remove_dir(path: Path) -> None:
 # -- unmount -------------------------------------------------------------------------------------
 
 
-def unmount_volume(node: Node, target: Path, load_backend: Callable[[str], Backend]) -> None:
+def unmount_volume(node: Node, target: Path, load_backend: Callable[[str], Backend]) -> str:
     """Unmount the pod directory ``target`` and release what no other pod uses.
 
     Idempotent: a directory that is not mounted, no longer exists, or has no (readable)
     record is success after cleaning what remains. A corrupt record falls back to mountinfo.
+    Once nothing is mounted on ``target``, the call succeeds even when the journal cannot
+    be updated (a read-only or full ``state_dir``) or the backend cannot be loaded to release
+    its device: both are logged and returned, and the records are kept for a later call.
 
     :param load_backend: returns the backend instance of a journalled backend name.
+    :returns: what could not be released or forgotten ("" when everything was).
     """
     target = _abs(target)
+    notes: list[str] = []
     with node.lock("pod", str(target)):
         record = node.journal.get_pod(target)
         if record is not None and record.staging is None:
             _unmount_filesystem(node, target, record, load_backend)
-            return
+            _forget(node.journal.delete_pod, target, notes)
+            return "; ".join(notes)
         staging: Path | None = Path(record.staging) if record and record.staging else None
         volume_id = record.volume_id if record else None
         if record is None:
             staging, volume_id = _guess_staging(node, target)
         if staging is None:
             cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
-            node.journal.delete_pod(target)
-            return
+            _forget(node.journal.delete_pod, target, notes)
+            return "; ".join(notes)
         with _volume_locks(node, volume_id, staging):
             cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
             checkpoint("unbound")
-            _release(node, staging, volume_id, target, load_backend)
+            _release(node, staging, volume_id, target, load_backend, notes)
             checkpoint("released")
-            node.journal.delete_pod(target)
+            _forget(node.journal.delete_pod, target, notes)
+    return "; ".join(notes)
+
+
+def _forget(delete: Callable[[_K], None], key: _K, notes: list[str]) -> None:
+    """Delete a journal record after the unmount it describes: a failure is only a warning
+    (the next call finds nothing mounted and deletes it then)."""
+    try:
+        delete(key)
+    except StateError as exc:
+        LOG.warning("unmounted, but the journal was not updated: %s", exc)
+        notes.append(f"journal not updated: {exc}")
 
 
 def _unmount_filesystem(
@@ -528,7 +548,6 @@ def _unmount_filesystem(
         if isinstance(backend, FilesystemBackend) and node.mounts.is_mount_point(target):
             backend.unmount(target, record.details)
         cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
-        node.journal.delete_pod(target)
 
 
 def _load_for_unmount(
@@ -569,6 +588,7 @@ def _release(
     volume_id: str | None,
     target: Path,
     load_backend: Callable[[str], Backend],
+    notes: list[str],
 ) -> None:
     """Unmount the staging directory and detach the device, unless another pod uses them."""
     users = _users(node, staging, exclude=target)
@@ -588,13 +608,23 @@ def _release(
             LOG.warning(
                 "no readable record for %s: %s unmounted but left attached", staging, staged.source
             )
-        node.journal.delete_volume_by_prefix(staging.name)
+        _forget(node.journal.delete_volume_by_prefix, staging.name, notes)
     else:
-        backend = load_backend(record.backend)
+        backend = _load_for_unmount(load_backend, record.backend, record.volume_id)
         if not isinstance(backend, BlockBackend):
-            raise BackendError(f"backend {record.backend!r} is not a block backend")
+            # The core unmounted everything; only the backend knows how to release its device.
+            # The record stays: the next mount of the volume reuses the device, `flexhub state`
+            # shows it, and an unmount after the backend is repaired releases it.
+            left = (
+                f"{record.device or 'the device'} of {record.volume_id} left attached: "
+                f"backend {record.backend!r} cannot be loaded to release it"
+            )
+            LOG.warning("%s", left)
+            notes.append(left)
+            _remove_dir(staging)
+            return
         _detach(backend, record)
-        node.journal.delete_volume(record.volume_id)
+        _forget(node.journal.delete_volume, record.volume_id, notes)
     _remove_dir(staging)
     LOG.info("released %s", record.volume_id if record else staging)
 
