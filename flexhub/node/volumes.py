@@ -484,7 +484,9 @@ def _remove_dir(path: Path) -> None:
     try:
         path.rmdir()
     except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EBUSY):
+        if exc.errno == errno.EROFS:
+            LOG.warning("cannot remove %s: %s", path, exc.strerror)
+        elif exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EBUSY):
             raise
 
 
