@@ -152,9 +152,13 @@ def freezer_cgroup() -> Iterator[Path]:
         yield cgroup
     finally:
         (cgroup / "freezer.state").write_text("THAWED")
-        for _ in range(100):  # the killed task exits once thawed
-            if not (cgroup / "cgroup.procs").read_text().split():
+        for _ in range(100):  # a killed task exits once thawed
+            pids = (cgroup / "cgroup.procs").read_text().split()
+            if not pids:
                 break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
             time.sleep(0.05)
         cgroup.rmdir()
 
