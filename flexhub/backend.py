@@ -180,6 +180,21 @@ class BlockBackend(Backend):
     def detach(self, attachment: Attachment) -> None:
         """Release a device returned by :meth:`attach`; no-op when already gone."""
 
+    #: Whether :meth:`release` is implemented (the backend reports its attach's progress).
+    releases_partial: ClassVar[bool] = False
+
+    def release(self, partial: Mapping[str, str]) -> None:
+        """Undo an attach that never returned (a crash, a failure) from what it reported.
+
+        ``partial`` merges every ``self.node.record_progress(...)`` of that attach (possibly
+        empty: it stopped before its first report). Release exactly that, never by attaching
+        again; no-op for what is already gone. Set :attr:`releases_partial` when implementing
+        it; backends that do not are asked to attach again and detach instead.
+
+        .. versionadded:: 0.2
+        """
+        raise NotSupported(f"{type(self).__name__} cannot release a partial attach")
+
     def expand(self, attachment: Attachment, volume: Volume, new_size: int) -> None:
         """Make the block device ``new_size`` bytes (or larger) before the filesystem grows."""
         raise VolumeError(f"backend {volume.backend!r} cannot expand volumes")

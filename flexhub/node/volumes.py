@@ -34,13 +34,14 @@ itself with SIGKILL, so tests can interrupt a mount at each step. It is inert ot
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
 import signal
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -378,11 +379,15 @@ def _attach_and_record(
     fs_type = volume.fs_type_or_default()
     options = record_details(volume.options)
     _check_no_secret(name, options, volume)
-    node.journal.put_volume(
-        VolumeRecord(volume_id, name, "", str(staging), fs_type, {}, options=options)
+    earlier = node.journal.get_volume(volume_id)
+    # An attach interrupted earlier may have left something: keep what it reported.
+    partial = dict(earlier.partial) if earlier is not None and earlier.pending else {}
+    intent = VolumeRecord(
+        volume_id, name, "", str(staging), fs_type, {}, options=options, partial=partial
     )
+    node.journal.put_volume(intent)
     checkpoint("volume-intent")
-    attachment = backend.attach(volume)
+    attachment = _attach_reporting(node, backend, volume, intent)
     progress.attachment = attachment
     checkpoint("attached")
     details = record_details(attachment.details)
@@ -397,6 +402,27 @@ def _attach_and_record(
     node.journal.put_volume(record)
     checkpoint("volume-record")
     return record
+
+
+def _attach_reporting(
+    node: Node, backend: BlockBackend, volume: Volume, intent: VolumeRecord
+) -> Attachment:
+    """``backend.attach``, journalling each ``record_progress`` into the intent at once."""
+    record = [intent]
+
+    def journal(details: Mapping[str, str]) -> None:
+        _check_no_secret(intent.backend, dict(details), volume)
+        record[0] = dataclasses.replace(record[0], partial={**record[0].partial, **details})
+        node.journal.put_volume(record[0])
+        for key in details:
+            checkpoint(f"attach-progress-{key}")
+
+    previous = backend.node.progress
+    backend.node.progress = journal
+    try:
+        return backend.attach(volume)
+    finally:
+        backend.node.progress = previous
 
 
 def _undo_block(
@@ -459,9 +485,18 @@ def _users(node: Node, staging: Path, exclude: Path) -> list[str]:
 
 
 def _detach(backend: BlockBackend, record: VolumeRecord) -> None:
-    """Release the device of ``record``; for an intent, attach again (idempotent) first."""
+    """Release the device of ``record``; for an intent, what the attach reported (or, for a
+    backend that reports nothing, attach again (idempotent) first)."""
     if not record.pending:
         backend.detach(Attachment(record.device, dict(record.details)))
+        return
+    if backend.releases_partial:
+        LOG.info(
+            "%s was interrupted during attach: releasing what it reported (%s)",
+            record.volume_id,
+            ", ".join(f"{k}={v}" for k, v in sorted(record.partial.items())) or "nothing",
+        )
+        backend.release(dict(record.partial))
         return
     if not record.options:
         LOG.warning("intent record of %s has no options: cannot release it", record.volume_id)

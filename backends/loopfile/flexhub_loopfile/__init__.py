@@ -186,6 +186,7 @@ class LoopfileBackend(BlockBackend):
     def attach(self, volume: Volume) -> Attachment:
         """Create the file if needed and return a loop device mapping it."""
         path = self._resolve(volume)
+        self.node.record_progress(file=str(path))
         self._ensure_file(path, volume)
         markers = self._markers()
         dev = _loop.find_for_file(path)
@@ -195,9 +196,25 @@ class LoopfileBackend(BlockBackend):
             if ours and not (markers.read(dev) or {}).get("diskseq"):
                 markers.write(dev, path, diskseq=dev.diskseq())  # complete a pending marker
             LOG.info("reusing %s for %s (%s)", dev.path, path, "ours" if ours else "not ours")
+            self.node.record_progress(loop=dev.path)
             return self._attachment(dev, path, created=ours)
         dev = self._attach_new(path, markers)
+        self.node.record_progress(loop=dev.path)
         return self._attachment(dev, path, created=True)
+
+    releases_partial = True
+
+    def release(self, partial: Mapping[str, str]) -> None:
+        """Undo an attach that never returned: detach the loop device it reported or, if it
+        stopped before reporting one, the device mapping its file; never attaches. As in
+        :meth:`detach`, only a device flexhub attached (its ownership marker) is detached."""
+        file = partial.get("file", "")
+        loop = partial.get("loop", "")
+        if not loop and file:
+            dev = _loop.find_for_file(Path(file))
+            loop = dev.path if dev is not None else ""
+        if loop:
+            self.detach(Attachment(loop, {"loop": loop, "file": file}))
 
     def detach(self, attachment: Attachment) -> None:
         """Detach the loop device if flexhub attached it; leave anybody else's alone."""
