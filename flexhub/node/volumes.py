@@ -29,6 +29,7 @@ node); later pods share that mount.
 Test hook: :func:`checkpoint` is called between steps with the names in :data:`CHECKPOINTS`.
 When the environment variable ``FLEXHUB_TEST_CRASH_AT`` equals the name, the process kills
 itself with SIGKILL, so tests can interrupt a mount at each step. It is inert otherwise.
+``attach-progress-<key>`` follows the journalling of a backend's ``record_progress(<key>=...)``.
 """
 
 from __future__ import annotations
