@@ -167,7 +167,16 @@ class Backend(abc.ABC):
 
 
 class FilesystemBackend(Backend):
-    """A backend whose storage mounts straight onto a directory (NFS, ...)."""
+    """A backend whose storage mounts straight onto a directory (NFS, ...).
+
+    The core holds only the pod directory's lock around :meth:`mount` and :meth:`unmount`,
+    so mounts and unmounts of one volume on different pod directories run in parallel (each
+    must be safe to run alongside the others). Set :attr:`volume_lock` to have the core also
+    hold the volume's lock, or take ``self.node.lock(...)`` on what really needs it.
+    """
+
+    #: Whether the core serialises every mount and unmount of one volume id on the node.
+    volume_lock: ClassVar[bool] = False
 
     @abc.abstractmethod
     def mount(self, target: Path, volume: Volume) -> Mapping[str, str]:
@@ -206,6 +215,21 @@ class BlockBackend(Backend):
     @abc.abstractmethod
     def detach(self, attachment: Attachment) -> None:
         """Release a device returned by :meth:`attach`; no-op when already gone."""
+
+    #: Whether :meth:`release` is implemented (the backend reports its attach's progress).
+    releases_partial: ClassVar[bool] = False
+
+    def release(self, partial: Mapping[str, str]) -> None:
+        """Undo an attach that never returned (a crash, a failure) from what it reported.
+
+        ``partial`` merges every ``self.node.record_progress(...)`` of that attach (possibly
+        empty: it stopped before its first report). Release exactly that, never by attaching
+        again; no-op for what is already gone. Set :attr:`releases_partial` when implementing
+        it; backends that do not are asked to attach again and detach instead.
+
+        .. versionadded:: 0.2
+        """
+        raise NotSupported(f"{type(self).__name__} cannot release a partial attach")
 
     def expand(self, attachment: Attachment, volume: Volume, new_size: int) -> None:
         """Make the block device ``new_size`` bytes (or larger) before the filesystem grows."""

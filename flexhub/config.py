@@ -9,6 +9,7 @@ A missing file means defaults. Example::
     command_timeout = 120      # default bound for one external command
     mount_timeout = 60         # bound for one mount command (NFS: a dead server)
     unmount_timeout = 30       # bound for each unmount step (normal, forced, lazy)
+    call_timeout = 600         # bound for a whole mount, unmount or expandfs call
 
     [loopfile]
     root = "/var/lib/flexhub/loopfiles"
@@ -29,7 +30,13 @@ __all__ = ["CONFIG_ENV", "DEFAULT_CONFIG_PATH", "NodeConfig", "load_config"]
 CONFIG_ENV = "FLEXHUB_CONFIG"
 DEFAULT_CONFIG_PATH = Path("/etc/flexhub/flexhub.toml")
 
-_NUMBERS = ("lock_timeout", "command_timeout", "mount_timeout", "unmount_timeout")
+_NUMBERS = (
+    "lock_timeout",
+    "command_timeout",
+    "mount_timeout",
+    "unmount_timeout",
+    "call_timeout",
+)
 _LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -41,6 +48,7 @@ class NodeConfig:
 
     __slots__ = (
         "backends",
+        "call_timeout",
         "command_timeout",
         "lock_timeout",
         "log_dir",
@@ -61,6 +69,7 @@ class NodeConfig:
         command_timeout: float = 120.0,
         mount_timeout: float = 60.0,
         unmount_timeout: float = 30.0,
+        call_timeout: float = 600.0,
         backends: Mapping[str, Mapping[str, Any]] | None = None,
         source: Path | None = None,
     ) -> None:
@@ -71,6 +80,7 @@ class NodeConfig:
         self.command_timeout = float(command_timeout)
         self.mount_timeout = float(mount_timeout)
         self.unmount_timeout = float(unmount_timeout)
+        self.call_timeout = float(call_timeout)
         self.backends: Mapping[str, Mapping[str, Any]] = dict(backends or {})
         self.source = source
 

@@ -13,6 +13,9 @@
     │   └── CommandTimeout
     └── VolumeError                 the storage itself refuses: wrong filesystem, no device, ...
 
+    CallTimeout (a BaseException)   the call ran past ``call_timeout``: raised by SIGALRM, so no
+                                    ``except FlexhubError`` on the way swallows it
+
 Messages are single lines and never hold a secret value: they are what kubelet copies into pod
 events.
 """
@@ -25,6 +28,7 @@ from typing import ClassVar
 __all__ = [
     "MIN_SECRET_CHARS",
     "BackendError",
+    "CallTimeout",
     "CommandError",
     "CommandTimeout",
     "FlexhubError",
@@ -50,6 +54,24 @@ class FlexhubError(Exception):
 
     status: ClassVar[str] = "Failure"
     exit_code: ClassVar[int] = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = one_line(message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class CallTimeout(BaseException):
+    """The call ran past the node's ``call_timeout``; raised in the main thread by SIGALRM.
+
+    Not a :class:`FlexhubError`: code that tolerates a failed step (``except FlexhubError``)
+    must not swallow it. Rollbacks (``except BaseException: undo; raise``) still run, and the
+    ``with`` blocks of the locks release them on the way out.
+    """
+
+    status: ClassVar[str] = "Failure"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

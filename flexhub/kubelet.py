@@ -306,8 +306,9 @@ def op_unmount(args: list[str], call: Call) -> Reply:
     from flexhub.node.volumes import unmount_volume
 
     configure_logging()
-    unmount_volume(Node(config), target, backend_factory(config, call))
-    return Reply()
+    # Success once nothing is mounted on target, even if something could not be released:
+    # a Failure would make kubelet retry forever and keep the pod Terminating.
+    return Reply(message=unmount_volume(Node(config), target, backend_factory(config, call)))
 
 
 def op_expandvolume(args: list[str], call: Call) -> Reply:
@@ -401,30 +402,66 @@ def handle(args: list[str], call: Call) -> Reply:
         )
 
 
+#: Operations bounded by the node's ``call_timeout`` (the others touch nothing that can hang).
+BOUNDED = ("mount", "unmount", "expandfs")
+#: Seconds a call past its ``call_timeout`` gets to unwind before the process exits.
+UNWIND_GRACE = 15.0
+
+
+def _handle_bounded(args: list[str], call: Call, reply_fd: int, started: float) -> Reply:
+    """:func:`handle` under the call's deadline (see :mod:`flexhub.deadline`)."""
+    try:
+        seconds = _config().call_timeout
+    except FlexhubError:
+        return handle(args, call)  # the call fails on the config at once
+    from flexhub.deadline import call_deadline
+    from flexhub.errors import CallTimeout
+
+    def expire() -> None:
+        message = (
+            f"{call.operation} ran past call_timeout ({seconds:g}s) and did not unwind within "
+            f"{UNWIND_GRACE:g}s: exiting, which releases its locks; the next call finishes "
+            "or undoes the rest"
+        )
+        _answer(call, Reply(status="Failure", message=message), reply_fd, started)
+        os._exit(1)
+
+    try:
+        with call_deadline(seconds, UNWIND_GRACE, call.operation, expire):
+            return handle(args, call)
+    except CallTimeout as exc:
+        return Reply(status=exc.status, message=exc.message)
+
+
+def _answer(call: Call, reply: Reply, reply_fd: int, started: float) -> None:
+    from flexhub.logs import log_call
+
+    reply.message = redact(reply.message, call.secrets, MIN_SECRET_CHARS)
+    log_call(call, reply.status, reply.message, time.monotonic() - started)
+    data = (reply.to_json() + "\n").encode()
+    while data:
+        written = os.write(reply_fd, data)
+        data = data[written:]
+    os.close(reply_fd)
+
+
 def serve(argv: list[str]) -> int:
     """Serve one kubelet call; returns the exit code."""
     started = time.monotonic()
     reply_fd = _protect_streams()
     call = Call(operation=argv[0] if argv else "")
     args = argv[1:]
-    from flexhub.logs import log_call, start_logging
+    from flexhub.logs import start_logging
 
     if not argv:
         reply = Reply(status="Failure", message="no operation given")
     else:
         start_logging(call, _config)
-        reply = handle(args, call)
-    reply.message = redact(reply.message, call.secrets, MIN_SECRET_CHARS)
-    log_call(call, reply.status, reply.message, time.monotonic() - started)
-    return _write_reply(reply_fd, reply)
-
-
-def _write_reply(reply_fd: int, reply: Reply) -> int:
-    data = (reply.to_json() + "\n").encode()
-    while data:
-        written = os.write(reply_fd, data)
-        data = data[written:]
-    os.close(reply_fd)
+        if call.operation in BOUNDED:
+            reply = _handle_bounded(args, call, reply_fd, started)
+        else:
+            reply = handle(args, call)
+    _answer(call, reply, reply_fd, started)
     return reply.exit_code
 
 

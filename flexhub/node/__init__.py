@@ -5,7 +5,7 @@ Backends reach them through one :class:`Node` object (``self.node``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,8 @@ class Node:
         self.runner: CommandRunner = runner or SubprocessRunner(timeout=config.command_timeout)
         self.mounts = MountTable()
         self.journal = Journal(config.state_dir)
+        #: Set by the core around ``BlockBackend.attach``: journals what the attach did.
+        self.progress: Callable[[Mapping[str, str]], None] | None = None
 
     @property
     def state_dir(self) -> Path:
@@ -58,6 +60,20 @@ class Node:
         bound = self.config.lock_timeout if timeout is None else timeout
         with _lock(self.state_dir / "locks", kind, key, bound):
             yield
+
+    def record_progress(self, **details: str) -> None:
+        """Journal, before going on, what an attach has done so far (never a secret).
+
+        Call it from :meth:`~flexhub.backend.BlockBackend.attach` right after each step that
+        leaves something to release (``loop="/dev/loop3"``, ``portals="10.0.0.5:3260"``).
+        The values are merged with those reported before and given to
+        :meth:`~flexhub.backend.BlockBackend.release` if the attach never completes (a
+        crash, a failure). Outside an attach it does nothing.
+
+        :raises StateError: the journal cannot be written (the attach must stop).
+        """
+        if self.progress is not None:
+            self.progress({str(k): str(v) for k, v in details.items()})
 
     def unmount(self, target: Path) -> None:
         """Unmount everything stacked on ``target``, escalating (normal, forced, lazy)."""

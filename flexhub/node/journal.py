@@ -58,8 +58,11 @@ class VolumeRecord:
     """A block device attached by a backend and mounted once on a staging directory.
 
     Written first as an *intent* (``device == ""``) before the backend attaches anything, with
-    the volume's ``options`` (the backend's own keys, never a secret), so that a crash during
-    attach can still be undone: the backend is asked to attach again (idempotent) and detach.
+    the volume's ``options`` (the backend's own keys, never a secret). While the backend
+    attaches, what it reports having done (``Node.record_progress``: a loop device attached,
+    the portals logged in) is merged into ``partial`` and journalled at once, so that a crash
+    during attach is undone by releasing exactly that (``BlockBackend.release``). A backend
+    that reports nothing is asked to attach again (idempotent) and detach, as before.
     """
 
     volume_id: str
@@ -70,6 +73,7 @@ class VolumeRecord:
     details: dict[str, str] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     options: dict[str, str] = field(default_factory=dict)
+    partial: dict[str, str] = field(default_factory=dict)
 
     @property
     def pending(self) -> bool:

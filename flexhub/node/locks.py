@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -28,13 +29,60 @@ def lock_path(lock_dir: Path, kind: str, key: str) -> Path:
     return lock_dir / f"{kind}-{digest}.lock"
 
 
+#: Errors of a state directory that is read-only or full: the lock file cannot be created.
+_NO_WRITE = (errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+
+
+def _open(lock_dir: Path, path: Path, kind: str, key: str) -> int | None:
+    """Open (creating it if needed) the lock file; ``None`` when it cannot exist.
+
+    On a read-only or full state directory an existing lock file is opened read-only (a
+    ``flock`` needs no write access); a missing one cannot be created, and the call goes on
+    unlocked with a warning: nothing that changes the journal can succeed there anyway, so
+    only ``unmount`` (which must still unmount) gets that far.
+    """
+    flags = os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return os.open(path, flags | os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        if exc.errno not in _NO_WRITE:
+            raise StateError(f"cannot open lock file {path}: {exc.strerror}") from None
+        reason = exc.strerror
+    try:
+        return os.open(path, flags | os.O_RDONLY)
+    except FileNotFoundError:
+        LOG.warning(
+            "cannot create lock file %s (%s): going on without the %s lock of %s",
+            path,
+            reason,
+            kind,
+            key,
+        )
+        return None
+    except OSError as exc:
+        raise StateError(f"cannot open lock file {path}: {exc.strerror}") from None
+
+
+def _is_current(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is still the file at ``path`` (a releasing holder may have unlinked it)."""
+    try:
+        on_disk = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (on_disk.st_dev, on_disk.st_ino)
+
+
 @contextmanager
 def lock(lock_dir: Path, kind: str, key: str, timeout: float) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``(kind, key)`` for the ``with`` block.
 
     Locks are per volume or per shared resource, never global. The kernel drops them when the
-    holder dies, even by SIGKILL, so a crash never leaves a lock behind. Lock files are kept
-    (removing them would race with a waiter that already opened the file).
+    holder dies, even by SIGKILL, so a crash never leaves a lock behind. The holder removes
+    the lock file before releasing it, so files do not pile up with pod churn; a waiter that
+    opened the file before that finds, once it holds the lock, that the path no longer names
+    its file, and starts again on the new one (so two holders never coexist).
 
     :param kind: what is locked, e.g. ``"pod"``, ``"volume"``, ``"loopfile"``.
     :param key: the non-secret identity of the thing (a path, a volume id).
@@ -43,32 +91,42 @@ def lock(lock_dir: Path, kind: str, key: str, timeout: float) -> Iterator[None]:
     :raises StateError: the lock directory or file cannot be created.
     """
     path = lock_path(lock_dir, kind, key)
-    try:
-        lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError as exc:
-        raise StateError(f"cannot open lock file {path}: {exc.strerror}") from None
-    try:
-        deadline = time.monotonic() + timeout
-        waited = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise StateError(f"cannot lock {path}: {exc.strerror}") from None
-            if not waited:
-                LOG.debug("waiting for the %s lock of %s", kind, key)
-                waited = True
-            if time.monotonic() >= deadline:
-                raise LockTimeout(
-                    f"timed out after {timeout:g}s waiting for the {kind} lock of {key}"
-                )
-            time.sleep(POLL_INTERVAL)
-        try:
+    deadline = time.monotonic() + timeout
+    waited = False
+    while True:
+        fd = _open(lock_dir, path, kind, key)
+        if fd is None:
             yield
+            return
+        try:
+            _acquire(fd, path, kind, key, deadline, timeout, waited)
+            waited = True
+            if not _is_current(fd, path):
+                continue  # the file we waited on was removed by its last holder
+            try:
+                yield
+            finally:
+                with contextlib.suppress(OSError):
+                    path.unlink()  # still under our flock: nobody else holds this file
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            return
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+            os.close(fd)
+
+
+def _acquire(
+    fd: int, path: Path, kind: str, key: str, deadline: float, timeout: float, waited: bool
+) -> None:
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StateError(f"cannot lock {path}: {exc.strerror}") from None
+        if not waited:
+            LOG.debug("waiting for the %s lock of %s", kind, key)
+            waited = True
+        if time.monotonic() >= deadline:
+            raise LockTimeout(f"timed out after {timeout:g}s waiting for the {kind} lock of {key}")
+        time.sleep(POLL_INTERVAL)

@@ -113,6 +113,26 @@ def _excerpt(result_text: str, secrets: Sequence[str]) -> str:
     return text
 
 
+#: Seconds to wait for a killed command to be reaped. A process in uninterruptible sleep
+#: (I/O to a multipath map without paths, a hung NFS server) dies only when that I/O ends.
+REAP_TIMEOUT = 5.0
+
+
+def _reap(proc: subprocess.Popen[str], shown: str) -> str:
+    """Wait at most :data:`REAP_TIMEOUT` for the killed ``proc``; "" or why it is left."""
+    try:
+        proc.wait(timeout=REAP_TIMEOUT)
+        return ""
+    except subprocess.TimeoutExpired:
+        LOG.error(
+            "%s: pid %d did not exit %gs after SIGKILL (uninterruptible sleep?): left behind",
+            shown,
+            proc.pid,
+            REAP_TIMEOUT,
+        )
+        return f"; pid {proc.pid} is stuck in the kernel and was left behind"
+
+
 def _kill_group(proc: subprocess.Popen[str]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -178,16 +198,16 @@ class SubprocessRunner:
                 for pipe in (proc.stdout, proc.stderr):
                     if pipe is not None:
                         pipe.close()
-                proc.wait()
                 stdout = stderr = ""
+            stuck = _reap(proc, shown) if proc.returncode is None else ""
             LOG.debug("%s timed out after %.3fs", shown, time.monotonic() - started)
             raise CommandTimeout(
-                f"{shown} timed out after {bound:g}s and was killed", returncode=None
+                f"{shown} timed out after {bound:g}s and was killed{stuck}", returncode=None
             ) from None
         finally:
             if proc.returncode is None:  # an unexpected exception: never leave it running
                 _kill_group(proc)
-                proc.wait()
+                _reap(proc, shown)
         elapsed = time.monotonic() - started
         LOG.debug("%s exited %d in %.3fs", shown, proc.returncode, elapsed)
         result = Result(args, proc.returncode, stdout or "", stderr or "")

@@ -13,7 +13,9 @@ record before the bind), so that an interrupted call leaves enough state for the
 for ``unmount``, to converge.
 
 Locks: ``("pod", target)`` then ``("volume", volume id)`` then ``("staging", staging dir)``,
-always in that order; never a global lock.
+always in that order; never a global lock. Filesystem backends get only the pod lock (one
+export's mounts on different pod directories do not queue behind each other) unless they set
+``volume_lock``.
 
 fsGroup: the driver reports ``fsGroup: false`` so kubelet never chowns. For a read-write block
 volume with ``kubernetes.io/mounterArgs.FsGroup``, flexhub sets the group of the
@@ -27,6 +29,7 @@ node); later pods share that mount.
 Test hook: :func:`checkpoint` is called between steps with the names in :data:`CHECKPOINTS`.
 When the environment variable ``FLEXHUB_TEST_CRASH_AT`` equals the name, the process kills
 itself with SIGKILL, so tests can interrupt a mount at each step. It is inert otherwise.
+``attach-progress-<key>`` follows the journalling of a backend's ``record_progress(<key>=...)``.
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from flexhub.backend import Attachment, Backend, BlockBackend, FilesystemBackend
 from flexhub.errors import MIN_SECRET_CHARS, BackendError, FlexhubError, StateError, VolumeError
@@ -90,6 +94,7 @@ UNMOUNT_CHECKPOINTS = ("unbound", "unstaged", "released")
 
 #: Key of the pod's namespace in a volume record's options (never one of a backend's keys).
 _NAMESPACE = "kubernetes.io/pod.namespace"
+_K = TypeVar("_K", str, Path)
 
 #: Seconds given to the ``stat`` of a possibly stale mount point.
 STAT_TIMEOUT = 5.0
@@ -240,7 +245,7 @@ def _mount_filesystem(
     node: Node, backend: FilesystemBackend, target: Path, volume: Volume, volume_id: str
 ) -> None:
     name = _backend_name(node, backend, volume)
-    with node.lock("volume", volume_id):
+    with _filesystem_lock(node, type(backend), volume_id):
         record = node.journal.get_pod(target)
         entry = _clean_if_corrupted(node, target)
         if entry is not None:
@@ -262,6 +267,16 @@ def _mount_filesystem(
             _undo_filesystem(node, backend, target)
             raise
         checkpoint("done")
+
+
+def _filesystem_lock(
+    node: Node, backend_type: type[Backend | None], volume_id: str
+) -> contextlib.AbstractContextManager[None]:
+    """The volume lock if the filesystem backend asks for it; else nothing (the caller holds
+    the pod lock, which is all that one pod directory needs)."""
+    if getattr(backend_type, "volume_lock", False):
+        return node.lock("volume", volume_id)
+    return contextlib.nullcontext()
 
 
 def _undo_filesystem(node: Node, backend: FilesystemBackend, target: Path) -> None:
@@ -449,11 +464,15 @@ def _attach_and_record(
     if volume.pod is not None and volume.pod.namespace:
         # a backend may resolve the volume in its namespace (loopfile): _detach needs it too
         options[_NAMESPACE] = volume.pod.namespace
-    node.journal.put_volume(
-        VolumeRecord(volume_id, name, "", str(staging), fs_type, {}, options=options)
+    earlier = node.journal.get_volume(volume_id)
+    # An attach interrupted earlier may have left something: keep what it reported.
+    partial = dict(earlier.partial) if earlier is not None and earlier.pending else {}
+    intent = VolumeRecord(
+        volume_id, name, "", str(staging), fs_type, {}, options=options, partial=partial
     )
+    node.journal.put_volume(intent)
     checkpoint("volume-intent")
-    attachment = backend.attach(volume)
+    attachment = _attach_reporting(node, backend, volume, intent)
     progress.attachment = attachment
     checkpoint("attached")
     details = record_details(attachment.details)
@@ -468,6 +487,27 @@ def _attach_and_record(
     node.journal.put_volume(record)
     checkpoint("volume-record")
     return record
+
+
+def _attach_reporting(
+    node: Node, backend: BlockBackend, volume: Volume, intent: VolumeRecord
+) -> Attachment:
+    """``backend.attach``, journalling each ``record_progress`` into the intent at once."""
+    record = [intent]
+
+    def journal(details: Mapping[str, str]) -> None:
+        _check_no_secret(intent.backend, dict(details), volume)
+        record[0] = dataclasses.replace(record[0], partial={**record[0].partial, **details})
+        node.journal.put_volume(record[0])
+        for key in details:
+            checkpoint(f"attach-progress-{key}")
+
+    previous = backend.node.progress
+    backend.node.progress = journal
+    try:
+        return backend.attach(volume)
+    finally:
+        backend.node.progress = previous
 
 
 def _undo_block(
@@ -530,9 +570,18 @@ def _users(node: Node, staging: Path, exclude: Path) -> list[str]:
 
 
 def _detach(backend: BlockBackend, record: VolumeRecord) -> None:
-    """Release the device of ``record``; for an intent, attach again (idempotent) first."""
+    """Release the device of ``record``; for an intent, what the attach reported (or, for a
+    backend that reports nothing, attach again (idempotent) first)."""
     if not record.pending:
         backend.detach(Attachment(record.device, dict(record.details)))
+        return
+    if backend.releases_partial:
+        LOG.info(
+            "%s was interrupted during attach: releasing what it reported (%s)",
+            record.volume_id,
+            ", ".join(f"{k}={v}" for k, v in sorted(record.partial.items())) or "nothing",
+        )
+        backend.release(dict(record.partial))
         return
     if not record.options:
         LOG.warning("intent record of %s has no options: cannot release it", record.volume_id)
@@ -561,55 +610,86 @@ def _remove_dir(path: Path) -> None:
     try:
         path.rmdir()
     except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EBUSY):
+        if exc.errno == errno.EROFS:
+            LOG.warning("cannot remove %s: %s", path, exc.strerror)
+        elif exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EBUSY):
             raise
 
 
 # -- unmount -------------------------------------------------------------------------------------
 
 
-def unmount_volume(node: Node, target: Path, load_backend: Callable[[str], Backend]) -> None:
+def unmount_volume(node: Node, target: Path, load_backend: Callable[[str], Backend]) -> str:
     """Unmount the pod directory ``target`` and release what no other pod uses.
 
     Idempotent: a directory that is not mounted, no longer exists, or has no (readable)
     record is success after cleaning what remains. A corrupt record falls back to mountinfo.
+    Once nothing is mounted on ``target``, the call succeeds even when the journal cannot
+    be updated (a read-only or full ``state_dir``) or the backend cannot be loaded to release
+    its device: both are logged and returned, and the records are kept for a later call.
 
     :param load_backend: returns the backend instance of a journalled backend name.
+    :returns: what could not be released or forgotten ("" when everything was).
     """
     given, target = _abs(target), pod_dir(target)
     secure_state_dir(node.state_dir)
+    notes: list[str] = []
     with node.lock("pod", str(target)):
         _adopt_pod_record(node, given, target)
         record = node.journal.get_pod(target)
         if record is not None and record.staging is None:
             _unmount_filesystem(node, target, record, load_backend)
-            return
+            _forget(node.journal.delete_pod, target, notes)
+            return "; ".join(notes)
         staging: Path | None = Path(record.staging) if record and record.staging else None
         volume_id = record.volume_id if record else None
         if record is None:
             staging, volume_id = _guess_staging(node, target)
         if staging is None:
             cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
-            node.journal.delete_pod(target)
-            return
+            _forget(node.journal.delete_pod, target, notes)
+            return "; ".join(notes)
         with _volume_locks(node, volume_id, staging):
             cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
             checkpoint("unbound")
-            _release(node, staging, volume_id, target, load_backend)
+            _release(node, staging, volume_id, target, load_backend, notes)
             checkpoint("released")
-            node.journal.delete_pod(target)
+            _forget(node.journal.delete_pod, target, notes)
+    return "; ".join(notes)
+
+
+def _forget(delete: Callable[[_K], None], key: _K, notes: list[str]) -> None:
+    """Delete a journal record after the unmount it describes: a failure is only a warning
+    (the next call finds nothing mounted and deletes it then)."""
+    try:
+        delete(key)
+    except StateError as exc:
+        LOG.warning("unmounted, but the journal was not updated: %s", exc)
+        notes.append(f"journal not updated: {exc}")
 
 
 def _unmount_filesystem(
     node: Node, target: Path, record: PodRecord, load_backend: Callable[[str], Backend]
 ) -> None:
-    with node.lock("volume", record.volume_id):
-        if node.mounts.is_mount_point(target):
-            backend = load_backend(record.backend)
-            if isinstance(backend, FilesystemBackend):
-                backend.unmount(target, record.details)
+    backend = None
+    if node.mounts.is_mount_point(target):
+        backend = _load_for_unmount(load_backend, record.backend, record.volume_id)
+    with _filesystem_lock(node, type(backend), record.volume_id):
+        if isinstance(backend, FilesystemBackend) and node.mounts.is_mount_point(target):
+            backend.unmount(target, record.details)
         cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
-        node.journal.delete_pod(target)
+
+
+def _load_for_unmount(
+    load_backend: Callable[[str], Backend], name: str, volume_id: str
+) -> Backend | None:
+    """The backend ``name``, or ``None`` (logged) when it cannot be loaded: unmount goes on
+    with what the core can do alone."""
+    try:
+        return load_backend(name)
+    except FlexhubError as exc:
+        LOG.warning("backend %r unusable for unmounting %s: %s", name, volume_id, exc)
+        return None
 
 
 def _guess_staging(node: Node, target: Path) -> tuple[Path | None, str | None]:
@@ -638,6 +718,7 @@ def _release(
     volume_id: str | None,
     target: Path,
     load_backend: Callable[[str], Backend],
+    notes: list[str],
 ) -> None:
     """Unmount the staging directory and detach the device, unless another pod uses them."""
     users = _users(node, staging, exclude=target)
@@ -657,13 +738,23 @@ def _release(
             LOG.warning(
                 "no readable record for %s: %s unmounted but left attached", staging, staged.source
             )
-        node.journal.delete_volume_by_prefix(staging.name)
+        _forget(node.journal.delete_volume_by_prefix, staging.name, notes)
     else:
-        backend = load_backend(record.backend)
+        backend = _load_for_unmount(load_backend, record.backend, record.volume_id)
         if not isinstance(backend, BlockBackend):
-            raise BackendError(f"backend {record.backend!r} is not a block backend")
+            # The core unmounted everything; only the backend knows how to release its device.
+            # The record stays: the next mount of the volume reuses the device, `flexhub state`
+            # shows it, and an unmount after the backend is repaired releases it.
+            left = (
+                f"{record.device or 'the device'} of {record.volume_id} left attached: "
+                f"backend {record.backend!r} cannot be loaded to release it"
+            )
+            LOG.warning("%s", left)
+            notes.append(left)
+            _remove_dir(staging)
+            return
         _detach(backend, record)
-        node.journal.delete_volume(record.volume_id)
+        _forget(node.journal.delete_volume, record.volume_id, notes)
     _remove_dir(staging)
     LOG.info("released %s", record.volume_id if record else staging)
 

@@ -628,3 +628,62 @@ def test_expand_resizes_the_multipath_map(backend: IscsiBackend, runner: FakeIsc
     runner.answers.append((("resize", "map"), resize))  # type: ignore[arg-type]
     backend.expand(attachment, make_volume(pod=False), 96 * MiB)
     assert ["multipathd", "resize", "map", "mpatha"] in runner.calls
+
+
+# --------------------------------------------------------------------------- interrupted attach
+
+
+def test_attach_reports_its_progress_without_a_secret(
+    backend: IscsiBackend, node: Node, runner: FakeIscsi
+) -> None:
+    reports: list[tuple[int, dict[str, str]]] = []
+    node.progress = lambda details: reports.append((len(runner.calls), dict(details)))
+    volume = make_volume(SESSION_SECRETS, chapAuthSession="true", portals="127.0.0.2:3260")
+    backend.attach(volume)
+    # the target before any command (a crash in the login is undone), the device last
+    assert reports[0] == (
+        0,
+        {"iqn": IQN, "lun": "0", "iface": "default", "portals": "127.0.0.1:3260,127.0.0.2:3260"},
+    )
+    assert reports[-1][1] == {"multipath": ""}
+    for value in ALL_SECRETS:
+        assert value not in json.dumps(reports)
+
+
+def test_an_attach_killed_after_login_is_released_without_logging_in_again(
+    backend: IscsiBackend, node: Node, runner: FakeIscsi, sysfs: FakeSysfs, tmp_path: Path
+) -> None:
+    # A CHAP mount was SIGKILLed after the login, before its journal record: the journal
+    # holds the intent and what the attach reported. unmount has no secret to log in with.
+    from flexhub.node.journal import PodRecord
+    from flexhub.node.volumes import staging_dir, unmount_volume
+
+    reports: dict[str, str] = {}
+    node.progress = reports.update
+    volume = make_volume(SESSION_SECRETS, chapAuthSession="true", portals="127.0.0.2:3260")
+    volume_id = backend.volume_id(volume)
+    backend.attach(volume)
+    node.progress = None
+    assert len(sysfs.sessions_of(IQN, "default")) == 2
+    target = tmp_path / "pod" / "vol"
+    target.mkdir(parents=True)
+    staging = str(staging_dir(node, volume_id))
+    node.journal.put_pod(PodRecord(str(target), "iscsi", volume_id, staging))
+    node.journal.put_volume(
+        VolumeRecord(
+            volume_id, "iscsi", "", staging, "ext4", options=dict(volume.options), partial=reports
+        )
+    )
+    runner.calls.clear()
+
+    after_restart = IscsiBackend(node)
+    after_restart.sysfs = sysfs
+    assert unmount_volume(node, target, lambda name: after_restart) == ""
+    cmds = runner.iscsiadm_calls()
+    assert not any("--login" in c for c in cmds)
+    node_cmd = ["iscsiadm", "-m", "node", "-T", IQN]
+    assert [*node_cmd, "-p", "127.0.0.1:3260", "-I", "default", "--logout"] in cmds
+    assert [*node_cmd, "-p", "127.0.0.2:3260", "-I", "default", "--logout"] in cmds
+    assert cmds[-1] == [*node_cmd, "-I", "default", "-o", "delete"]  # the node records
+    assert sysfs.sessions_of(IQN, "default") == []
+    assert node.journal.volumes() == [] and node.journal.pods() == []

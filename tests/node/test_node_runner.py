@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,75 @@ def test_timeout_returns_even_if_an_escaped_grandchild_holds_the_pipes(tmp_path:
         if pidfile.exists():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+FREEZE_SELF = """
+import os, sys, time
+cgroup = sys.argv[1]
+with open(cgroup + "/cgroup.procs", "w") as handle:
+    handle.write(str(os.getpid()))
+with open(cgroup + "/freezer.state", "w") as handle:
+    handle.write("FROZEN")
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def freezer_cgroup() -> Iterator[Path]:
+    """A cgroup-v1 freezer group: a frozen task is in uninterruptible sleep (state D) and a
+    SIGKILL takes effect only once it is thawed, like I/O to a multipath map with no path."""
+    if os.geteuid() != 0 or not FREEZER.is_dir():
+        pytest.skip("needs root and the cgroup-v1 freezer")
+    cgroup = FREEZER / f"flexhub-test-{os.getpid()}"
+    try:
+        cgroup.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot create a freezer cgroup: {exc}")
+    try:
+        yield cgroup
+    finally:
+        (cgroup / "freezer.state").write_text("THAWED")
+        for _ in range(100):  # a killed task exits once thawed
+            pids = (cgroup / "cgroup.procs").read_text().split()
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            time.sleep(0.05)
+        cgroup.rmdir()
+
+
+def test_a_killed_command_stuck_in_the_kernel_does_not_hang_the_call(
+    freezer_cgroup: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sys
+    import threading
+
+    run = SubprocessRunner(timeout=10)
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            run([sys.executable, "-c", FREEZE_SELF, str(freezer_cgroup)], timeout=1)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    with caplog.at_level(logging.ERROR):
+        thread = threading.Thread(target=call, daemon=True)
+        thread.start()
+        thread.join(60)  # generous; without a bound on the reap it would wait for ever
+        returned = not thread.is_alive()
+        (pid,) = map(int, (freezer_cgroup / "cgroup.procs").read_text().split())
+        assert Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "D"
+        (freezer_cgroup / "freezer.state").write_text("THAWED")
+        thread.join(60)
+    assert returned
+    assert len(outcome) == 1 and isinstance(outcome[0], CommandTimeout)
+    assert f"pid {pid} is stuck in the kernel and was left behind" in str(outcome[0])
+    assert f"pid {pid} did not exit" in caplog.text
 
 
 def test_recording_runner_scripts_by_longest_prefix() -> None:

@@ -38,7 +38,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from flexhub.backend import (
@@ -179,6 +179,14 @@ class IscsiBackend(BlockBackend):
         started = time.monotonic()
         with self._target_locks(target.iqn, iface):
             before = self._lun_disks(target.iqn, iface, target.lun)
+            # Journalled before anything is done: an attach that never returns is undone by
+            # release() from this, without logging in again (the secrets are mount's only).
+            self.node.record_progress(
+                iqn=target.iqn,
+                lun=str(target.lun),
+                iface=iface,
+                portals=",".join(str(p) for p in target.portals),
+            )
             try:
                 if target.initiator_name:
                     self._ensure_dedicated_iface(adm, target.iface, iface, target.initiator_name)
@@ -188,6 +196,7 @@ class IscsiBackend(BlockBackend):
                 logged_in = time.monotonic()
                 disks = self._wait_disks(target, iface, settings.device_timeout)
                 device, mpath = self._pick_device(adm, disks, settings.multipath_timeout)
+                self.node.record_progress(multipath=mpath)
                 reservation = self._fence_for_write(volume, target, disks, settings)
             except BaseException:
                 self._cleanup_failed_attach(adm, target, iface, before)
@@ -237,6 +246,16 @@ class IscsiBackend(BlockBackend):
             self._logout_if_unused(adm, iqn, iface, lun, portals)
             if iface.startswith(IFACE_PREFIX):
                 self._delete_iface_if_unused(adm, iface, exclude=f"iscsi:{iqn}:{lun}")
+
+    releases_partial = True
+
+    def release(self, partial: Mapping[str, str]) -> None:
+        """Undo an attach that never returned, from what it reported: the LUN's disks (and
+        multipath map), then, unless another LUN of the target is in use, the sessions on the
+        reported portals, the node records and a dedicated iface. Never logs in."""
+        if not partial.get("iqn") or not partial.get("lun", "").isdigit():
+            return  # it stopped before its first report: it did nothing
+        self.detach(Attachment("", partial))
 
     def expand(self, attachment: Attachment, volume: Volume, new_size: int) -> None:
         """Rescan the LUN on every path (and the multipath map) until it has ``new_size``."""

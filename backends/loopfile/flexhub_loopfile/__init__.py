@@ -297,6 +297,7 @@ class LoopfileBackend(BlockBackend):
         """Create the file if needed and return a loop device mapping it."""
         path = self._resolve(volume)
         self._adopt(volume, path)
+        self.node.record_progress(file=str(path))
         created = self._ensure_file(path, volume)
         data = None if created else _has_data(path)
         markers = self._markers()
@@ -310,10 +311,26 @@ class LoopfileBackend(BlockBackend):
             # An attached device may hold writes the file does not show yet: "no data
             # extents" proves nothing then, only "has data" does.
             blank = True if created else (False if data else None)
+            self.node.record_progress(loop=dev.path)
             return self._attachment(dev, path, created=ours, blank=blank)
         dev = self._attach_new(path, markers)
+        self.node.record_progress(loop=dev.path)
         blank = True if created else (None if data is None else not data)
         return self._attachment(dev, path, created=True, blank=blank)
+
+    releases_partial = True
+
+    def release(self, partial: Mapping[str, str]) -> None:
+        """Undo an attach that never returned: detach the loop device it reported or, if it
+        stopped before reporting one, the device mapping its file; never attaches. As in
+        :meth:`detach`, only a device flexhub attached (its ownership marker) is detached."""
+        file = partial.get("file", "")
+        loop = partial.get("loop", "")
+        if not loop and file:
+            dev = _loop.find_for_file(Path(file))
+            loop = dev.path if dev is not None else ""
+        if loop:
+            self.detach(Attachment(loop, {"loop": loop, "file": file}))
 
     def detach(self, attachment: Attachment) -> None:
         """Detach the loop device if flexhub attached it; leave anybody else's alone."""

@@ -281,9 +281,15 @@ class Markers:
         os.replace(tmp, target)
 
     def remove(self, dev: LoopDevice) -> None:
-        """Forget ``dev`` (no error when there is no marker)."""
-        with contextlib.suppress(FileNotFoundError):
+        """Forget ``dev`` (no error when there is no marker; a read-only or broken state
+        directory is only a warning: the device is already released, and a marker of a
+        detached device is never trusted, see :meth:`owns`)."""
+        try:
             self._path(dev).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            LOG.warning("cannot remove the marker of %s: %s", dev.path, exc.strerror)
 
     def owns(self, dev: LoopDevice, file: Path | None = None) -> bool:
         """True when flexhub attached ``dev``'s current binding (and, if given, to ``file``)."""

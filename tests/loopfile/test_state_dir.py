@@ -1,0 +1,38 @@
+"""loopfile through the installed driver with a state_dir that turned read-only (real mounts)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flexhub.harness import Kubelet
+from tests.conftest import needs_root
+from tests.loopfile.test_driver_e2e import VOL, kube, loops_of, mount, mounts_under
+
+__all__ = ["kube"]  # the fixture that cleans up after each test
+
+pytestmark = [needs_root, pytest.mark.root]
+
+
+def test_unmount_with_a_read_only_state_dir_unmounts_and_detaches(
+    kube: Kubelet, node_tree: dict[str, Path]
+) -> None:
+    state = node_tree["state"]
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "state", str(state)], check=True)
+    uid = kube.new_pod_uid()
+    assert mount(kube, uid, VOL).ok
+    image = node_tree["loopfiles"] / "namespaces" / "default" / "vols" / "a.img"
+    assert len(loops_of(image)) == 1
+    subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
+
+    reply = kube.unmount(uid, "pv-1")
+    assert reply is not None and reply.ok, reply
+    assert "journal not updated" in reply.message
+    assert mounts_under(node_tree["kubelet"]) == []
+    assert mounts_under(state) == [str(state)]  # only the tmpfs itself: staging unmounted
+    assert loops_of(image) == []  # the loop device too (its ownership marker stays)
+    log = (node_tree["log"] / "flexhub.log").read_text()
+    assert "cannot remove the marker of" in log
