@@ -29,8 +29,10 @@ def lock_path(lock_dir: Path, kind: str, key: str) -> Path:
 
 
 @contextmanager
-def lock(lock_dir: Path, kind: str, key: str, timeout: float) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``(kind, key)`` for the ``with`` block.
+def lock(
+    lock_dir: Path, kind: str, key: str, timeout: float, shared: bool = False
+) -> Iterator[None]:
+    """Hold an exclusive (or, with ``shared``, a shared) ``flock`` on ``(kind, key)``.
 
     Locks are per volume or per shared resource, never global. The kernel drops them when the
     holder dies, even by SIGKILL, so a crash never leaves a lock behind. Lock files are kept
@@ -38,7 +40,8 @@ def lock(lock_dir: Path, kind: str, key: str, timeout: float) -> Iterator[None]:
 
     :param kind: what is locked, e.g. ``"pod"``, ``"volume"``, ``"loopfile"``.
     :param key: the non-secret identity of the thing (a path, a volume id).
-    :param timeout: seconds to wait for a busy lock.
+    :param timeout: seconds to wait for a busy lock (0: try once).
+    :param shared: many holders at once; an exclusive holder waits for all of them.
     :raises LockTimeout: the lock stayed busy for ``timeout`` seconds.
     :raises StateError: the lock directory or file cannot be created.
     """
@@ -53,7 +56,7 @@ def lock(lock_dir: Path, kind: str, key: str, timeout: float) -> Iterator[None]:
         waited = False
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
                 break
             except OSError as exc:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
