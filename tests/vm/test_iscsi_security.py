@@ -31,10 +31,11 @@ clean = test_iscsi.clean
 pytest_plugins = ["tests.rig.fixtures"]
 
 SAMPLER = r"""
-import os, sys, time
-needles = [n.encode() for n in sys.argv[2:]]
-seen = scans = iscsiadm = 0
-hits = set()
+import os, sys
+with open(sys.argv[2], "rb") as f:  # not on this argv: the sampler would find itself
+    needles = f.read().split(b"\n")
+out = open(sys.argv[3], "a", buffering=1)
+scans = iscsiadm = 0
 while not os.path.exists(sys.argv[1]):
     scans += 1
     for pid in os.listdir("/proc"):
@@ -47,13 +48,17 @@ while not os.path.exists(sys.argv[1]):
             continue
         if b"iscsiadm" in argv.split(b"\0")[0]:
             iscsiadm += 1
-        for n in needles:
-            if n in argv:
-                hits.add(argv.replace(b"\0", b" ").decode("utf-8", "replace")[:200])
-print(scans, iscsiadm, len(hits))
-for h in sorted(hits):
-    print(h)
+        if any(n in argv for n in needles):
+            out.write("HIT " + argv.replace(b"\0", b" ").decode("utf-8", "replace")[:200] + "\n")
+out.write(f"DONE {scans} {iscsiadm}\n")
 """
+
+
+def argv_hits(vm: VM) -> list[str]:
+    """The command lines the sampler caught with a CHAP value so far."""
+    text = vm.run(["cat", "/tmp/sampler.out"]).stdout
+    return [line for line in text.splitlines() if line.startswith("HIT ")]
+
 
 WRONG = "Wrong-Sess-Pw-q7Zt"
 
@@ -74,16 +79,17 @@ def test_chap_identity_argv_and_discovery_records(vm: VM, kubelet: Kubelet, clea
     needles = [SESSION_CHAP.password, DISCOVERY_CHAP.password, WRONG, SESSION_CHAP.userid]
     vm.write_file("/tmp/sampler.py", SAMPLER.encode())
     vm.run(["rm", "-f", "/tmp/sampler.stop"])
-    sampler = " ".join(
-        shlex.quote(a) for a in [vm.python, "/tmp/sampler.py", "/tmp/sampler.stop", *needles]
-    )
-    vm.run(["/bin/sh", "-c", f"setsid {sampler} >/tmp/sampler.out 2>&1 </dev/null &"])
+    vm.write_file("/tmp/sampler.needles", "\n".join(needles).encode())
+    vm.run(["rm", "-f", "/tmp/sampler.out"])
+    sampler = f"{vm.python} /tmp/sampler.py /tmp/sampler.stop /tmp/sampler.needles"
+    vm.run(["/bin/sh", "-c", f"setsid {sampler} /tmp/sampler.out >/dev/null 2>&1 </dev/null &"])
     chap = {"chapAuthSession": "true", "chapAuthDiscovery": "true"}
 
     a, reply = kubelet.mount(
         target, secrets=chap_secrets(SESSION_CHAP, DISCOVERY_CHAP), pv="pv-a", **chap
     )
     assert reply == {"status": "Success"}
+    assert argv_hits(vm) == [], "a CHAP value was on a command line"
     write(vm, a, "data", "from a")
     assert node_records(vm, other.iqn) == [], "discovery left the other target's record"
 
@@ -113,13 +119,13 @@ def test_chap_identity_argv_and_discovery_records(vm: VM, kubelet: Kubelet, clea
 
     vm.run(["touch", "/tmp/sampler.stop"])
     for _ in range(100):
-        out = vm.run(["cat", "/tmp/sampler.out"]).stdout
-        if out.strip():
+        done = [x for x in vm.run(["cat", "/tmp/sampler.out"]).stdout.split("\n") if "DONE" in x]
+        if done:
             break
         time.sleep(0.2)
-    scans, iscsiadm, hits = (int(x) for x in out.split()[:3])
-    assert scans > 0 and iscsiadm > 0, out  # it did see iscsiadm running
-    assert hits == 0, f"a CHAP value was on a command line:\n{out}"
+    scans, iscsiadm = (int(x) for x in done[0].split()[1:3])
+    assert scans > 0 and iscsiadm > 0, done  # it did see iscsiadm running
+    assert argv_hits(vm) == [], "a CHAP value was on a command line"
 
 
 LISTENER = r"""
