@@ -11,12 +11,13 @@ CHAP credentials come from the PV's ``secretRef`` under the in-tree key names
 
 Life cycle (the core holds the volume lock, formats safely, stages, binds and counts pods):
 
-* :meth:`IscsiBackend.attach`, under a lock per target: SendTargets discovery on each portal
-  (with discovery CHAP when asked), the node record set to ``node.startup=manual`` and
-  ``node.session.scan=manual`` (plus session CHAP), a login per portal (a subset may fail
-  when one path works; an existing session is reused), a scan of the one requested LUN on
-  every session, a bounded wait for its disks in sysfs (udev not needed), and the multipath
-  map when there are several paths and multipathd runs (else the first path).
+* :meth:`IscsiBackend.attach`: per portal, SendTargets discovery (with discovery CHAP when
+  asked; the node records it made for anything else are deleted), the node record set to
+  ``node.startup=manual`` and ``node.session.scan=manual`` (plus session CHAP) and a login (a
+  subset may fail when one path works; an existing session is reused); then a scan of the
+  one requested LUN on every session, a bounded wait for its disks in sysfs (udev not
+  needed), and the multipath map when there are several paths and multipathd runs (else the
+  first path).
 * :meth:`IscsiBackend.detach`: flush, remove the multipath map and the LUN's SCSI disks;
   then log out and delete the target's node records only when no other LUN of the target is
   still in use on the node (live disks in the target's sessions, and flexhub's journal of
@@ -25,11 +26,20 @@ Life cycle (the core holds the volume lock, formats safely, stages, binds and co
 * :meth:`IscsiBackend.expand`: rescan the LUN's disks (and resize the multipath map), then
   check that the device reached the new size.
 
-Secrets: CHAP values are passed to every command as ``secrets`` (masked by the runner) and
+Secrets: CHAP values never reach a command line: they are written into open-iscsi's record
+files (:mod:`flexhub_iscsi._records`), checked first (:mod:`flexhub_iscsi._chap`), and
 scrubbed from every message built from iscsiadm's output; attachment details (journaled)
-never hold one. They are visible in ``/proc/<pid>/cmdline`` of iscsiadm while it runs (it
-has no other way to take them), and open-iscsi keeps them in its own node and discovery
-databases under ``/etc/iscsi`` (root-only), as it must to log in again after a reconnect.
+never hold one. open-iscsi keeps the session credentials in its node record (root-only), as
+it must to log in again after a reconnect; discovery credentials are wiped after discovery.
+
+Sharing: :meth:`IscsiBackend.access` is the volume's connection identity (the core shares a
+staged LUN only with the same); a volume of another LUN reuses the target's session only
+with the same iface and session CHAP as the staged volumes using it.
+
+Locks: an attach holds the target's *use* lock shared (attaches of a target run side by side,
+each portal on its own thread, under a per-portal lock for discovery and its node record);
+a release takes the target lock and logs out only if it can take the use lock exclusively at
+once, so an unmount never waits for a mount in flight.
 """
 
 from __future__ import annotations

@@ -74,6 +74,7 @@ class RecordFiles:
         address = show.get("node.conn[0].address", "")
         port = show.get("node.conn[0].port", "")
         tpgt = show.get("node.tpgt", "")
+        _check_names(iqn, iface, address, port, tpgt)
         base = self.root / "nodes" / iqn
         candidates = [base / f"{address},{port},{tpgt}" / iface, base / f"{address},{port}"]
         for path in candidates:
@@ -88,6 +89,7 @@ class RecordFiles:
         """The file of the SendTargets record that ``iscsiadm -o show`` printed."""
         address = show.get("discovery.sendtargets.address", "")
         port = show.get("discovery.sendtargets.port", "")
+        _check_names(address, port)
         path = self.root / "send_targets" / f"{address},{port}" / "st_config"
         if not (address and port and path.is_file()) or path.is_symlink():
             raise VolumeError(
@@ -133,6 +135,13 @@ class RecordFiles:
         end = next((i for i, line in enumerate(kept) if line.strip() == _END), len(kept))
         text = "\n".join([*kept[:end], *new, *kept[end:]]) + "\n"
         _replace(path, text, tmp_dir / f".flexhub-record-{os.getpid()}-{threading.get_ident()}")
+
+
+def _check_names(*names: str) -> None:
+    """Refuse a path component that could leave the record directory."""
+    for name in names:
+        if "/" in name or "\0" in name or name in (".", ".."):
+            raise VolumeError(f"iscsi: {name!r} cannot name an open-iscsi record")
 
 
 def _replace(path: Path, text: str, tmp: Path) -> None:
