@@ -65,11 +65,13 @@ WRONG = "Wrong-Sess-Pw-q7Zt"
 
 def test_chap_identity_argv_and_discovery_records(vm: VM, kubelet: Kubelet, clean: None) -> None:
     """Volume A (right CHAP) staged; B naming the same LUN with a wrong password, or without
-    CHAP, fails naming what differs and leaves A alone; C with the same credentials shares.
+    CHAP, fails naming what differs and leaves A alone, and so does a volume of another LUN
+    that would reuse A's session; D with the same credentials shares.
     No CHAP value is ever in any process's argv; discovery leaves no record of the other
     target behind the portal."""
     target = services.iscsi_target(
         vm,
+        lun_sizes=[64 << 20, 16 << 20],
         session_chap=SESSION_CHAP,
         discovery_chap=DISCOVERY_CHAP,
         initiators=[services.GUEST_INITIATOR],
@@ -102,6 +104,14 @@ def test_chap_identity_argv_and_discovery_records(vm: VM, kubelet: Kubelet, clea
     for value in needles:
         assert value not in message
     assert vm.run(["mountpoint", "-q", b], check=False).rc != 0
+
+    # another LUN of the target would reuse A's session (no login): same rule
+    e, reply = kubelet.mount(
+        target, 1, secrets=chap_secrets(wrong, DISCOVERY_CHAP), pv="pv-e", **chap
+    )
+    assert reply["status"] == "Failure"
+    assert "session CHAP password" in str(reply["message"]), reply
+    assert vm.run(["mountpoint", "-q", e], check=False).rc != 0
 
     c, reply = kubelet.mount(target, pv="pv-c")  # no CHAP at all
     assert reply["status"] == "Failure" and "CHAP" in str(reply["message"]), reply
