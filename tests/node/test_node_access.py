@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -62,4 +63,20 @@ def test_a_staged_volume_is_shared_only_with_the_same_identity(rig: Rig) -> None
     assert not MountTable().is_mount_point(
         staging_dir(rig.node, backend.volume_id(_volume(file, "", "")))
     )
+    rig.assert_clean()
+
+
+def test_a_volume_staged_without_an_identity_is_shared_with_nobody(rig: Rig) -> None:
+    """A record journalled before identities were (an upgrade) proves nothing: refuse."""
+    backend = KeyedBlockfile(rig.node)
+    file = rig.file()
+    a, b = rig.pod("a"), rig.pod("b")
+    volume = _volume(file, "alice", "secret-1")
+    mount_volume(rig.node, backend, a, volume)
+    record = rig.node.journal.get_volume(backend.volume_id(volume))
+    assert record is not None
+    rig.node.journal.put_volume(dataclasses.replace(record, access={}))
+    with pytest.raises(VolumeError, match="key digest, user differ"):
+        mount_volume(rig.node, backend, b, volume)
+    unmount_volume(rig.node, a, lambda name: backend)
     rig.assert_clean()
