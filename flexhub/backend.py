@@ -212,6 +212,21 @@ class BlockBackend(Backend):
         Idempotent: when the device is already present, return it again.
         """
 
+    def access(self, volume: Volume) -> Mapping[str, str]:
+        """The volume's *connection identity*: what lets this node reach the storage.
+
+        The core journals it with the staged volume (so **never a secret**: digest secret
+        parts with a node-local key, e.g. HMAC) and compares it on every later ``mount`` of
+        the same volume id that would share the staging mount without calling
+        :meth:`attach`: any key whose value differs (or is missing on one side) makes that
+        mount a Failure naming the keys, never the values. So a volume that names the same
+        storage with other credentials cannot ride on a device attached with the right ones.
+        The default, ``{}``, lets every volume of the same id share.
+
+        .. versionadded:: 0.2
+        """
+        return {}
+
     @abc.abstractmethod
     def detach(self, attachment: Attachment) -> None:
         """Release a device returned by :meth:`attach`; no-op when already gone."""

@@ -52,13 +52,16 @@ class Node:
         return self.config.backend_table(self.backend)
 
     @contextmanager
-    def lock(self, kind: str, key: str, timeout: float | None = None) -> Iterator[None]:
-        """Hold the cross-process lock on ``(kind, key)``, waiting at most ``timeout`` s.
+    def lock(
+        self, kind: str, key: str, timeout: float | None = None, shared: bool = False
+    ) -> Iterator[None]:
+        """Hold the cross-process lock on ``(kind, key)``, waiting at most ``timeout`` s
+        (``0``: try once); ``shared`` locks coexist and keep exclusive ones out.
 
         :raises LockTimeout: the lock stayed busy for the whole bound.
         """
         bound = self.config.lock_timeout if timeout is None else timeout
-        with _lock(self.state_dir / "locks", kind, key, bound):
+        with _lock(self.state_dir / "locks", kind, key, bound, shared):
             yield
 
     def record_progress(self, **details: str) -> None:

@@ -74,6 +74,8 @@ class VolumeRecord:
     created: float = field(default_factory=time.time)
     options: dict[str, str] = field(default_factory=dict)
     partial: dict[str, str] = field(default_factory=dict)
+    #: The backend's connection identity (:meth:`BlockBackend.access`), never a secret.
+    access: dict[str, str] = field(default_factory=dict)
 
     @property
     def pending(self) -> bool:

@@ -75,8 +75,10 @@ def _is_current(fd: int, path: Path) -> bool:
 
 
 @contextmanager
-def lock(lock_dir: Path, kind: str, key: str, timeout: float) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``(kind, key)`` for the ``with`` block.
+def lock(
+    lock_dir: Path, kind: str, key: str, timeout: float, shared: bool = False
+) -> Iterator[None]:
+    """Hold an exclusive (or, with ``shared``, a shared) ``flock`` on ``(kind, key)``.
 
     Locks are per volume or per shared resource, never global. The kernel drops them when the
     holder dies, even by SIGKILL, so a crash never leaves a lock behind. The holder removes
@@ -86,7 +88,8 @@ def lock(lock_dir: Path, kind: str, key: str, timeout: float) -> Iterator[None]:
 
     :param kind: what is locked, e.g. ``"pod"``, ``"volume"``, ``"loopfile"``.
     :param key: the non-secret identity of the thing (a path, a volume id).
-    :param timeout: seconds to wait for a busy lock.
+    :param timeout: seconds to wait for a busy lock (0: try once).
+    :param shared: many holders at once; an exclusive holder waits for all of them.
     :raises LockTimeout: the lock stayed busy for ``timeout`` seconds.
     :raises StateError: the lock directory or file cannot be created.
     """
@@ -99,27 +102,49 @@ def lock(lock_dir: Path, kind: str, key: str, timeout: float) -> Iterator[None]:
             yield
             return
         try:
-            _acquire(fd, path, kind, key, deadline, timeout, waited)
+            _acquire(fd, path, kind, key, deadline, timeout, waited, shared)
             waited = True
             if not _is_current(fd, path):
                 continue  # the file we waited on was removed by its last holder
             try:
                 yield
             finally:
-                with contextlib.suppress(OSError):
-                    path.unlink()  # still under our flock: nobody else holds this file
+                if not shared or _try_exclusive(fd):
+                    with contextlib.suppress(OSError):
+                        path.unlink()  # under an exclusive flock: nobody else holds this file
                 fcntl.flock(fd, fcntl.LOCK_UN)
             return
         finally:
             os.close(fd)
 
 
+def _try_exclusive(fd: int) -> bool:
+    """Turn a shared lock into an exclusive one if no other holder is left (never waits).
+
+    The conversion may drop the shared lock first; the caller is releasing it anyway, and
+    unlinks the file only when this returns ``True``.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
 def _acquire(
-    fd: int, path: Path, kind: str, key: str, deadline: float, timeout: float, waited: bool
+    fd: int,
+    path: Path,
+    kind: str,
+    key: str,
+    deadline: float,
+    timeout: float,
+    waited: bool,
+    shared: bool = False,
 ) -> None:
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
             return
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):

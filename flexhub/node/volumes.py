@@ -298,6 +298,10 @@ def _mount_block(
     with _volume_locks(node, volume_id, staging):
         staged = _clean_if_corrupted(node, staging)
         here = _clean_if_corrupted(node, target)
+        shared = node.journal.get_volume(volume_id)
+        if staged is not None and _record_matches(shared, staged):
+            assert shared is not None
+            _check_access(backend, volume, volume_id, shared)
         record = node.journal.get_pod(target)
         if here is not None:
             if _same_device(here, staged) and here.read_only == volume.read_only:
@@ -447,6 +451,25 @@ def _record_matches(record: VolumeRecord | None, staged: MountEntry | None) -> b
     )
 
 
+def _check_access(
+    backend: BlockBackend, volume: Volume, volume_id: str, record: VolumeRecord
+) -> None:
+    """Refuse to share a staged volume with a volume of another connection identity.
+
+    :raises VolumeError: naming the keys of :meth:`BlockBackend.access` that differ, never
+        their values.
+    """
+    wanted = record_details(backend.access(volume))
+    differ = sorted(
+        k for k in wanted.keys() | record.access.keys() if wanted.get(k) != record.access.get(k)
+    )
+    if differ:
+        raise VolumeError(
+            f"volume {volume_id} is already staged on this node with another connection "
+            f"identity: {', '.join(differ)} differ(s); refusing to share it"
+        )
+
+
 def _attach_and_record(
     node: Node,
     backend: BlockBackend,
@@ -464,11 +487,21 @@ def _attach_and_record(
     if volume.pod is not None and volume.pod.namespace:
         # a backend may resolve the volume in its namespace (loopfile): _detach needs it too
         options[_NAMESPACE] = volume.pod.namespace
+    access = record_details(backend.access(volume))
+    _check_no_secret(name, access, volume)
     earlier = node.journal.get_volume(volume_id)
     # An attach interrupted earlier may have left something: keep what it reported.
     partial = dict(earlier.partial) if earlier is not None and earlier.pending else {}
     intent = VolumeRecord(
-        volume_id, name, "", str(staging), fs_type, {}, options=options, partial=partial
+        volume_id,
+        name,
+        "",
+        str(staging),
+        fs_type,
+        {},
+        options=options,
+        partial=partial,
+        access=access,
     )
     node.journal.put_volume(intent)
     checkpoint("volume-intent")
@@ -482,7 +515,14 @@ def _attach_and_record(
             f"{staging} holds {staged.source}, not {attachment.device}: refusing to share it"
         )
     record = VolumeRecord(
-        volume_id, name, attachment.device, str(staging), fs_type, details, options=options
+        volume_id,
+        name,
+        attachment.device,
+        str(staging),
+        fs_type,
+        details,
+        options=options,
+        access=access,
     )
     node.journal.put_volume(record)
     checkpoint("volume-record")

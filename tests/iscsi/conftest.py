@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from flexhub_iscsi import IscsiBackend
+from flexhub_iscsi._records import RecordFiles
 from flexhub_iscsi._sysfs import Session, Sysfs
 
 from flexhub.config import NodeConfig
@@ -206,6 +207,9 @@ class FakeIscsi:
     answers: list[tuple[tuple[str, ...], Answer]] = field(default_factory=list)
     multipathd: bool = False
     pr: FakePR = field(default_factory=FakePR)
+    #: open-iscsi's database directory: ``-o show`` of a node or discovery record makes its
+    #: file there when missing and prints it (passwords masked), like iscsiadm.
+    etc: Path | None = None
 
     def answer(self, *words: str, rc: int = 0, stdout: str = "", stderr: str = "") -> None:
         """Answer every argv that contains all of ``words`` (in any place) like this."""
@@ -250,6 +254,12 @@ class FakeIscsi:
         iqn = args[args.index("-T") + 1] if "-T" in args else ""
         portal = args[args.index("-p") + 1] if "-p" in args else ""
         iface = args[args.index("-I") + 1] if "-I" in args else "default"
+        show = "--login" not in args and "--logout" not in args and "--discover" not in args
+        if show and self.etc is not None and portal and ("-o" not in args or "show" in args):
+            if "node" in args and iqn:
+                return self._show(args, self._node_file(iqn, portal, iface))
+            if "discoverydb" in args:
+                return self._show(args, self._discovery_file(portal))
         if "--login" in args:
             if any(s.portal == portal for s in self.sysfs.sessions_of(iqn, iface)):
                 return Result(args, 15, "", "iscsiadm: default: 1 session requested")
@@ -261,6 +271,40 @@ class FakeIscsi:
             for session in found:
                 self.sysfs.remove_session(session.sid)
         return ok
+
+    def _node_file(self, iqn: str, portal: str, iface: str) -> Path:
+        assert self.etc is not None
+        address, _, port = portal.rpartition(":")
+        path = self.etc / "nodes" / iqn / f"{address.strip('[]')},{port},1" / iface
+        header = f"node.name = {iqn}\nnode.tpgt = 1\n"
+        header += f"node.conn[0].address = {address.strip('[]')}\nnode.conn[0].port = {port}\n"
+        return self._make(path, header)
+
+    def _discovery_file(self, portal: str) -> Path:
+        assert self.etc is not None
+        address, _, port = portal.rpartition(":")
+        path = self.etc / "send_targets" / f"{address.strip('[]')},{port}" / "st_config"
+        header = f"discovery.sendtargets.address = {address.strip('[]')}\n"
+        return self._make(path, header + f"discovery.sendtargets.port = {port}\n")
+
+    @staticmethod
+    def _make(path: Path, body: str) -> Path:
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path.write_text(f"# BEGIN RECORD 2.1.8\n{body}# END RECORD\n")
+            path.chmod(0o600)
+        return path
+
+    @staticmethod
+    def _show(args: tuple[str, ...], path: Path) -> Result:
+        lines = []
+        for line in path.read_text().splitlines():
+            name, sep, value = line.partition(" = ")
+            if sep and name.endswith(("password", "password_in")) and value:
+                value = "********"
+            if sep:
+                lines.append(f"{name} = {value}")
+        return Result(args, 0, "\n".join(lines) + "\n", "")
 
     def iscsiadm_calls(self) -> list[list[str]]:
         return [c for c in self.calls if c[:1] == ["iscsiadm"]]
@@ -274,8 +318,8 @@ def sysfs(tmp_path: Path) -> FakeSysfs:
 
 
 @pytest.fixture
-def runner(sysfs: FakeSysfs) -> FakeIscsi:
-    return FakeIscsi(sysfs)
+def runner(sysfs: FakeSysfs, tmp_path: Path) -> FakeIscsi:
+    return FakeIscsi(sysfs, etc=tmp_path / "etc-iscsi")
 
 
 @pytest.fixture
@@ -293,4 +337,6 @@ def node(tmp_path: Path, runner: FakeIscsi) -> Node:
 def backend(node: Node, sysfs: FakeSysfs) -> IscsiBackend:
     instance = IscsiBackend(node)
     instance.sysfs = sysfs
+    assert isinstance(node.runner, FakeIscsi) and node.runner.etc is not None
+    instance._records = RecordFiles(node.runner.etc)
     return instance

@@ -11,12 +11,13 @@ CHAP credentials come from the PV's ``secretRef`` under the in-tree key names
 
 Life cycle (the core holds the volume lock, formats safely, stages, binds and counts pods):
 
-* :meth:`IscsiBackend.attach`, under a lock per target: SendTargets discovery on each portal
-  (with discovery CHAP when asked), the node record set to ``node.startup=manual`` and
-  ``node.session.scan=manual`` (plus session CHAP), a login per portal (a subset may fail
-  when one path works; an existing session is reused), a scan of the one requested LUN on
-  every session, a bounded wait for its disks in sysfs (udev not needed), and the multipath
-  map when there are several paths and multipathd runs (else the first path).
+* :meth:`IscsiBackend.attach`: per portal, SendTargets discovery (with discovery CHAP when
+  asked; the node records it made for anything else are deleted), the node record set to
+  ``node.startup=manual`` and ``node.session.scan=manual`` (plus session CHAP) and a login (a
+  subset may fail when one path works; an existing session is reused); then a scan of the
+  one requested LUN on every session, a bounded wait for its disks in sysfs (udev not
+  needed), and the multipath map when there are several paths and multipathd runs (else the
+  first path).
 * :meth:`IscsiBackend.detach`: flush, remove the multipath map and the LUN's SCSI disks;
   then log out and delete the target's node records only when no other LUN of the target is
   still in use on the node (live disks in the target's sessions, and flexhub's journal of
@@ -25,11 +26,20 @@ Life cycle (the core holds the volume lock, formats safely, stages, binds and co
 * :meth:`IscsiBackend.expand`: rescan the LUN's disks (and resize the multipath map), then
   check that the device reached the new size.
 
-Secrets: CHAP values are passed to every command as ``secrets`` (masked by the runner) and
+Secrets: CHAP values never reach a command line: they are written into open-iscsi's record
+files (:mod:`flexhub_iscsi._records`), checked first (:mod:`flexhub_iscsi._chap`), and
 scrubbed from every message built from iscsiadm's output; attachment details (journaled)
-never hold one. They are visible in ``/proc/<pid>/cmdline`` of iscsiadm while it runs (it
-has no other way to take them), and open-iscsi keeps them in its own node and discovery
-databases under ``/etc/iscsi`` (root-only), as it must to log in again after a reconnect.
+never hold one. open-iscsi keeps the session credentials in its node record (root-only), as
+it must to log in again after a reconnect; discovery credentials are wiped after discovery.
+
+Sharing: :meth:`IscsiBackend.access` is the volume's connection identity (the core shares a
+staged LUN only with the same); a volume of another LUN reuses the target's session only
+with the same iface and session CHAP as the staged volumes using it.
+
+Locks: an attach holds the target's *use* lock shared (attaches of a target run side by side,
+each portal on its own thread, under a per-portal lock for discovery and its node record);
+a release takes the target lock and logs out only if it can take the use lock exclusively at
+once, so an unmount never waits for a mount in flight.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from flexhub.backend import (
     Attachment,
@@ -47,10 +58,13 @@ from flexhub.backend import (
     CommandError,
     FlexhubError,
     InvalidOptions,
+    LockTimeout,
     NodeRequirements,
     Volume,
     VolumeError,
 )
+from flexhub_iscsi._chap import access, check_chap, session_part
+from flexhub_iscsi._chap import node_key as access_key
 from flexhub_iscsi._iscsiadm import (
     ERR_NO_OBJS,
     ERR_SESS_EXISTS,
@@ -71,6 +85,7 @@ from flexhub_iscsi._options import (
     parse_portal,
     parse_target,
 )
+from flexhub_iscsi._records import NodeRecord, RecordFiles, shown
 from flexhub_iscsi._reservation import Fence, NoReservations, format_key, node_key, parse_key
 from flexhub_iscsi._sysfs import Session, Sysfs
 
@@ -119,6 +134,7 @@ class IscsiBackend(BlockBackend):
 
     #: Where sysfs and device nodes are; tests point these at a fake tree.
     sysfs: Sysfs = Sysfs()
+    _records: RecordFiles | None = None
 
     # --------------------------------------------------------------------------- helpers
 
@@ -129,7 +145,41 @@ class IscsiBackend(BlockBackend):
     def _credentials(volume: Volume, target: Target) -> tuple[Chap | None, Chap | None]:
         discovery = chap_for(volume, DISCOVERY) if target.chap_discovery else None
         session = chap_for(volume, SESSION) if target.chap_session else None
+        for chap in (discovery, session):
+            if chap is not None:
+                check_chap(chap)
         return discovery, session
+
+    @property
+    def records(self) -> RecordFiles:
+        """open-iscsi's record files (tests point ``_records`` at a fake tree)."""
+        if self._records is None:
+            self._records = RecordFiles()
+        return self._records
+
+    def _check_sessions_owner(
+        self, target: Target, iface: str, identity: Mapping[str, str]
+    ) -> None:
+        """Refuse to reuse the target's sessions, logged in by another staged volume, with
+        another session identity (iface, session CHAP): that would skip the login."""
+        mine = session_part(identity)
+        for record in self.node.journal.volumes():
+            details = record.details
+            if (
+                record.backend != _BACKEND
+                or details.get("iqn") != target.iqn
+                or (details.get("iface") or "default") != iface
+                or not os.path.ismount(record.staging)
+            ):
+                continue
+            theirs = session_part(record.access)
+            differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+            if differ:
+                raise VolumeError(
+                    f"iscsi: {target.iqn} is logged in on this node for {record.volume_id} "
+                    f"with another identity: {', '.join(differ)} differ(s); refusing to share "
+                    "its session"
+                )
 
     @contextlib.contextmanager
     def _target_locks(self, iqn: str, iface: str) -> Iterator[None]:
@@ -140,6 +190,39 @@ class IscsiBackend(BlockBackend):
             if iface.startswith(IFACE_PREFIX):
                 stack.enter_context(self.node.lock("iscsi-iface", iface))
             yield
+
+    @contextlib.contextmanager
+    def _in_use(self, iqn: str, iface: str) -> Iterator[None]:
+        """Held (shared) by an attach from its first step to its device: while any attach
+        holds it, no release logs out of the target or deletes the iface. Attaches of one
+        target never wait for each other, nor for a dead portal of another call."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.node.lock("iscsi-target-use", f"{iqn} {iface}", shared=True))
+            if iface.startswith(IFACE_PREFIX):
+                stack.enter_context(self.node.lock("iscsi-iface-use", iface, shared=True))
+            yield
+
+    def _release(
+        self, adm: Iscsiadm, iqn: str, iface: str, lun: int, portals: list[str], exclude: str
+    ) -> None:
+        """Log out (and delete the iface) when nothing uses them and no attach is in flight.
+
+        Releases of one target take turns (each is short and bounded); an attach in flight
+        is never waited for: it keeps the session, and logs out itself if it fails.
+        """
+        with self._target_locks(iqn, iface), contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self.node.lock("iscsi-target-use", f"{iqn} {iface}", 0))
+            except LockTimeout:
+                LOG.info("iscsi: an attach of %s through %s is in flight: no logout", iqn, iface)
+                return
+            self._logout_if_unused(adm, iqn, iface, lun, portals)
+            if iface.startswith(IFACE_PREFIX):
+                try:
+                    stack.enter_context(self.node.lock("iscsi-iface-use", iface, 0))
+                except LockTimeout:
+                    return
+                self._delete_iface_if_unused(adm, iface, exclude=exclude)
 
     # --------------------------------------------------------------------------- API
 
@@ -159,6 +242,16 @@ class IscsiBackend(BlockBackend):
             self._credentials(volume, target)
         self._settings()
 
+    def access(self, volume: Volume) -> Mapping[str, str]:
+        """Portals, iface, initiator name and the CHAP credentials as keyed digests: a
+        volume shares a staged LUN only with the same (see :mod:`flexhub_iscsi._chap`)."""
+        target = parse_target(volume.options)
+        discovery, session = self._credentials(volume, target)
+        iface = target.iface
+        if target.initiator_name:
+            iface = dedicated_iface(target.iface, target.initiator_name)
+        return access(target, iface, discovery, session, access_key(self.node.state_dir))
+
     def volume_id(self, volume: Volume) -> str:
         """``iscsi:<iqn>:<lun>``, whatever the portals: one LUN is one volume."""
         return parse_target(volume.options).volume_id
@@ -176,20 +269,24 @@ class IscsiBackend(BlockBackend):
         iface = target.iface
         if target.initiator_name:
             iface = dedicated_iface(target.iface, target.initiator_name)
+        self._check_sessions_owner(target, iface, self.access(volume))
         started = time.monotonic()
-        with self._target_locks(target.iqn, iface):
-            before = self._lun_disks(target.iqn, iface, target.lun)
-            # Journalled before anything is done: an attach that never returns is undone by
-            # release() from this, without logging in again (the secrets are mount's only).
-            self.node.record_progress(
-                iqn=target.iqn,
-                lun=str(target.lun),
-                iface=iface,
-                portals=",".join(str(p) for p in target.portals),
-            )
-            try:
+        before = self._lun_disks(target.iqn, iface, target.lun)
+        try:
+            with self._in_use(target.iqn, iface):
+                # Journalled before anything is done: an attach that never returns is undone
+                # by release() from this, without logging in again (secrets are mount's only).
+                self.node.record_progress(
+                    iqn=target.iqn,
+                    lun=str(target.lun),
+                    iface=iface,
+                    portals=",".join(str(p) for p in target.portals),
+                )
                 if target.initiator_name:
-                    self._ensure_dedicated_iface(adm, target.iface, iface, target.initiator_name)
+                    with self.node.lock("iscsi-iface", iface):
+                        self._ensure_dedicated_iface(
+                            adm, target.iface, iface, target.initiator_name
+                        )
                 else:
                     self._check_iface(adm, iface)
                 portals = self._login(adm, settings, target, iface, discovery, session)
@@ -198,9 +295,9 @@ class IscsiBackend(BlockBackend):
                 device, mpath = self._pick_device(adm, disks, settings.multipath_timeout)
                 self.node.record_progress(multipath=mpath)
                 reservation = self._fence_for_write(volume, target, disks, settings)
-            except BaseException:
-                self._cleanup_failed_attach(adm, target, iface, before)
-                raise
+        except BaseException:
+            self._cleanup_failed_attach(adm, target, iface, before)
+            raise
         LOG.info(
             "iscsi: %s lun %d on %s via %s (%d path(s)%s); login %.2fs, device %.2fs",
             target.iqn,
@@ -240,12 +337,10 @@ class IscsiBackend(BlockBackend):
         portals = [p for p in details.get("portals", "").split(",") if p]
         settings = self._settings()
         adm = Iscsiadm(self.node.runner, settings.command_timeout)
-        with self._target_locks(iqn, iface):
-            self._unfence(details.get("reservation", ""), iqn, iface, lun, settings)
-            self._remove_lun(adm, iqn, iface, lun, attachment.device, details.get("multipath", ""))
-            self._logout_if_unused(adm, iqn, iface, lun, portals)
-            if iface.startswith(IFACE_PREFIX):
-                self._delete_iface_if_unused(adm, iface, exclude=f"iscsi:{iqn}:{lun}")
+        self._unfence(details.get("reservation", ""), iqn, iface, lun, settings)
+        # The LUN's own devices need no target lock (the core holds the volume's lock).
+        self._remove_lun(adm, iqn, iface, lun, attachment.device, details.get("multipath", ""))
+        self._release(adm, iqn, iface, lun, portals, exclude=f"iscsi:{iqn}:{lun}")
 
     releases_partial = True
 
@@ -417,35 +512,73 @@ class IscsiBackend(BlockBackend):
             what=f"set the initiator name of iface {iface}",
         )
 
+    def _portal_records(
+        self,
+        adm: Iscsiadm,
+        settings: Settings,
+        portal: Portal,
+        target: Target,
+        iface: str,
+        discovery: Chap | None,
+        session: Chap | None,
+    ) -> None:
+        """Discovery on ``portal`` and the target's node record there, one at a time.
+
+        Discovery writes a node record for every target behind the portal: the ones it
+        newly made, other than this target on the requested portals, are deleted at once (a
+        record made earlier, by flexhub or the operator, is kept). The lock makes sure no
+        other flexhub call adds a record of that portal meanwhile.
+        """
+        with self.node.lock("iscsi-discovery", f"{iface} {portal}", settings.login_timeout):
+            before = self.records.node_records()
+            try:
+                self._discover(adm, settings, portal, iface, discovery)
+            finally:
+                self._forget_new_records(adm, before, target, iface)
+            self._prepare_node(adm, portal, target.iqn, iface, session)
+
+    def _forget_new_records(
+        self, adm: Iscsiadm, before: set[NodeRecord], target: Target, iface: str
+    ) -> None:
+        """Delete the node records discovery made that this volume did not ask for."""
+        wanted = {(p.host, str(p.port)) for p in target.portals}
+        for record in sorted(self.records.node_records() - before):
+            address, port = ([*record.portal_dir.split(","), ""])[:2]
+            if record.iqn == target.iqn and (address, port) in wanted:
+                continue
+            if record.iface not in ("", iface):
+                continue
+            try:
+                adm.run(
+                    [
+                        "-m",
+                        "node",
+                        "-T",
+                        record.iqn,
+                        "-p",
+                        record.portal,
+                        "-I",
+                        iface,
+                        "-o",
+                        "delete",
+                    ],
+                    what=f"delete the node record of {record.iqn} on {record.portal}",
+                    ok=(0, ERR_NO_OBJS),
+                )
+                LOG.info(
+                    "iscsi: deleted the node record discovery made for %s on %s",
+                    record.iqn,
+                    record.portal,
+                )
+            except IscsiadmError as exc:
+                LOG.warning("iscsi: %s", exc.message)
+
     def _discover(
         self, adm: Iscsiadm, settings: Settings, portal: Portal, iface: str, chap: Chap | None
     ) -> None:
-        """SendTargets discovery on ``portal``: adds node records it lacks, changes no other."""
+        """SendTargets discovery on ``portal`` (the caller holds the portal's lock)."""
         base = ["-m", "discoverydb", "-t", "sendtargets", "-p", str(portal), "-I", iface]
-        if chap is not None:
-            # The discovery record is per portal and iface, shared by every target behind the
-            # portal: one discovery at a time, and its credentials are wiped afterwards so
-            # that open-iscsi's database does not keep them (only discovery reads them).
-            with self.node.lock("iscsi-discovery", f"{iface} {portal}"):
-                adm.run(
-                    [*base, "-o", "new"],
-                    what=f"create the discovery record of {portal}",
-                    ok=(0, 6, 15),
-                )
-                try:
-                    for name, value in chap.settings():
-                        adm.run(
-                            [*base, "-o", "update", "-n", name, "-v", value],
-                            what=f"set {name} for discovery on {portal}",
-                        )
-                    adm.run(
-                        [*base, "--discover", "-o", "new"],
-                        what=f"discover targets on {portal}",
-                        timeout=settings.login_timeout,
-                    )
-                finally:
-                    self._forget_discovery_chap(adm, base, chap)
-        else:
+        if chap is None:
             adm.run(
                 [
                     "-m",
@@ -462,32 +595,72 @@ class IscsiBackend(BlockBackend):
                 what=f"discover targets on {portal}",
                 timeout=settings.login_timeout,
             )
+            return
+        # The discovery record is per portal, shared by every target behind it: its
+        # credentials go into the record file (never on a command line) and are wiped
+        # afterwards, so that open-iscsi's database does not keep them.
+        adm.run(
+            [*base, "-o", "new"], what=f"create the discovery record of {portal}", ok=(0, 6, 15)
+        )
+        adm.run(
+            [*base, "-o", "update", "-n", DISCOVERY + "authmethod", "-v", "CHAP"],
+            what=f"set CHAP for discovery on {portal}",
+        )
+        path = self.records.discovery_file(
+            shown(
+                adm.run([*base, "-o", "show"], what=f"read the discovery record of {portal}").stdout
+            )
+        )
+        try:
+            self.records.set_values(path, dict(chap.settings()[1:]))
+            self._check_written(
+                adm, [*base, "-o", "show"], chap, f"the discovery record of {portal}"
+            )
+            adm.run(
+                [*base, "--discover", "-o", "new"],
+                what=f"discover targets on {portal}",
+                timeout=settings.login_timeout,
+            )
+        finally:
+            self._forget_discovery_chap(adm, base, path, chap)
 
-    def _forget_discovery_chap(self, adm: Iscsiadm, base: list[str], chap: Chap) -> None:
+    def _check_written(self, adm: Iscsiadm, show: list[str], chap: Chap, what: str) -> None:
+        """Read a record back (passwords masked) and check open-iscsi sees the CHAP lines."""
+        values = shown(adm.run(show, what=f"read {what}").stdout)
+        for name, value in chap.settings()[1:]:
+            seen = values.get(name, "")
+            if not seen or (not name.endswith(("password", "password_in")) and seen != value):
+                raise VolumeError(f"iscsi: open-iscsi does not read {name} back from {what}")
+
+    def _forget_discovery_chap(
+        self, adm: Iscsiadm, base: list[str], path: Path, chap: Chap
+    ) -> None:
         """Blank the credentials of a discovery record (best effort, logged)."""
-        for name, _ in reversed(chap.settings()):
-            value = "None" if name.endswith("authmethod") else ""
-            try:
-                adm.run([*base, "-o", "update", "-n", name, "-v", value], what=f"clear {name}")
-            except IscsiadmError as exc:
-                LOG.warning("iscsi: cannot clear %s of a discovery record: %s", name, exc.message)
+        try:
+            self.records.set_values(path, {name: "" for name, _ in chap.settings()[1:]})
+            adm.run(
+                [*base, "-o", "update", "-n", DISCOVERY + "authmethod", "-v", "None"],
+                what="clear the discovery CHAP method",
+            )
+        except VolumeError as exc:
+            LOG.warning("iscsi: cannot clear the CHAP settings of a discovery record: %s", exc)
 
     def _prepare_node(
         self, adm: Iscsiadm, portal: Portal, iqn: str, iface: str, chap: Chap | None
     ) -> None:
         """Create or update the node record: manual startup and scan, session CHAP."""
         base = ["-m", "node", "-T", iqn, "-p", str(portal), "-I", iface]
-        shown = adm.run(
+        shown_now = adm.run(
             base, what=f"read the node record of {iqn} on {portal}", ok=(0, ERR_NO_OBJS)
         )
-        if shown.returncode == ERR_NO_OBJS:
+        if shown_now.returncode == ERR_NO_OBJS:
             # The target answered discovery with other addresses (NAT, a name): add ours.
             adm.run([*base, "-o", "new"], what=f"create the node record of {iqn} on {portal}")
         settings: list[tuple[str, str]] = [
             ("node.startup", "manual"),
             ("node.session.scan", "manual"),
+            (SESSION + "authmethod", "CHAP" if chap is not None else "None"),
         ]
-        settings += chap.settings() if chap is not None else [(SESSION + "authmethod", "None")]
         for name, value in settings:
             try:
                 adm.run(
@@ -498,6 +671,17 @@ class IscsiBackend(BlockBackend):
                 if name != "node.session.scan":
                     raise
                 LOG.warning("iscsi: this iscsiadm has no node.session.scan: sessions scan all LUNs")
+        if chap is None:
+            return
+        show = [*base, "-o", "show"]
+        what = f"the node record of {iqn} on {portal}"
+        path = self.records.node_file(iqn, iface, shown(adm.run(show, what=f"read {what}").stdout))
+        values = dict.fromkeys(
+            (SESSION + n for n in ("username", "password", "username_in", "password_in")), ""
+        )
+        values.update(chap.settings()[1:])
+        self.records.set_values(path, values)
+        self._check_written(adm, show, chap, what)
 
     def _login(
         self,
@@ -520,18 +704,13 @@ class IscsiBackend(BlockBackend):
             if str(portal) in existing:
                 LOG.info("iscsi: reusing the session to %s on %s", target.iqn, portal)
                 logged.append(str(portal))
-                continue
-            try:
-                self._discover(adm, settings, portal, iface, discovery)
-                self._prepare_node(adm, portal, target.iqn, iface, session)
-            except VolumeError as exc:
-                LOG.warning("iscsi: portal %s of %s skipped: %s", portal, target.iqn, exc.message)
-                errors.append(exc.message)
-                continue
-            pending.append(portal)
+            else:
+                pending.append(portal)
 
         def login(portal: Portal) -> str | None:
+            # Each portal on its own: a dead one costs its own bounds, not the others'.
             try:
+                self._portal_records(adm, settings, portal, target, iface, discovery, session)
                 adm.run(
                     ["-m", "node", "-T", target.iqn, "-p", str(portal), "-I", iface, "--login"],
                     what=f"log in to {target.iqn} on {portal}",
@@ -539,7 +718,7 @@ class IscsiBackend(BlockBackend):
                     timeout=settings.login_timeout,
                 )
             except VolumeError as exc:
-                LOG.warning("iscsi: login to %s on %s failed: %s", target.iqn, portal, exc.message)
+                LOG.warning("iscsi: portal %s of %s failed: %s", portal, target.iqn, exc.message)
                 return exc.message
             return None
 
@@ -684,12 +863,15 @@ class IscsiBackend(BlockBackend):
             for disk in self._lun_disks(target.iqn, iface, target.lun):
                 if disk not in before:
                     self.sysfs.delete(disk)
-            self._logout_if_unused(
-                adm, target.iqn, iface, target.lun, [str(p) for p in target.portals]
+            self._release(
+                adm,
+                target.iqn,
+                iface,
+                target.lun,
+                [str(p) for p in target.portals],
+                exclude=target.volume_id,
             )
-            if iface.startswith(IFACE_PREFIX):
-                self._delete_iface_if_unused(adm, iface, exclude=target.volume_id)
-        except (VolumeError, OSError) as exc:
+        except (FlexhubError, OSError) as exc:
             LOG.error(
                 "iscsi: cleaning up after the failed attach of %s failed: %s", target.iqn, exc
             )

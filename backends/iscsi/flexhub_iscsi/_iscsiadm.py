@@ -1,9 +1,10 @@
 """``iscsiadm`` calls with CHAP values masked everywhere and its exit codes understood.
 
-CHAP values can only reach iscsiadm as ``-v VALUE`` arguments (there is no file or stdin
-form), so they are briefly visible in ``/proc/<pid>/cmdline`` to root on the node. Every call
-passes them to the runner as ``secrets`` (masked in its logs and errors), and every message
-built here from iscsiadm's own output is scrubbed again.
+iscsiadm takes values only as ``-v VALUE`` arguments, visible in ``/proc/<pid>/cmdline``, so
+flexhub never passes a CHAP value to it (:mod:`flexhub_iscsi._records` writes them into the
+record files). Every call still passes them to the runner as ``secrets`` (masked in its logs
+and errors, should one ever slip in), and every message built here from iscsiadm's own
+output is scrubbed again.
 """
 
 from __future__ import annotations

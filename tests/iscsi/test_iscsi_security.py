@@ -1,0 +1,149 @@
+"""CHAP values checked, the connection identity, and discovery's node records."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from flexhub_iscsi import IscsiBackend
+from flexhub_iscsi._chap import KEY_FILE
+
+from flexhub.errors import InvalidOptions, VolumeError
+from flexhub.node.journal import VolumeRecord
+from flexhub.node.runner import Result
+
+from .conftest import IQN, FakeIscsi, FakeSysfs
+from .test_iscsi import PASSWORD, SESSION_SECRETS, USERNAME, make_volume
+
+KEY = "node.session.auth.password"
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("pass\nnode.startup = automatic", "control characters"),
+        ("pass\rword", "control characters"),
+        ("pass\x00word", "control characters"),
+        (" padded", "whitespace"),
+        ("padded\t", "control characters"),
+        ("x" * 256, "255 bytes"),
+        ("é" * 128, "255 bytes"),
+    ],
+)
+def test_bad_chap_values_fail_naming_the_key(
+    backend: IscsiBackend, runner: FakeIscsi, value: str, why: str
+) -> None:
+    volume = make_volume({**SESSION_SECRETS, KEY: value}, chapAuthSession="true")
+    with pytest.raises(InvalidOptions) as info:
+        backend.check(volume)
+    message = info.value.message
+    assert KEY in message and why in message and "\n" not in message
+    assert value not in message and value.strip() not in message
+    assert runner.calls == []
+
+
+def test_longest_chap_value_open_iscsi_holds_is_accepted(backend: IscsiBackend) -> None:
+    backend.check(make_volume({**SESSION_SECRETS, KEY: "x" * 255}, chapAuthSession="true"))
+
+
+def test_access_names_the_parts_and_holds_no_secret(backend: IscsiBackend) -> None:
+    right = backend.access(make_volume(SESSION_SECRETS, chapAuthSession="true"))
+    wrong = backend.access(
+        make_volume({**SESSION_SECRETS, KEY: "another-one"}, chapAuthSession="true")
+    )
+    none = backend.access(make_volume())
+    assert [k for k in right if right[k] != wrong[k]] == ["session CHAP password"]
+    assert {k for k in right if right[k] != none[k]} == {
+        "session CHAP user name",
+        "session CHAP password",
+    }
+    text = repr(right)
+    assert PASSWORD not in text and USERNAME not in text
+    key = Path(backend.node.state_dir) / KEY_FILE
+    assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+    # the same key (so the same digests) on every call
+    assert backend.access(make_volume(SESSION_SECRETS, chapAuthSession="true")) == right
+
+
+def _discovery_makes(runner: FakeIscsi, records: list[tuple[str, str]]) -> None:
+    assert runner.etc is not None
+    etc = runner.etc
+
+    def discover(args: tuple[str, ...]) -> Result:
+        for iqn, portal_dir in records:
+            path = etc / "nodes" / iqn / portal_dir / "default"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("# BEGIN RECORD 2.1.8\n# END RECORD\n")
+        return Result(args, 0, "", "")
+
+    runner.answers.append((("--discover",), discover))  # type: ignore[arg-type]
+    runner.answers.append((("-m", "discovery"), discover))  # type: ignore[arg-type]
+
+
+def test_discovery_records_of_other_targets_are_deleted_only_when_new(
+    backend: IscsiBackend, runner: FakeIscsi
+) -> None:
+    assert runner.etc is not None
+    kept = runner.etc / "nodes" / "iqn.2024-01.org.example:operators" / "127.0.0.1,3260,1"
+    kept.mkdir(parents=True)
+    (kept / "default").write_text("# BEGIN RECORD 2.1.8\n# END RECORD\n")
+    _discovery_makes(
+        runner,
+        [
+            (IQN, "127.0.0.1,3260,1"),
+            (IQN, "10.9.9.9,3260,1"),  # our target on a portal the PV does not name
+            ("iqn.2024-01.org.example:other", "127.0.0.1,3260,1"),
+            ("iqn.2024-01.org.example:operators", "127.0.0.1,3260,1"),
+        ],
+    )
+    backend.attach(make_volume())
+    deleted = {(c[4], c[6]) for c in runner.iscsiadm_calls() if c[-2:] == ["-o", "delete"]}
+    assert deleted == {
+        (IQN, "10.9.9.9:3260,1"),
+        ("iqn.2024-01.org.example:other", "127.0.0.1:3260,1"),
+    }
+
+
+@pytest.fixture
+def staged_lun0(backend: IscsiBackend, tmp_path: Path) -> Iterator[Path]:
+    """LUN 0 staged (a real tmpfs mount stands in for its filesystem), journalled with the
+    identity of the right session CHAP, its session logged in."""
+    staging = tmp_path / "staging-lun0"
+    staging.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(staging)], check=True)
+    volume = make_volume(SESSION_SECRETS, chapAuthSession="true")
+    backend.node.journal.put_volume(
+        VolumeRecord(
+            f"iscsi:{IQN}:0",
+            "iscsi",
+            "/dev/sda",
+            str(staging),
+            "ext4",
+            {"iqn": IQN, "lun": "0", "iface": "default"},
+            access=dict(backend.access(volume)),
+        )
+    )
+    assert isinstance(backend.sysfs, FakeSysfs)
+    backend.sysfs.add_session(IQN, "127.0.0.1:3260")
+    yield staging
+    subprocess.run(["umount", str(staging)], check=True)
+
+
+@pytest.mark.root
+def test_another_lun_reuses_the_session_only_with_the_same_session_chap(
+    backend: IscsiBackend, runner: FakeIscsi, staged_lun0: Path
+) -> None:
+    wrong = make_volume({**SESSION_SECRETS, KEY: "guessed"}, chapAuthSession="true", lun="1")
+    with pytest.raises(VolumeError) as info:
+        backend.attach(wrong)
+    assert "session CHAP password differ" in info.value.message
+    assert "guessed" not in info.value.message and PASSWORD not in info.value.message
+    assert runner.iscsiadm_calls() == []
+    with pytest.raises(VolumeError):
+        backend.attach(make_volume(lun="1"))  # no CHAP at all
+    attachment = backend.attach(make_volume(SESSION_SECRETS, chapAuthSession="true", lun="1"))
+    assert attachment.details["lun"] == "1"
