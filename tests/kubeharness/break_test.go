@@ -34,6 +34,8 @@ var breakers = map[string]string{
 	"needsoptions": `if [ "$1" = unmount ] && [ $# -lt 3 ]; then echo '{"status":"Failure","message":"unmount needs options"}'; exit 1; fi; exec "$real" "$@"`,
 	// Ignores the pod's fsGroup.
 	"nofsgroup": `if [ "$1" = mount ]; then j=$(printf '%s' "$3" | sed 's|"kubernetes.io/mounterArgs.FsGroup":"[0-9]*",||'); exec "$real" mount "$2" "$j"; fi; exec "$real" "$@"`,
+	// Reports a failed mount as plain text instead of a JSON Failure.
+	"plainfail": `if [ "$1" = mount ]; then "$real" "$@" >/dev/null; rc=$?; [ $rc = 0 ] || echo "mount failed"; exit $rc; fi; exec "$real" "$@"`,
 	// Installed under a directory name kubelet rejects (uppercase vendor).
 	"badname": ``,
 }

@@ -72,8 +72,8 @@ require (
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
-// Every staging module of k8s.io/kubernetes at the matching v0.x tag (the version is
-// set in one place: see README.md, "Moving the pinned Kubernetes release").
+// Written by pin.py from KUBERNETES_VERSION: every staging module of
+// k8s.io/kubernetes at the matching v0.x tag.
 replace (
 	k8s.io/api => k8s.io/api v0.34.4
 	k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.34.4

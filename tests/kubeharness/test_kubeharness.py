@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -88,6 +89,18 @@ def _summary(output: str) -> str:
     lines = output.splitlines()
     keep = [line for line in lines if line.lstrip().startswith(("---", "FAIL", "ok", "PASS"))]
     return "\n".join(keep)
+
+
+def test_pinned_release_is_one_constant() -> None:
+    """go.mod requires k8s.io/kubernetes at KUBERNETES_VERSION and replaces every staging
+    module at the matching v0.x (what pin.py writes)."""
+    release = (HERE / "KUBERNETES_VERSION").read_text().strip()
+    gomod = (HERE / "go.mod").read_text()
+    assert re.search(rf"^\s*(require )?k8s\.io/kubernetes v{re.escape(release)}$", gomod, re.M)
+    replaces = re.findall(r"^\s*(k8s\.io/\S+) => (k8s\.io/\S+) (\S+)$", gomod, re.M)
+    assert len(replaces) >= 30, gomod
+    staging = "v0." + release.split(".", 1)[1]
+    assert [r for r in replaces if r[0] != r[1] or r[2] != staging] == []
 
 
 # -- loopfile on this host --------------------------------------------------------------------
@@ -174,6 +187,7 @@ BROKEN = [
     ("needsoptions", "TestLifecycle", "unmount needs options"),
     ("nofsgroup", "TestLifecycle", "volume root: gid"),
     ("unmountstrict", "TestUnmountNotMounted", "TearDown(pv-never) of pod gone"),
+    ("plainfail", "TestFailureReply", "want the real code's parsed Failure"),
     ("badname", "TestDriverDirectory", 'FindPluginByName("k8s/flexhub")'),
 ]
 
