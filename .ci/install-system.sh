@@ -11,3 +11,10 @@ if [ "${#need[@]}" -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# The Go harness (tests/kubeharness) builds against Kubernetes v1.34, which needs Go >= 1.24.
+if ! command -v go >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends golang-go >/dev/null
+fi
+go version

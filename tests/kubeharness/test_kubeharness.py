@@ -1,0 +1,300 @@
+"""Conformance against the real kubelet code: the Go harness in this directory.
+
+The harness (``*_test.go``, its own ``go.mod`` pinned to one Kubernetes release) drives the
+installed flexhub driver through ``k8s.io/kubernetes/pkg/volume/flexvolume`` with a real exec
+and a real mounter (README, "Conformance against the real kubelet code"). These tests build
+it once per session (``go test -c``, a static binary) and run it: for loopfile on this host,
+for NFS and iSCSI inside the VM rig. Each check is also run against a deliberately broken
+driver and must fail there. Go's own output is shown when a run goes wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from tests.rig import services
+from tests.rig.vm import VM
+
+HERE = Path(__file__).resolve().parent
+BINARY = HERE / "build" / "kubeharness.test"
+MiB = 1024 * 1024
+#: Bound for one harness run (the lifecycle is about 15 driver calls; in the VM 3-10 s each).
+RUN_TIMEOUT = 900
+#: Bound for a cold ``go test -c`` (module download and build; about 6 minutes on 2 cores).
+BUILD_TIMEOUT = 1800
+
+pytestmark = [pytest.mark.goharness, pytest.mark.root]
+
+
+def _on_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def harness() -> Path:
+    """The harness test binary, built once per session (Go's build cache makes a rebuild
+    after no change a few seconds)."""
+    reason = None
+    if os.geteuid() != 0:
+        reason = "needs root (real mounts)"
+    elif shutil.which("go") is None:
+        reason = "needs Go >= 1.24 (`go` not on PATH)"
+    if reason:
+        if _on_ci():
+            pytest.fail(f"CI=true but the Go harness {reason}", pytrace=False)
+        pytest.skip(reason)
+    BINARY.parent.mkdir(exist_ok=True)
+    started = time.monotonic()
+    build = subprocess.run(
+        ["go", "test", "-c", "-o", str(BINARY), "."],
+        cwd=HERE,
+        env={**os.environ, "CGO_ENABLED": "0"},
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT,
+        check=False,
+    )
+    if build.returncode != 0:
+        pytest.fail(f"go test -c failed:\n{build.stdout}{build.stderr}", pytrace=False)
+    print(f"kubeharness built in {time.monotonic() - started:.1f}s")
+    return BINARY
+
+
+def _env(python: str, config: str, workdir: str, **settings: object) -> dict[str, str]:
+    env = {"FLEXHUB_KH_PYTHON": python, "FLEXHUB_KH_CONFIG": config, "FLEXHUB_KH_WORKDIR": workdir}
+    for key, value in settings.items():
+        if value is None:
+            continue
+        text = value if isinstance(value, str) else json.dumps(value)
+        env[f"FLEXHUB_KH_{key.upper()}"] = text
+    return env
+
+
+def _argv(binary: Path, run: str | None) -> list[str]:
+    argv = [str(binary), "-test.v", "-test.count=1", f"-test.timeout={RUN_TIMEOUT - 30}s"]
+    return argv + ([f"-test.run=^({run})$"] if run else [])
+
+
+def _summary(output: str) -> str:
+    lines = output.splitlines()
+    keep = [line for line in lines if line.lstrip().startswith(("---", "FAIL", "ok", "PASS"))]
+    return "\n".join(keep)
+
+
+def test_pinned_release_is_one_constant() -> None:
+    """go.mod requires k8s.io/kubernetes at KUBERNETES_VERSION and replaces every staging
+    module at the matching v0.x (what pin.py writes)."""
+    release = (HERE / "KUBERNETES_VERSION").read_text().strip()
+    gomod = (HERE / "go.mod").read_text()
+    assert re.search(rf"^\s*(require )?k8s\.io/kubernetes v{re.escape(release)}$", gomod, re.M)
+    replaces = re.findall(r"^\s*(k8s\.io/\S+) => (k8s\.io/\S+) (\S+)$", gomod, re.M)
+    assert len(replaces) >= 30, gomod
+    staging = "v0." + release.split(".", 1)[1]
+    assert [r for r in replaces if r[0] != r[1] or r[2] != staging] == []
+
+
+# -- loopfile on this host --------------------------------------------------------------------
+
+
+def loopfile_env(tmp_path: Path) -> dict[str, str]:
+    config = tmp_path / "flexhub.toml"
+    config.write_text(
+        f'state_dir = "{tmp_path}/state"\nlog_dir = "{tmp_path}/log"\n'
+        f'[loopfile]\nroot = "{tmp_path}/loopfiles"\n'
+    )
+    return _env(
+        sys.executable,
+        str(config),
+        str(tmp_path),
+        options={"backend": "loopfile", "file": "kh.img", "size": "1Gi"},
+        inline_options={"backend": "loopfile", "file": "kh-inline.img", "size": "1Gi"},
+        fstype="xfs",  # online ext4 growth needs CAP_SYS_RESOURCE, which this host lacks
+        capacity=str(1024 * MiB),
+        new_size=str(1536 * MiB),
+        fsgroup_root="1",
+    )
+
+
+def run_host(binary: Path, env: Mapping[str, str], run: str | None = None) -> tuple[int, str]:
+    result = subprocess.run(
+        _argv(binary, run),
+        env={**os.environ, **env},
+        cwd="/",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+    return result.returncode, result.stdout
+
+
+def leftovers(tmp_path: Path) -> list[str]:
+    """Mounts under tmp_path and loop devices backed by a file under it."""
+    found = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        mountpoint = line.split()[1]
+        if mountpoint.startswith(f"{tmp_path}/"):
+            found.append(mountpoint)
+    loops = subprocess.run(["losetup", "-nO", "NAME,BACK-FILE"], capture_output=True, text=True)
+    for line in loops.stdout.splitlines():
+        name, _, backing = line.strip().partition(" ")
+        if backing.strip().startswith(f"{tmp_path}/"):
+            found.append(name)
+    return found
+
+
+def scrub(tmp_path: Path) -> None:
+    """Undo whatever a (deliberately) broken run left: unmount, detach the loop devices."""
+    for item in reversed(leftovers(tmp_path)):
+        if item.startswith("/dev/loop"):
+            subprocess.run(["losetup", "-d", item], check=False)
+        else:
+            subprocess.run(["umount", "-l", item], check=False)
+
+
+def test_loopfile(harness: Path, tmp_path: Path) -> None:
+    """Every harness test passes for loopfile (xfs) with the real kubelet code."""
+    try:
+        rc, output = run_host(harness, loopfile_env(tmp_path))
+        assert rc == 0, output
+        assert leftovers(tmp_path) == [], output
+    finally:
+        scrub(tmp_path)
+    print(_summary(output))
+
+
+#: (broken driver, the harness test that must catch it, what its failure says)
+BROKEN = [
+    ("stderr", "TestLifecycle", "init: not a JSON object"),
+    ("twojson", "TestLifecycle", "init: more than one JSON object"),
+    ("nomount", "TestLifecycle", "answered Success but"),
+    ("noro", "TestLifecycle", "read-only pod wrote to the volume"),
+    ("nometrics", "TestLifecycle", "GetMetrics: "),
+    ("noexpand", "TestLifecycle", "after NodeExpand"),
+    ("nounmount", "TestLifecycle", "TearDown(pv-kh) of pod c"),
+    ("notsupported", "TestLifecycle", "unmount: Not supported"),
+    ("needsoptions", "TestLifecycle", "unmount needs options"),
+    ("nofsgroup", "TestLifecycle", "volume root: gid"),
+    ("unmountstrict", "TestUnmountNotMounted", "TearDown(pv-never) of pod gone"),
+    ("plainfail", "TestFailureReply", "want the real code's parsed Failure"),
+    ("badname", "TestDriverDirectory", 'FindPluginByName("k8s/flexhub")'),
+]
+
+
+@pytest.mark.parametrize(("mode", "test", "says"), BROKEN, ids=[b[0] for b in BROKEN])
+def test_broken_driver_is_caught(
+    harness: Path, tmp_path: Path, mode: str, test: str, says: str
+) -> None:
+    """The check fails against a driver broken in exactly that way (loopfile on this host)."""
+    env = {**loopfile_env(tmp_path), "FLEXHUB_KH_BREAK": mode}
+    try:
+        rc, output = run_host(harness, env, run=test)
+    finally:
+        scrub(tmp_path)
+    assert rc != 0, f"the harness passed a driver broken as {mode!r}:\n{output}"
+    assert says in output, f"broken as {mode!r}, but the failure is not the expected one:\n{output}"
+
+
+# -- NFS and iSCSI in the VM rig ----------------------------------------------------------------
+
+GUEST_ROOT = "/var/lib/flexhub-kubeharness"
+
+
+def run_guest(vm: VM, binary: Path, env: Mapping[str, str]) -> tuple[int, str]:
+    result = vm.run(
+        _argv(binary, None),
+        timeout=RUN_TIMEOUT,
+        check=False,
+        env_add=dict(env),
+        merge=True,
+        cwd="/",
+    )
+    return result.rc, result.output
+
+
+def guest_config(vm: VM, name: str, extra: str = "") -> str:
+    base = f"{GUEST_ROOT}/{name}"
+    vm.run(["mkdir", "-p", base])
+    config = f"{base}/flexhub.toml"
+    vm.write_file(config, f'state_dir = "{base}/state"\nlog_dir = "{base}/log"\n{extra}')
+    return config
+
+
+def test_nfs(harness: Path, vm: VM) -> None:
+    """Every harness test passes for NFS (v4.2, the kernel server) in the VM."""
+    server = services.start_nfs_server(vm, size="256m")
+    try:
+        options = {"backend": "nfs", "server": server.host, "share": server.v4_path}
+        env = _env(
+            vm.python,
+            guest_config(vm, "nfs"),
+            GUEST_ROOT,
+            options=options,
+            inline_options=options,
+            capacity=str(256 * MiB),
+            new_size="0",  # an NFS volume's size is the server's: expandfs is Success, no change
+        )
+        rc, output = run_guest(vm, harness, env)
+        assert rc == 0, output
+        print(_summary(output))
+    finally:
+        services.stop_nfs_server(vm)
+
+
+def test_iscsi(harness: Path, vm: VM) -> None:
+    """Every harness test passes for iSCSI (ext4, CHAP from the Secret) in the VM, with an
+    online NodeExpand after the LUN grew on the target."""
+    chap = services.Chap("kh-user", "Kh-Pw-9d2fQ7")
+    target = services.iscsi_target(vm, lun_sizes=[128 * MiB, 128 * MiB], session_chap=chap)
+    try:
+        options = {
+            "backend": "iscsi",
+            "targetPortal": target.portal,
+            "iqn": target.iqn,
+            "chapAuthSession": "true",
+        }
+        grow = [
+            ["truncate", "-s", "{size}", target.lun_paths[0]],
+            [
+                services.SYSTEM_PYTHON,
+                services.LIO,
+                "resize",
+                json.dumps({"iqn": target.iqn, "lun": 0, "size": 0}).replace(
+                    '"size": 0', '"size": {size}'
+                ),
+            ],
+        ]
+        env = _env(
+            vm.python,
+            guest_config(vm, "iscsi", "[iscsi]\ndevice_timeout = 30\n"),
+            GUEST_ROOT,
+            options={**options, "lun": "0"},
+            inline_options={**options, "lun": "1"},
+            secret={
+                "node.session.auth.username": chap.userid,
+                "node.session.auth.password": chap.password,
+            },
+            fstype="ext4",
+            capacity=str(128 * MiB),
+            new_size=str(192 * MiB),
+            grow=grow,
+            fsgroup_root="1",
+        )
+        rc, output = run_guest(vm, harness, env)
+        assert chap.password not in output, "a CHAP secret reached the output"
+        assert rc == 0, output
+        print(_summary(output))
+    finally:
+        services.reset_iscsi(vm)
+        services.delete_iscsi_target(vm, target)
