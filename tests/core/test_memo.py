@@ -20,11 +20,11 @@ import pytest
 
 from flexhub.errors import InvalidOptions
 from flexhub.fastpath import nothing_to_unmount, pod_record_path
-from flexhub.harness import KUBELET_ENV, DriverReply, go_json, parse_reply
+from flexhub.harness import DriverReply, go_json
 from flexhub.memo import Memo
 from flexhub.node.journal import Journal
 from flexhub.validation import _memo_key, validate_options
-from tests.conftest import TEST_SITE, needs_root
+from tests.conftest import TEST_SITE, needs_root, run_flexhub
 
 PYTHON = sys.executable
 ECHO = {"backend": "echo", "tag": "t1"}
@@ -48,18 +48,7 @@ def site(tmp_path: Path) -> Path:
 
 
 def call(site: Path, config: Path, *args: str) -> DriverReply:
-    argv = [PYTHON, "-m", "flexhub", *args]
-    proc = subprocess.run(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**KUBELET_ENV, "PYTHONPATH": str(site), "FLEXHUB_CONFIG": str(config)},
-        cwd="/",
-        timeout=120,
-        check=False,
-    )
-    return DriverReply(argv, proc.returncode, proc.stdout, parse_reply(proc.stdout))
+    return run_flexhub(list(args), config, env={"PYTHONPATH": str(site)})
 
 
 def marks(node_tree: dict[str, Path]) -> list[str]:
