@@ -95,7 +95,7 @@ class Kubelet:
             "kubernetes.io/pvOrVolumeName": pv,
             "kubernetes.io/pod.name": "web-0",
             "kubernetes.io/pod.namespace": "default",
-            "kubernetes.io/pod.uid": directory.split("/")[5],  # /var/lib/kubelet/pods/<uid>
+            "kubernetes.io/pod.uid": directory.split("/")[-4],  # .../pods/<uid>/volumes/...
             "kubernetes.io/serviceAccount.name": "default",
             **extra,
         }

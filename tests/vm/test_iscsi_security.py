@@ -175,7 +175,7 @@ def test_dead_portal_does_not_block_other_volumes(vm: VM, kubelet: Kubelet, clea
         "kubernetes.io/fsType": "ext4",
         "kubernetes.io/readwrite": "rw",
         "kubernetes.io/pvOrVolumeName": "pv-x",
-        "kubernetes.io/pod.uid": x.split("/")[4],
+        "kubernetes.io/pod.uid": x.split("/")[-4],
     }
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in KUBELET_ENV.items())
     call = f"env -i {env} {kubelet.driver} mount {x} {shlex.quote(go_json(options))}"

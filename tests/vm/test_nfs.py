@@ -110,7 +110,7 @@ class Rig:
         options = Kubelet.mount_options(
             {"backend": "nfs", **user},
             pv=target.rsplit("/", 1)[-1],
-            pod_uid=target.split("/")[5],
+            pod_uid=target.split("/")[-4],
             read_only=read_only,
             **kw,
         )

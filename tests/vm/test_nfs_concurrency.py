@@ -35,7 +35,7 @@ LOG = logging.getLogger(__name__)
 def _options(target: str, user: dict[str, str]) -> str:
     return go_json(
         Kubelet.mount_options(
-            {"backend": "nfs", **user}, pv=target.rsplit("/", 1)[-1], pod_uid=target.split("/")[5]
+            {"backend": "nfs", **user}, pv=target.rsplit("/", 1)[-1], pod_uid=target.split("/")[-4]
         )
     )
 
