@@ -12,6 +12,9 @@ It asserts nothing and leaves nothing mounted or attached (everything it made is
 through the driver, then the tree is removed).
 
 ``--smoke`` runs every figure with tiny counts (CI runs it to keep the command working).
+``--runtime DIR`` measures through a relocatable runtime (``deploy/build_runtime.py``), as
+the DaemonSet installs it; "bare python" is then that runtime's interpreter started the same
+way (its own loader and library path).
 """
 
 from __future__ import annotations
@@ -90,16 +93,23 @@ class Figure:
 class Bench:
     """A temporary node: config, installed driver, kubelet root, loopfile root."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, runtime: Path | None = None) -> None:
         self.root = root
         config = root / "flexhub.toml"
         config.write_text(
             f'state_dir = "{root / "state"}"\nlog_dir = "{root / "log"}"\n'
             f'[loopfile]\nroot = "{root / "loop"}"\n'
         )
-        self.driver = install(root / "plugins", config=config)
+        self.driver = install(
+            root / "plugins", config=config, runtime=str(runtime) if runtime else None
+        )
         self.kubelet = Kubelet(driver=self.driver, root=root / "kubelet")
         self.python = self.driver_python()
+        # the same interpreter started the same way as the shim starts it
+        self.start = [self.python]
+        if runtime is not None:
+            loader, library = runtime / "lib" / "ld-linux-x86-64.so.2", runtime / "lib"
+            self.start = [str(loader), "--library-path", str(library), self.python]
         self.pods: list[tuple[str, str]] = []  # (pod uid, pv) mounted through the driver
         self.counter = 0
 
@@ -110,7 +120,7 @@ class Bench:
         return sys.executable
 
     def bare_python(self) -> None:
-        run_quiet([self.python, "-I", "-c", "pass"])
+        run_quiet([*self.start, "-I", "-c", "pass"])
 
     def new_volume(self, size: str = SMALL) -> tuple[str, dict[str, str]]:
         self.counter += 1
@@ -169,9 +179,9 @@ class Bench:
 
 
 @contextlib.contextmanager
-def bench_node() -> Iterator[Bench]:
+def bench_node(runtime: Path | None = None) -> Iterator[Bench]:
     tmp = Path(tempfile.mkdtemp(prefix="flexhub-bench-"))
-    bench = Bench(tmp)
+    bench = Bench(tmp, runtime)
     try:
         yield bench
     finally:
@@ -350,6 +360,12 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=15, help="samples per figure")
     parser.add_argument("--volumes", type=int, default=1000, help="volumes on the busy node")
     parser.add_argument("--smoke", action="store_true", help="tiny counts, for CI")
+    parser.add_argument(
+        "--runtime",
+        type=Path,
+        help="measure through a relocatable runtime (deploy/build_runtime.py) instead of "
+        "this Python",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("benchmark: needs root (loop devices and mounts)", file=sys.stderr)
@@ -361,7 +377,7 @@ def main() -> int:
         f"# flexhub kubelet-path benchmark, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cpus, "
         f"python {sys.version.split()[0]}; medians of {runs} runs"
     )
-    with bench_node() as bench:
+    with bench_node(args.runtime) as bench:
         print(f"# driver {bench.driver} -> {bench.python}")
         figures, empty = per_call(bench, runs)
         for figure in figures:
