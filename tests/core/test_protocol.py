@@ -360,6 +360,7 @@ def test_nothing_reaches_stderr_even_on_internal_errors(tmp_path: Path) -> None:
             env={
                 **KUBELET_ENV,
                 "PYTHONPATH": str(Path(__file__).parent.parent / "fixtures" / "site"),
+                "FLEXHUB_CONFIG": os.environ["FLEXHUB_CONFIG"],  # the session's, not the node's
             },
             cwd="/",
             check=False,
@@ -372,7 +373,9 @@ LEAN_FORBIDDEN = ("typer", "rich", "pydantic", "jsonschema", "click", "yaml")
 
 
 @pytest.mark.parametrize("args", [["init"], ["unmount", "/nonexistent/pod/dir"]])
-def test_kubelet_hot_path_imports_stay_lean(args: list[str], tmp_path: Path) -> None:
+def test_kubelet_hot_path_imports_stay_lean(
+    args: list[str], tmp_path: Path, node_tree: dict[str, Path]
+) -> None:
     out = tmp_path / "modules.txt"
     code = (
         "import sys\n"
@@ -384,7 +387,7 @@ def test_kubelet_hot_path_imports_stay_lean(args: list[str], tmp_path: Path) -> 
         [PYTHON, "-I", "-c", code],
         stdin=subprocess.DEVNULL,
         capture_output=True,
-        env={**KUBELET_ENV, "FLEXHUB_CONFIG": str(tmp_path / "none.toml")},
+        env={**KUBELET_ENV, "FLEXHUB_CONFIG": str(node_tree["config"])},
         cwd="/",
         check=True,
     )
