@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,10 +56,14 @@ def test_each_bad_config_fails_every_volume_operation(tmp_path: Path, case: str)
     config.write_text(body + f"log_dir = '{tmp_path / 'log'}'\n")
     target = tmp_path / "pod"
     target.mkdir()
-    for args in operations(target):
-        assert_one_clear_failure(args, config, needle)
-    assert run_flexhub(["init"], config).ok  # a failing init would make kubelet drop the driver
-    assert not os.path.ismount(target)
+    try:
+        for args in operations(target):
+            assert_one_clear_failure(args, config, needle)
+        assert run_flexhub(["init"], config).ok  # a failing init makes kubelet drop the driver
+        assert not os.path.ismount(target)
+    finally:
+        if os.path.ismount(target):  # only a broken driver gets here
+            subprocess.run(["umount", "-l", str(target)], check=False)
     assert not state.exists() and not Path("/var/lib/flexhub/var").exists()
 
 
