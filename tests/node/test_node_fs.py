@@ -1,4 +1,7 @@
-"""The SafeFormatAndMount decision table, with a recording runner."""
+"""SafeFormatAndMount and growth logic with a recording runner, only where this machine has no
+real system for it: fsck's exit codes (a filesystem fsck cannot repair is not made on demand),
+refusals that must run no command at all, and the growth arithmetic on scripted sizes.
+What formatting and mounting do to a real device is in test_node_fs_real.py."""
 
 from __future__ import annotations
 
@@ -30,44 +33,6 @@ def test_probe_parses_blkid_export() -> None:
         probe(_runner(8), DEV)  # ambivalent probe: never treated as blank
 
 
-@pytest.mark.parametrize(
-    ("fs_type", "mkfs"),
-    [
-        ("ext4", ["mkfs.ext4", "-F", "-m0", "--", DEV]),
-        ("ext3", ["mkfs.ext3", "-F", "-m0", "--", DEV]),
-        ("xfs", ["mkfs.xfs", "-f", "--", DEV]),
-    ],
-)
-def test_blank_device_is_formatted_then_mounted(fs_type: str, mkfs: list[str]) -> None:
-    runner = _runner()
-    assert format_and_mount(runner, DEV, "/s", fs_type, False, ["noatime"])
-    assert runner.calls[1] == mkfs
-    assert runner.calls[2] == ["mount", "-t", fs_type, "-o", "noatime", "--", DEV, "/s"]
-    assert "fsck" not in _commands(runner)
-
-
-def test_blank_device_read_only_is_never_formatted() -> None:
-    runner = _runner()
-    with pytest.raises(VolumeError, match="read-only: refusing to format"):
-        format_and_mount(runner, DEV, "/s", "ext4", True)
-    assert _commands(runner) == ["blkid"]
-
-
-def test_other_filesystem_type_is_a_failure_naming_both() -> None:
-    runner = _runner(0, "TYPE=ext4\n")
-    with pytest.raises(VolumeError) as info:
-        format_and_mount(runner, DEV, "/s", "xfs", False)
-    assert "ext4" in str(info.value) and "xfs" in str(info.value)
-    assert _commands(runner) == ["blkid"]
-
-
-def test_partition_table_is_refused() -> None:
-    runner = _runner(0, "PTTYPE=dos\n")
-    with pytest.raises(VolumeError, match="dos partition table"):
-        format_and_mount(runner, DEV, "/s", "ext4", False)
-    assert _commands(runner) == ["blkid"]
-
-
 @pytest.mark.parametrize("rc", [0, 1, 2])
 def test_fsck_before_a_read_write_ext_mount(rc: int) -> None:
     runner = _runner(0, "TYPE=ext4\n", fsck_rc=rc)
@@ -87,7 +52,7 @@ def test_fsck_uncorrected_errors_fail(rc: int) -> None:
 def test_read_only_and_xfs_skip_fsck() -> None:
     runner = _runner(0, "TYPE=ext4\n")
     format_and_mount(runner, DEV, "/s", "ext4", True, ["rw", "noatime"])
-    assert runner.calls[-1] == ["mount", "-t", "ext4", "-o", "noatime,ro", "--", DEV, "/s"]
+    assert _commands(runner) == ["blkid", "mount"]
     runner = _runner(0, "TYPE=xfs\n")
     format_and_mount(runner, DEV, "/s", "xfs", False)
     assert _commands(runner) == ["blkid", "mount"]
