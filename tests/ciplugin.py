@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -114,21 +114,21 @@ class CiGuard:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
-    ) -> Iterator[None]:
-        report: pytest.TestReport = yield
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
         if report.skipped and not hasattr(report, "wasxfail") and on_ci():
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
             report.outcome = "failed"
             report.longrepr = f"CI=true, so a test may not skip: {reason}"
-        return report  # type: ignore[return-value]
+        return report
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         self.before = snapshot(self.node_paths)
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
-        result = yield
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Generator[None, None, None]:
+        yield
         diff = changes(self.before, snapshot(self.node_paths))
         if diff:
             self.touched.append(f"{item.nodeid}: {', '.join(diff[:5])}")
@@ -138,7 +138,6 @@ class CiGuard:
                     f"own config): {'; '.join(diff[:5])}",
                     pytrace=False,
                 )
-        return result
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """A test's outcome is its worst phase: skipped, failed, or else passed."""
@@ -172,7 +171,7 @@ class CiGuard:
             shutil.rmtree(self.base, ignore_errors=True)
         report = os.environ.get(REPORT_ENV)
         if report:
-            Path(report).write_text(json.dumps(self.summary(), sort_keys=True) + "\n")
+            Path(report).write_text(json.dumps(self.summary()) + "\n")
 
 
 def pytest_configure(config: pytest.Config) -> None:

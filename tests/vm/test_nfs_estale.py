@@ -1,5 +1,8 @@
 """Unmount of an NFS mount that really answers ESTALE (the server removed and recreated the
-exported directory), for v3 and v4: Success, nothing left mounted, no umount process left."""
+exported directory): Success, nothing left mounted, no umount process left.
+
+Only v4 here: on this rig a v3 client keeps answering ``stat`` on the recreated directory (no
+ESTALE reaches it), so a v3 variant would not test a stale mount at all."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import pytest
 from tests.vm.test_nfs import Rig, rig, share  # noqa: F401 (fixture)
 
 
-@pytest.mark.parametrize("version", ["3", "4.2"])
+@pytest.mark.parametrize("version", ["4.2"])
 def test_unmount_of_a_stale_mount(rig: Rig, version: str) -> None:  # noqa: F811
     name = f"estale-{uuid.uuid4().hex[:6]}"
     target = rig.pod_dir()
@@ -25,7 +28,8 @@ def test_unmount_of_a_stale_mount(rig: Rig, version: str) -> None:  # noqa: F811
     assert rig.mount(target, user)[0] == {"status": "Success"}
     rig.sh(f"rm -rf {rig.server_path(name)} && mkdir {rig.server_path(name)}")
     time.sleep(1.5)  # past actimeo: the next stat goes to the server
-    probe = rig.vm.run(["stat", "-f", target], check=False, timeout=30)
+    # stat, not stat -f: v3 mounts of one server share a superblock, whose statfs answers
+    probe = rig.vm.run(["stat", target], check=False, timeout=30)
     assert probe.rc != 0 and "Stale file handle" in probe.output, probe.output
     reply, _ = rig.unmount(target)  # also removes the directory, as kubelet does
     assert reply == {"status": "Success"}, reply
