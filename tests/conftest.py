@@ -14,7 +14,7 @@ from flexhub.errors import forget_secrets
 from flexhub.harness import KUBELET_ENV, DriverReply, Kubelet, parse_reply
 from flexhub.install import install
 
-pytest_plugins = ["tests.rig.fixtures"]
+pytest_plugins = ["tests.rig.fixtures", "tests.ciplugin", "pytester"]
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_SITE = REPO / "tests" / "fixtures" / "site"
@@ -69,11 +69,14 @@ def kubelet(driver: Path, node_tree: dict[str, Path]) -> Kubelet:
 def run_flexhub(
     args: list[str], config: Path | None = None, env: Mapping[str, str] | None = None
 ) -> DriverReply:
-    """Run ``python -m flexhub`` like kubelet, with the test backends on the path."""
+    """Run ``python -m flexhub`` like kubelet, with the test backends on the path.
+
+    Without ``config`` the call gets the session's throw-away node config (tests/ciplugin.py),
+    never the node's real ``/etc/flexhub``, ``/var/lib/flexhub`` or ``/var/log/flexhub``.
+    """
     full_env = dict(KUBELET_ENV)
     full_env["PYTHONPATH"] = str(TEST_SITE)
-    if config is not None:
-        full_env["FLEXHUB_CONFIG"] = str(config)
+    full_env["FLEXHUB_CONFIG"] = str(config) if config is not None else os.environ["FLEXHUB_CONFIG"]
     full_env.update(env or {})
     argv = [PYTHON, "-m", "flexhub", *args]
     proc = subprocess.run(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -47,7 +48,11 @@ def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str
         input=stdin,
         capture_output=True,
         text=True,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(TEST_SITE)},
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(TEST_SITE),
+            "FLEXHUB_CONFIG": os.environ["FLEXHUB_CONFIG"],  # the session's, not the node's
+        },
         check=False,
     )
 

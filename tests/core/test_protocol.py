@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -11,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from flexhub.harness import KUBELET_ENV, Kubelet, go_json, parse_reply
-from flexhub.kubelet import CAPABILITIES
-from tests.conftest import PYTHON, needs_root, run_flexhub
+from tests.conftest import PYTHON, REPO, needs_root, run_flexhub
 
 ECHO = {"backend": "echo", "tag": "t1"}
 
@@ -36,7 +36,7 @@ def test_init_through_installed_driver_with_bare_environment(driver: Path) -> No
     assert proc.stderr == b""
     reply = parse_reply(proc.stdout)
     assert proc.returncode == 0
-    assert reply == {"status": "Success", "capabilities": CAPABILITIES}
+    assert reply == {"status": "Success", "capabilities": documented_capabilities()}
     assert all(isinstance(v, bool) for v in reply["capabilities"].values())
     assert reply["capabilities"]["attach"] is False
 
@@ -52,6 +52,28 @@ def test_install_is_atomic_and_minimal(driver: Path, node_tree: dict[str, Path])
     assert f"PY={PYTHON}" in text
     assert f"FLEXHUB_CONFIG={node_tree['config']}" in text
     assert text.startswith("#!/bin/sh\n")
+
+
+def documented_capabilities() -> dict[str, bool]:
+    """The ``init`` reply's capabilities as the README writes them (not flexhub's constant)."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Capabilities (the `init` reply)") :]
+    literal = re.search(r"^`(\{.*\})`$", section, re.M)
+    assert literal, "the README's capabilities literal is missing"
+    parsed: dict[str, bool] = json.loads(literal.group(1))
+    return parsed
+
+
+def test_readme_capabilities_are_what_kubelet_must_see() -> None:
+    # attach:false and fsGroup:false are the README's reasoned decisions; a literal the
+    # README cannot silently drift from
+    assert documented_capabilities() == {
+        "attach": False,
+        "selinuxRelabel": True,
+        "fsGroup": False,
+        "supportsMetrics": True,
+        "requiresFSResize": True,
+    }
 
 
 def test_uninstall(driver: Path, node_tree: dict[str, Path]) -> None:
@@ -360,6 +382,7 @@ def test_nothing_reaches_stderr_even_on_internal_errors(tmp_path: Path) -> None:
             env={
                 **KUBELET_ENV,
                 "PYTHONPATH": str(Path(__file__).parent.parent / "fixtures" / "site"),
+                "FLEXHUB_CONFIG": os.environ["FLEXHUB_CONFIG"],  # the session's, not the node's
             },
             cwd="/",
             check=False,
@@ -372,7 +395,9 @@ LEAN_FORBIDDEN = ("typer", "rich", "pydantic", "jsonschema", "click", "yaml")
 
 
 @pytest.mark.parametrize("args", [["init"], ["unmount", "/nonexistent/pod/dir"]])
-def test_kubelet_hot_path_imports_stay_lean(args: list[str], tmp_path: Path) -> None:
+def test_kubelet_hot_path_imports_stay_lean(
+    args: list[str], tmp_path: Path, node_tree: dict[str, Path]
+) -> None:
     out = tmp_path / "modules.txt"
     code = (
         "import sys\n"
@@ -384,7 +409,7 @@ def test_kubelet_hot_path_imports_stay_lean(args: list[str], tmp_path: Path) -> 
         [PYTHON, "-I", "-c", code],
         stdin=subprocess.DEVNULL,
         capture_output=True,
-        env={**KUBELET_ENV, "FLEXHUB_CONFIG": str(tmp_path / "none.toml")},
+        env={**KUBELET_ENV, "FLEXHUB_CONFIG": str(node_tree["config"])},
         cwd="/",
         check=True,
     )

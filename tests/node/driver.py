@@ -25,6 +25,7 @@ def main() -> int:
     args = json.loads(sys.argv[1])
     config = NodeConfig(
         state_dir=Path(args["state"]),
+        log_dir=Path(args["state"]) / "log",  # never the node's /var/log/flexhub
         lock_timeout=float(args.get("lock_timeout", 30)),
         mount_timeout=20,
         unmount_timeout=10,

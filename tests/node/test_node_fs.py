@@ -1,4 +1,7 @@
-"""The SafeFormatAndMount decision table, with a recording runner."""
+"""SafeFormatAndMount and growth logic with a recording runner, only where this machine has no
+real system for it: fsck's exit codes (a filesystem fsck cannot repair is not made on demand),
+refusals that must run no command at all, and the growth arithmetic on scripted sizes.
+What formatting and mounting do to a real device is in test_node_fs_real.py."""
 
 from __future__ import annotations
 

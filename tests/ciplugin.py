@@ -1,0 +1,181 @@
+"""pytest plugin: the suite never goes green by skipping, and never touches the node's paths.
+
+- With ``CI=true`` every skipped test is reported as a failure (xfail is not a skip): a missing
+  capability (root, loop devices, ``/dev/fuse``, qemu, multipathd in the guest) must break CI,
+  not empty it silently.
+- Every test is counted per tier: ``go`` (marker ``goharness``), ``vm`` (marker ``vm``) or
+  ``host``; the counts are printed at the end and, when ``FLEXHUB_TIER_REPORT`` names a file,
+  written there as JSON for ``.ci/run``.
+- The session runs with ``FLEXHUB_CONFIG`` naming a throw-away node config (state and log
+  directories in a temporary directory), so a driver call a test forgot to configure lands
+  there; and the node's real paths (``/etc/flexhub``, ``/var/lib/flexhub``,
+  ``/var/log/flexhub``) are compared before and after every test: with ``CI=true`` a change
+  fails the test that made it (elsewhere other processes may use them, so it is a warning).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Generator
+from pathlib import Path
+
+import pytest
+
+NODE_PATHS = (Path("/etc/flexhub"), Path("/var/lib/flexhub"), Path("/var/log/flexhub"))
+TIERS = ("host", "vm", "go")
+REPORT_ENV = "FLEXHUB_TIER_REPORT"
+PATHS_ENV = "FLEXHUB_TEST_NODE_PATHS"  # the guard's own tests point it elsewhere (colon-separated)
+
+Snapshot = dict[str, tuple[int, int, int]]
+
+
+def on_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def tier_of(item: pytest.Item) -> str:
+    if item.get_closest_marker("goharness"):
+        return "go"
+    if item.get_closest_marker("vm"):
+        return "vm"
+    return "host"
+
+
+def snapshot(paths: tuple[Path, ...]) -> Snapshot:
+    """Every file and directory under ``paths`` with its inode, size and mtime."""
+    seen: Snapshot = {}
+    for top in paths:
+        for here, dirs, files in os.walk(top):
+            for name in [".", *dirs, *files]:
+                path = os.path.join(here, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                seen[os.path.normpath(path)] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return seen
+
+
+def changes(before: Snapshot, after: Snapshot) -> list[str]:
+    """What differs between two snapshots, one line each."""
+    out = [f"created {p}" for p in sorted(after.keys() - before.keys())]
+    out += [f"removed {p}" for p in sorted(before.keys() - after.keys())]
+    out += [f"modified {p}" for p in sorted(before.keys() & after.keys()) if before[p] != after[p]]
+    return out
+
+
+def _mount_points() -> list[str]:
+    with open("/proc/self/mountinfo") as table:
+        return [line.split()[4] for line in table]
+
+
+def sandbox_config(base: Path) -> Path:
+    """A node config whose every directory is under ``base``."""
+    config = base / "flexhub.toml"
+    config.write_text(
+        f'state_dir = "{base / "state"}"\n'
+        f'log_dir = "{base / "log"}"\n'
+        f'[loopfile]\nroot = "{base / "loopfiles"}"\n'
+    )
+    return config
+
+
+class CiGuard:
+    """The plugin's state for one pytest run (an inner pytester run gets its own)."""
+
+    def __init__(self, config: pytest.Config, node_paths: tuple[Path, ...] = NODE_PATHS) -> None:
+        self.config = config
+        self.node_paths = node_paths
+        self.tiers: dict[str, str] = {}
+        self.outcomes: dict[str, str] = {}
+        self.touched: list[str] = []
+        self.before: Snapshot = {}
+        self.base = Path(tempfile.mkdtemp(prefix="flexhub-test-node-"))
+        self.saved_env = os.environ.get("FLEXHUB_CONFIG")
+        os.environ["FLEXHUB_CONFIG"] = str(sandbox_config(self.base))
+
+    def _under_base(self, point: str) -> bool:
+        return point == str(self.base) or point.startswith(f"{self.base}/")
+
+    def restore(self) -> None:
+        if self.saved_env is None:
+            os.environ.pop("FLEXHUB_CONFIG", None)
+        else:
+            os.environ["FLEXHUB_CONFIG"] = self.saved_env
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        self.tiers = {item.nodeid: tier_of(item) for item in items}
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        if report.skipped and not hasattr(report, "wasxfail") and on_ci():
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+            report.outcome = "failed"
+            report.longrepr = f"CI=true, so a test may not skip: {reason}"
+        return report
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.before = snapshot(self.node_paths)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Generator[None, None, None]:
+        yield
+        diff = changes(self.before, snapshot(self.node_paths))
+        if diff:
+            self.touched.append(f"{item.nodeid}: {', '.join(diff[:5])}")
+            if on_ci():
+                pytest.fail(
+                    "the test changed the node's real paths (give every driver call its "
+                    f"own config): {'; '.join(diff[:5])}",
+                    pytrace=False,
+                )
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """A test's outcome is its worst phase: skipped, failed, or else passed."""
+        if hasattr(report, "wasxfail"):
+            self.outcomes[report.nodeid] = "xfailed" if report.skipped else "xpassed"
+        elif report.skipped:
+            self.outcomes[report.nodeid] = "skipped"
+        elif report.failed and self.outcomes.get(report.nodeid) != "skipped":
+            self.outcomes[report.nodeid] = "failed"
+        else:
+            self.outcomes.setdefault(report.nodeid, "passed")
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        counts: dict[str, Counter[str]] = {tier: Counter() for tier in TIERS}
+        for nodeid, outcome in self.outcomes.items():
+            counts[self.tiers.get(nodeid, "host")][outcome] += 1
+        return {tier: dict(counts[tier]) for tier in TIERS}
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        terminalreporter.section("tests per tier")
+        for tier, counts in self.summary().items():
+            total = sum(counts.values())
+            detail = ", ".join(f"{n} {what}" for what, n in sorted(counts.items())) or "none ran"
+            terminalreporter.write_line(f"{tier:5} {total:4}  ({detail})")
+        for line in self.touched:
+            terminalreporter.write_line(f"WARNING node path changed during {line}")
+
+    def pytest_unconfigure(self) -> None:
+        self.restore()
+        if not any(self._under_base(line) for line in _mount_points()):
+            shutil.rmtree(self.base, ignore_errors=True)
+        report = os.environ.get(REPORT_ENV)
+        if report:
+            Path(report).write_text(json.dumps(self.summary()) + "\n")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "goharness: a test driven by the Go kubelet harness")
+    paths = os.environ.get(PATHS_ENV)
+    node_paths = tuple(Path(p) for p in paths.split(":")) if paths else NODE_PATHS
+    config.pluginmanager.register(CiGuard(config, node_paths), "flexhub-ci-guard")

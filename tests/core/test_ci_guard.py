@@ -1,0 +1,159 @@
+"""The suite's own guard (tests/ciplugin.py): under CI nothing skips, tiers are counted, and no
+test touches the node's real paths. Each test runs an inner pytest session with the plugin."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests import ciplugin
+
+SKIPPING = """
+import pytest
+
+needs_thing = pytest.mark.skipif(True, reason="needs a thing")
+
+@pytest.fixture
+def capability():
+    pytest.skip("no /dev/thing")
+
+def test_runs():
+    pass
+
+@needs_thing
+def test_marked():
+    pass
+
+def test_fixture(capability):
+    pass
+
+def test_inline():
+    pytest.skip("multipathd does not start")
+
+def test_import():
+    pytest.importorskip("no_such_module_anywhere")
+
+@pytest.mark.xfail(reason="known", strict=True)
+def test_expected_failure():
+    assert False
+
+@pytest.mark.vm
+def test_in_vm():
+    pass
+
+@pytest.mark.goharness
+def test_from_go():
+    pass
+"""
+
+
+def run_inner(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ci: str | None
+) -> tuple[pytest.RunResult, dict[str, dict[str, int]]]:
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    report = pytester.path / "tiers.json"
+    monkeypatch.setenv(ciplugin.REPORT_ENV, str(report))
+    pytester.makeini("[pytest]\nmarkers =\n    vm: the VM tier\n")
+    pytester.makepyfile(test_inner=SKIPPING)
+    result = pytester.runpytest_subprocess("-p", "tests.ciplugin", "-p", "no:cacheprovider")
+    return result, json.loads(report.read_text())
+
+
+@pytest.fixture(autouse=True)
+def importable(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = str(Path(__file__).resolve().parents[2])
+    monkeypatch.setenv("PYTHONPATH", repo)
+
+
+def test_every_kind_of_skip_fails_under_ci(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result, tiers = run_inner(pytester, monkeypatch, "true")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("skipped", 0) == 0, result.stdout.str()
+    # the skipif marker and the fixture skip in setup (errors), the inline skip and
+    # importorskip in the call (failures)
+    assert outcomes["failed"] == 2 and outcomes["errors"] == 2, outcomes
+    assert outcomes["xfailed"] == 1 and outcomes["passed"] == 3
+    result.stdout.fnmatch_lines(["*CI=true, so a test may not skip: *no /dev/thing*"])
+    assert result.ret == 1
+    assert tiers["host"] == {"failed": 4, "passed": 1, "xfailed": 1}
+    assert tiers["vm"] == {"passed": 1} and tiers["go"] == {"passed": 1}
+    result.stdout.fnmatch_lines(["*tests per tier*", "host *6*", "vm *1*", "go *1*"])
+
+
+def test_without_ci_skips_stay_skips_and_are_counted(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result, tiers = run_inner(pytester, monkeypatch, None)
+    assert result.parseoutcomes()["skipped"] == 4
+    assert result.ret == 0
+    assert tiers["host"] == {"skipped": 4, "passed": 1, "xfailed": 1}
+
+
+TOUCHING = """
+import os
+from pathlib import Path
+
+def test_forgot_its_config():
+    Path(os.environ["NODE_DIR"], "locks").mkdir()
+
+def test_own_config(tmp_path):
+    (tmp_path / "locks").mkdir()
+"""
+
+
+@pytest.mark.parametrize("ci", ["true", None])
+def test_a_test_that_touches_node_paths_fails_under_ci(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ci: str | None
+) -> None:
+    node = tmp_path / "var-lib-flexhub"
+    node.mkdir()
+    monkeypatch.setenv("NODE_DIR", str(node))
+    monkeypatch.setenv(ciplugin.PATHS_ENV, f"{node}:{tmp_path / 'etc-flexhub'}")
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    pytester.makepyfile(test_inner=TOUCHING)
+    result = pytester.runpytest_subprocess("-p", "tests.ciplugin", "-p", "no:cacheprovider")
+    outcomes = result.parseoutcomes()
+    result.stdout.fnmatch_lines(
+        [f"*node path changed during test_inner.py::test_forgot_its_config: created {node}/locks*"]
+    )
+    if ci:
+        assert outcomes == {"passed": 2, "errors": 1}, outcomes
+        result.stdout.fnmatch_lines(["*ERROR at teardown of test_forgot_its_config*"])
+    else:
+        assert outcomes == {"passed": 2}, outcomes
+
+
+def test_snapshot_sees_created_modified_and_removed(tmp_path: Path) -> None:
+    node = tmp_path / "var-lib-flexhub"
+    (node / "locks").mkdir(parents=True)
+    (node / "locks" / "old.lock").write_text("")
+    before = ciplugin.snapshot((node, tmp_path / "absent"))
+    assert ciplugin.changes(before, ciplugin.snapshot((node,))) == []
+    (node / "locks" / "pod-1.lock").write_text("")
+    (node / "locks" / "old.lock").unlink()
+    diff = ciplugin.changes(before, ciplugin.snapshot((node, tmp_path / "absent")))
+    assert f"created {node}/locks/pod-1.lock" in diff
+    assert f"removed {node}/locks/old.lock" in diff
+    assert f"modified {node}/locks" in diff
+
+
+def test_session_config_is_a_throwaway_tree() -> None:
+    import os
+    import tomllib
+
+    config = Path(os.environ["FLEXHUB_CONFIG"])
+    assert not config.is_relative_to("/etc")
+    data = tomllib.loads(config.read_text())
+    for key in ("state_dir", "log_dir"):
+        assert Path(data[key]).parent == config.parent, data
+    assert Path(data["loopfile"]["root"]).parent == config.parent

@@ -1,0 +1,112 @@
+"""A broken node config: one clear Failure on every volume operation, nothing changed; logging
+trouble never fails a call; the log follows a rotation. Real driver processes, real tmpfs mounts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flexhub.harness import Kubelet, go_json
+from tests.conftest import needs_root, run_flexhub
+
+ECHO = {"backend": "echo", "tag": "t1"}
+
+BAD = {
+    "unknown key": ("stat_dir = '/tmp/x'\n", "unknown setting 'stat_dir'"),
+    "relative state_dir": ("state_dir = 'var/lib/flexhub'\n", "state_dir must be an absolute path"),
+    "zero timeout": ("lock_timeout = 0\n", "lock_timeout must be a positive number"),
+    "negative timeout": ("mount_timeout = -5\n", "mount_timeout must be a positive number"),
+    "bad log level": ("log_level = 'verbose'\n", "log_level must be one of"),
+    "not TOML": ("state_dir = [\n", "is not valid TOML"),
+}
+
+
+def operations(target: Path) -> list[list[str]]:
+    base = go_json(Kubelet.base_options(ECHO, pv="pv-1"))
+    mount = go_json(Kubelet.mount_options(ECHO, pv="pv-1", pod_uid="uid-1"))
+    return [
+        ["mount", str(target), mount],
+        ["unmount", str(target)],
+        ["expandfs", base, "", str(target), "2097152", "1048576"],
+        ["attach", base, "node-1"],
+        ["mountdevice", str(target), "", base],
+    ]
+
+
+def assert_one_clear_failure(args: list[str], config: Path, needle: str) -> None:
+    reply = run_flexhub(args, config)
+    assert reply.returncode == 1, (args, reply.reply)
+    assert reply.status == "Failure", (args, reply.reply)
+    assert len(reply.output.splitlines()) == 1
+    assert str(config) in reply.message and needle in reply.message, (args, reply.message)
+    assert "\n" not in reply.message
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_each_bad_config_fails_every_volume_operation(tmp_path: Path, case: str) -> None:
+    text, needle = BAD[case]
+    state = tmp_path / "state"
+    config = tmp_path / "flexhub.toml"
+    body = text if text.startswith("state_dir") else f"state_dir = '{state}'\n{text}"
+    config.write_text(body + f"log_dir = '{tmp_path / 'log'}'\n")
+    target = tmp_path / "pod"
+    target.mkdir()
+    try:
+        for args in operations(target):
+            assert_one_clear_failure(args, config, needle)
+        assert run_flexhub(["init"], config).ok  # a failing init makes kubelet drop the driver
+        assert not os.path.ismount(target)
+    finally:
+        if os.path.ismount(target):  # only a broken driver gets here
+            subprocess.run(["umount", "-l", str(target)], check=False)
+    assert not state.exists() and not Path("/var/lib/flexhub/var").exists()
+
+
+def test_unreadable_config_fails_every_volume_operation(tmp_path: Path) -> None:
+    config = tmp_path / "flexhub.toml"
+    config.mkdir()  # exists, cannot be read as a file (root reads any mode)
+    target = tmp_path / "pod"
+    target.mkdir()
+    for args in operations(target):
+        assert_one_clear_failure(args, config, "cannot read node config")
+    assert run_flexhub(["init"], config).ok
+
+
+@needs_root
+def test_unwritable_log_directory_does_not_fail_calls(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    config = tmp_path / "flexhub.toml"
+    config.write_text(f"state_dir = '{tmp_path / 'state'}'\nlog_dir = '{blocker / 'log'}'\n")
+    target = tmp_path / "pod"
+    target.mkdir()
+    mount = go_json(Kubelet.mount_options(ECHO, pv="pv-1", pod_uid="uid-1"))
+    try:
+        reply = run_flexhub(["mount", str(target), mount], config)
+        assert reply.ok, reply.reply
+        assert os.path.ismount(target)
+    finally:
+        reply = run_flexhub(["unmount", str(target)], config)
+    assert reply.ok, reply.reply
+    assert not os.path.ismount(target)
+
+
+def volumes(log: Path) -> list[str]:
+    """The volume of each call line in ``log``."""
+    lines = [line for line in log.read_text().splitlines() if ": call {" in line]
+    return [json.loads(line.split(": call ", 1)[1])["volume"] for line in lines]
+
+
+def test_log_follows_rotation(tmp_path: Path, node_tree: dict[str, Path]) -> None:
+    config = node_tree["config"]
+    log = node_tree["log"] / "flexhub.log"
+    assert run_flexhub(["getvolumename", go_json(Kubelet.base_options(ECHO, pv="pv-a"))], config).ok
+    os.rename(log, log.with_suffix(".log.1"))  # logrotate's default: rename, no copytruncate
+    assert run_flexhub(["getvolumename", go_json(Kubelet.base_options(ECHO, pv="pv-b"))], config).ok
+    assert volumes(log.with_suffix(".log.1")) == ["pv-a"]
+    assert volumes(log) == ["pv-b"]
