@@ -279,7 +279,7 @@ class Doctor:
     def check_backends(self) -> list[Check]:
         from flexhub.loader import describe_backends, load_backend
 
-        infos = describe_backends()
+        infos = describe_backends(self.config)
         if not infos:
             return [Check("backends", "fail", "no backend installed", "install flexhub's backends")]
         checks = []
@@ -288,7 +288,7 @@ class Doctor:
             if info.error:
                 checks.append(Check(name, "fail", info.error, f"reinstall {info.distribution}"))
                 continue
-            needs = load_backend(info.name).node_requirements
+            needs = load_backend(info.name, self.config).node_requirements
             missing = [c for c in needs.commands if not self._has_command(c)]
             modules = [m for m in needs.kernel_modules if not self._has_module(m)]
             daemons = [d for d in needs.daemons if not self._running(d)]

@@ -176,8 +176,11 @@ class BackendInfo:
     error: str = ""
 
 
-def describe_backends() -> list[BackendInfo]:
-    """Every registered backend, with its distribution and whether it imports."""
+def describe_backends(config: NodeConfig | None = None) -> list[BackendInfo]:
+    """Every registered backend, with its distribution and whether it imports.
+
+    :param config: the node config whose state directory keeps stevedore's cache.
+    """
     from importlib.metadata import entry_points
 
     infos = []
@@ -185,7 +188,7 @@ def describe_backends() -> list[BackendInfo]:
         dist = ep.dist
         error = ""
         try:
-            load_backend(ep.name)
+            load_backend(ep.name, config)
         except Exception as exc:
             error = str(exc)
         infos.append(
