@@ -277,9 +277,25 @@ class Doctor:
         return Check("runtime", "ok", f"the driver runs {python}")
 
     def check_backends(self) -> list[Check]:
+        """Every backend imports and finds its node tools. The doctor writes nothing on the
+        node: stevedore's cache goes to a temporary directory, and no memo is used."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="flexhub-doctor-") as cache:
+            previous = os.environ.get("XDG_CACHE_HOME")
+            os.environ["XDG_CACHE_HOME"] = cache
+            try:
+                return self._check_backends()
+            finally:
+                if previous is None:
+                    del os.environ["XDG_CACHE_HOME"]
+                else:
+                    os.environ["XDG_CACHE_HOME"] = previous
+
+    def _check_backends(self) -> list[Check]:
         from flexhub.loader import describe_backends, load_backend
 
-        infos = describe_backends(self.config)
+        infos = describe_backends()
         if not infos:
             return [Check("backends", "fail", "no backend installed", "install flexhub's backends")]
         checks = []
@@ -288,7 +304,7 @@ class Doctor:
             if info.error:
                 checks.append(Check(name, "fail", info.error, f"reinstall {info.distribution}"))
                 continue
-            needs = load_backend(info.name, self.config).node_requirements
+            needs = load_backend(info.name).node_requirements
             missing = [c for c in needs.commands if not self._has_command(c)]
             modules = [m for m in needs.kernel_modules if not self._has_module(m)]
             daemons = [d for d in needs.daemons if not self._running(d)]
