@@ -47,7 +47,7 @@ def test_volumes_attach_and_release_at_once(kube: Kubelet, node_tree: dict[str, 
         ]
     )
     assert [r.reply for r in replies] == [{"status": "Success"}] * N
-    images = [node_tree["loopfiles"] / v["file"] for v in vols]
+    images = [node_tree["loopfiles"] / "namespaces" / "default" / v["file"] for v in vols]
     loops = [loops_of(image) for image in images]
     assert all(len(found) == 1 for found in loops), loops
     assert len({found[0] for found in loops}) == N  # one loop device each

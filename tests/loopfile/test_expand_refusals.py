@@ -43,7 +43,9 @@ def test_refused_on_a_read_only_mount(kube: Kubelet, node_tree: dict[str, Path])
     before = fs_size(target)
     status, message = expand(kube, uid)
     assert status == "Failure" and "read-only" in message, message
-    assert (node_tree["loopfiles"] / "grow.img").stat().st_size == 400 * MiB
+    assert (
+        node_tree["loopfiles"] / "namespaces" / "default" / "grow.img"
+    ).stat().st_size == 400 * MiB
     assert fs_size(target) == before
     assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
 
@@ -53,16 +55,18 @@ def test_refused_when_the_file_was_replaced(kube: Kubelet, node_tree: dict[str, 
     assert mount(kube, uid, USER, fs_type="xfs").ok
     target = kube.pod_dir(uid, "pv-1")
     before = fs_size(target)
-    image = node_tree["loopfiles"] / "grow.img"
-    other = node_tree["loopfiles"] / "other.img"
+    image = node_tree["loopfiles"] / "namespaces" / "default" / "grow.img"
+    other = node_tree["loopfiles"] / "namespaces" / "default" / "other.img"
     with open(other, "wb") as f:
         f.truncate(400 * MiB)
-    os.rename(image, node_tree["loopfiles"] / "old.img")
+    os.rename(image, node_tree["loopfiles"] / "namespaces" / "default" / "old.img")
     os.rename(other, image)  # the path now names a file the loop device does not map
     status, message = expand(kube, uid)
     assert status == "Failure" and "no longer maps" in message, message
     assert image.stat().st_size == 400 * MiB
-    assert (node_tree["loopfiles"] / "old.img").stat().st_size == 400 * MiB
+    assert (
+        node_tree["loopfiles"] / "namespaces" / "default" / "old.img"
+    ).stat().st_size == 400 * MiB
     assert fs_size(target) == before
     assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
 
@@ -91,7 +95,9 @@ def test_refused_when_the_journal_names_another_device(
         status, message = expand(kube, uid)
         assert status == "Failure" and "no longer the device" in message, message
         assert spare_file.stat().st_size == 64 * MiB
-        assert (node_tree["loopfiles"] / "grow.img").stat().st_size == 400 * MiB
+        assert (
+            node_tree["loopfiles"] / "namespaces" / "default" / "grow.img"
+        ).stat().st_size == 400 * MiB
         assert fs_size(target) == before
     finally:
         subprocess.run(["losetup", "-d", spare], check=False)
