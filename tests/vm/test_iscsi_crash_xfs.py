@@ -40,7 +40,7 @@ def options(target: IscsiTarget, directory: str, fs_type: str = "ext4") -> str:
         "kubernetes.io/pvOrVolumeName": "pv-crash",
         "kubernetes.io/pod.name": "web-0",
         "kubernetes.io/pod.namespace": "default",
-        "kubernetes.io/pod.uid": directory.split("/")[4],
+        "kubernetes.io/pod.uid": directory.split("/")[-4],
         "kubernetes.io/serviceAccount.name": "default",
     }
     for key, value in chap_secrets(SESSION_CHAP).items():

@@ -20,7 +20,7 @@ def test_sigkill_at_each_mount_step(rig: Rig, step: str, retry: bool) -> None:  
     target = rig.pod_dir()
     user = {"backend": "nfs", **share(rig, "4.2"), "nfsVersion": "4.2"}
     options = Kubelet.mount_options(
-        user, pv=target.rsplit("/", 1)[-1], pod_uid=target.split("/")[5]
+        user, pv=target.rsplit("/", 1)[-1], pod_uid=target.split("/")[-4]
     )
     crashed = rig.vm.run(
         [rig.driver, "mount", target, go_json(options)],
