@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -73,6 +74,8 @@ def load_backend(name: str | None, config: NodeConfig | None = None) -> type[Bac
         if remembered is not None:
             return remembered
     _prepare_cache(config)
+    if memo is not None:
+        _forget_stevedore_cache(memo)
     from stevedore import driver, exception
 
     try:
@@ -94,6 +97,18 @@ def load_backend(name: str | None, config: NodeConfig | None = None) -> type[Bac
     if memo is not None:
         _remember(memo)
     return cast("type[Backend]", cls)
+
+
+def _forget_stevedore_cache(memo: Memo) -> None:
+    """Drop stevedore's own entry-point cache when flexhub's memo missed.
+
+    stevedore keys its cache by the modification times of the path entries and entry-point
+    files packed as 32-bit floats, about two minutes apart at today's dates, so an
+    ``entry_points.txt`` changed in place can be served stale. flexhub's memo compares them
+    exactly; when it misses, stevedore scans afresh (once per change, a few tens of ms).
+    """
+    if os.environ.get("XDG_CACHE_HOME") == str(memo.root):
+        shutil.rmtree(memo.root / "python-entrypoints", ignore_errors=True)
 
 
 def _is_backend(cls: object) -> bool:

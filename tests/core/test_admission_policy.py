@@ -203,7 +203,8 @@ def test_flexhub_validate_command_fails_on_a_kubelet_key(tmp_path: Path) -> None
         [sys.executable, "-m", "flexhub", "validate", str(manifest)],
         capture_output=True,
         text=True,
-        env={"PATH": "/usr/bin:/bin"},
+        # the session's throw-away node config: stevedore's cache goes to its state_dir
+        env={"PATH": "/usr/bin:/bin", "FLEXHUB_CONFIG": os.environ["FLEXHUB_CONFIG"]},
         check=False,
     )
     assert proc.returncode == 1

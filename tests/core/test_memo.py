@@ -86,12 +86,15 @@ def test_a_changed_installation_takes_effect_on_the_next_call(
     remembered = json.loads((node_tree["state"] / "cache" / "backends.json").read_text())
     assert remembered["backends"]["echo"] == "flexhub_testbackends.echo:EchoBackend"
     entry_points = site / "flexhub_testbackends-0.0.dist-info" / "entry_points.txt"
+    before = entry_points.stat()
     entry_points.write_text(
         entry_points.read_text().replace(
             "echo = flexhub_testbackends.echo:EchoBackend",
             "echo = flexhub_testbackends.broken:BrokenBackend",
         )
     )
+    # 1 ms later than before: stevedore's own cache (mtimes as 32-bit floats) cannot tell
+    os.utime(entry_points, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))
     broken = call(site, node_tree["config"], "attach", options(ECHO), "node-1")
     assert broken.status == "Failure"
     assert "failed to import" in broken.message
