@@ -366,8 +366,9 @@ def test_multipath_over_two_portals(vm: VM, kubelet: Kubelet, clean: None) -> No
     )
     pid = vm.spawn(["multipathd", "-d", "-s"], log="/tmp/flexhub-test-multipathd.log")
     try:
-        for _ in range(50):
-            if vm.run(["multipathd", "show", "daemon"], check=False).rc == 0:
+        for _ in range(150):  # up and done configuring ("pid N idle|running"), as on a node
+            shown = vm.run(["multipathd", "show", "daemon"], check=False)
+            if shown.rc == 0 and shown.stdout.split()[-1:] in (["idle"], ["running"]):
                 break
             time.sleep(0.2)
         else:
