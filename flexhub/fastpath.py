@@ -16,7 +16,7 @@ try:  # CPython's built-in SHA-256: the same digest, without loading OpenSSL (a 
 except ImportError:  # pragma: no cover - other interpreters and versions
     from hashlib import sha256
 
-__all__ = ["nothing_to_unmount", "pod_record_path"]
+__all__ = ["escape_mount_path", "nothing_to_unmount", "pod_record_path"]
 
 MOUNTINFO = "/proc/self/mountinfo"
 
@@ -28,21 +28,12 @@ def pod_record_path(state_dir: Path, target: str) -> Path:
     return state_dir / "pods" / f"{digest}.json"
 
 
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo
-    if "\\" not in field:
-        return field
-    out = []
-    i = 0
-    while i < len(field):
-        code = field[i + 1 : i + 4]
-        if field[i] == "\\" and len(code) == 3 and code.isdigit():
-            out.append(chr(int(code, 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+def escape_mount_path(path: str) -> str:
+    """A path as ``/proc/self/mountinfo`` writes it (space, tab, newline and backslash as
+    ``\\ooo``), so that its lines can be matched without decoding them."""
+    for char in ("\\", " ", "\t", "\n"):
+        path = path.replace(char, f"\\{ord(char):03o}")
+    return path
 
 
 def nothing_to_unmount(state_dir: Path, target: Path) -> bool:
@@ -62,12 +53,12 @@ def nothing_to_unmount(state_dir: Path, target: Path) -> bool:
             text = handle.read()
     except OSError:
         return False
-    prefixes = tuple({given + "/", resolved + "/"})
+    points = {escape_mount_path(given), escape_mount_path(resolved)}
+    prefixes = tuple(p + "/" for p in points)
     for line in text.splitlines():
         fields = line.split(" ", 5)
         if len(fields) < 5:
             return False
-        point = _unescape(fields[4])
-        if point in (given, resolved) or point.startswith(prefixes):
+        if fields[4] in points or fields[4].startswith(prefixes):
             return False
     return True

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from flexhub.errors import StateError
+from flexhub.fastpath import pod_record_path
 
 __all__ = ["SCHEMA_VERSION", "Journal", "PodRecord", "VolumeRecord"]
 
@@ -143,7 +144,7 @@ class Journal:
     # -- files ---------------------------------------------------------------------------------
 
     def _pod_path(self, target: str | os.PathLike[str]) -> Path:
-        return self.pods_dir / f"{_digest(os.fspath(target))}.json"
+        return pod_record_path(self.state_dir, os.fspath(target))
 
     def _volume_path(self, volume_id: str) -> Path:
         return self.volumes_dir / f"{_digest(volume_id)}.json"

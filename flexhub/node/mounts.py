@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flexhub.errors import CommandError, CommandTimeout, InvalidOptions, VolumeError
+from flexhub.fastpath import escape_mount_path
 from flexhub.node.runner import CommandRunner
 
 __all__ = [
@@ -58,13 +59,6 @@ _OCTAL = re.compile(r"\\([0-7]{3})")
 
 def _unescape(field: str) -> str:
     return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
-
-
-def _escape(path: str) -> str:
-    """A path as mountinfo writes it (space, tab, newline and backslash as ``\\ooo``)."""
-    for char in ("\\", " ", "\t", "\n"):
-        path = path.replace(char, f"\\{ord(char):03o}")
-    return path
 
 
 @dataclass(frozen=True)
@@ -136,7 +130,7 @@ class MountTable:
     def _at_or_under(self, path: str, below: bool) -> list[MountEntry]:
         """The mounts at ``path`` (and below it): only their lines are parsed in full, so the
         cost stays small on a node with thousands of mounts."""
-        exact = _escape(path)
+        exact = escape_mount_path(path)
         prefix = exact.rstrip("/") + "/"
         lines = []
         for line in self._text().splitlines():
