@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flexhub.harness import DriverReply, Kubelet, go_json
-from flexhub.install import install
+from flexhub.install import install, shim_python
 
 HERE = Path(__file__).resolve().parent
 BASHJQ = HERE / "bashjq-driver.sh"
@@ -114,10 +114,7 @@ class Bench:
         self.counter = 0
 
     def driver_python(self) -> str:
-        for line in self.driver.read_text().splitlines():
-            if line.startswith("PY="):
-                return line[3:].strip("'")
-        return sys.executable
+        return shim_python(self.driver.read_text()) or sys.executable
 
     def bare_python(self) -> None:
         run_quiet([*self.start, "-I", "-c", "pass"])

@@ -262,9 +262,9 @@ class Doctor:
             text = path.read_text("utf-8", errors="replace")
         except OSError:
             return Check("runtime", "fail", f"{path} unreadable", "reinstall the driver")
-        python = next(
-            (line[3:].strip("'") for line in text.splitlines() if line.startswith("PY=")), ""
-        )
+        from flexhub.install import shim_python
+
+        python = shim_python(text)
         if not python:
             return Check("runtime", "fail", f"{path} is not a flexhub shim", "reinstall the driver")
         if not os.access(self.host(python), os.X_OK):

@@ -23,6 +23,7 @@ __all__ = [
     "driver_dir_name",
     "install",
     "render_shim",
+    "shim_python",
     "uninstall",
 ]
 
@@ -84,6 +85,14 @@ def runtime_command(runtime: str, marker: Mapping[str, str] | None = None) -> tu
     library = f"{runtime}/{marker['library_path']}"
     quoted = " ".join(shlex.quote(p) for p in (loader, "--library-path", library, python))
     return python, quoted
+
+
+def shim_python(text: str) -> str:
+    """The interpreter a shim written by :func:`render_shim` runs (``""``: not such a shim)."""
+    for line in text.splitlines():
+        if line.startswith("PY="):
+            return shlex.split(line[3:])[0] if line[3:] else ""
+    return ""
 
 
 def render_shim(
