@@ -273,7 +273,20 @@ def lun_write(vm: VM, target: IscsiTarget, lun: int, data: bytes, offset: int = 
 
 def reset_iscsi(vm: VM) -> None:
     """Log out every initiator session, forget all nodes/discovery records and
-    delete every LIO target: a clean slate between tests."""
+    delete every LIO target: a clean slate between tests.
+
+    A test that failed half-way may have left a LUN mounted (staged and bound into a pod
+    directory): those mounts go first, lazily, then any multipath map, so that a later test
+    never walks into a filesystem whose disk is gone."""
+    table = vm.run(["findmnt", "-rn", "-o", "TARGET,SOURCE"], check=False).stdout
+    stale = [
+        line.split(" ", 1)[0]
+        for line in table.splitlines()
+        if line.split(" ", 1)[-1].startswith(("/dev/sd", "/dev/dm-", "/dev/mapper/"))
+    ]
+    for target in sorted(stale, key=len, reverse=True):
+        vm.run(["umount", "-l", target.encode().decode("unicode_escape")], check=False)
+    vm.run(["multipath", "-F"], check=False, timeout=60)
     vm.run(["iscsiadm", "-m", "node", "--logoutall=all"], check=False, timeout=60)
     vm.run(["iscsiadm", "-m", "node", "-o", "delete"], check=False)
     vm.run(["iscsiadm", "-m", "discoverydb", "-o", "delete"], check=False)

@@ -162,7 +162,8 @@ def needles() -> set[str]:
 def scan_files(vm: VM) -> list[str]:
     """Assert that no file under flexhub's state, log and plugin directories holds a CHAP
     value (raw or base64); returns the files scanned."""
-    files = vm.run(["find", STATE, LOGS, PLUGINS, "-type", "f"]).stdout.split()
+    # -xdev: flexhub's own files, not the filesystems of volumes staged below state_dir
+    files = vm.run(["find", STATE, LOGS, PLUGINS, "-xdev", "-type", "f"]).stdout.split()
     for path in files:
         data = vm.read_file(path).decode("utf-8", "replace")
         for needle in needles():
@@ -347,6 +348,12 @@ def test_two_portals_one_down(vm: VM, kubelet: Kubelet, clean: None) -> None:
     assert sessions(vm, target.iqn) == [] and node_records(vm, target.iqn) == []
 
 
+def flexhub_log(vm: VM, word: str) -> str:
+    """The last lines of flexhub's log that mention ``word`` (for a failure message)."""
+    text = vm.run(["cat", f"{LOGS}/flexhub.log"], check=False).stdout
+    return "\n".join([line for line in text.splitlines() if word in line][-40:])
+
+
 def path_states(vm: VM) -> list[str]:
     """The dm state of each path of the one multipath map (``multipath -ll``)."""
     out = vm.run(["multipath", "-ll"], check=False).stdout
@@ -376,7 +383,7 @@ def test_multipath_over_two_portals(vm: VM, kubelet: Kubelet, clean: None) -> No
         target = services.iscsi_target(vm, portals=["127.0.0.1:3260", "127.0.0.2:3260"])
         directory, reply = kubelet.mount(target, portals="127.0.0.2:3260")
         assert reply == {"status": "Success"}
-        assert len(sessions(vm, target.iqn)) == 2
+        assert len(sessions(vm, target.iqn)) == 2, flexhub_log(vm, "iscsi")
         staging = vm.run(["findmnt", "-n", "-o", "SOURCE", "--target", directory]).stdout.strip()
         assert "mapper/" in staging or "dm-" in staging, staging
         write(vm, directory, "mp", "two paths")

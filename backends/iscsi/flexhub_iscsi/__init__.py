@@ -526,10 +526,17 @@ class IscsiBackend(BlockBackend):
 
         Discovery writes a node record for every target behind the portal: the ones it
         newly made, other than this target on the requested portals, are deleted at once (a
-        record made earlier, by flexhub or the operator, is kept). The lock makes sure no
-        other flexhub call adds a record of that portal meanwhile.
+        record made earlier, by flexhub or the operator, is kept).
+
+        One lock for the whole node, not one per portal: open-iscsi opens every SendTargets
+        session with the same initiator name and ISID, so a target that sees two of them at
+        once (two portals of one target, or two volumes mounted together) takes the second
+        for a reinstatement and drops the first ("iSCSI PDU timed out"). The lock also makes
+        sure no other flexhub call adds a node record meanwhile. Logins stay parallel: each
+        session gets its own ISID.
         """
-        with self.node.lock("iscsi-discovery", f"{iface} {portal}", settings.login_timeout):
+        bound = settings.login_timeout * (len(target.portals) + 1)
+        with self.node.lock("iscsi-discovery", "sendtargets", bound):
             before = self.records.node_records()
             try:
                 self._discover(adm, settings, portal, iface, discovery)

@@ -301,7 +301,9 @@ class LoopfileBackend(BlockBackend):
         created = self._ensure_file(path, volume)
         data = None if created else _has_data(path)
         markers = self._markers()
-        dev = _loop.find_for_file(path)
+        # A file this call just created (a new inode, renamed into place) cannot back any
+        # loop device yet: only an existing file needs the scan of every device's backing file.
+        dev = None if created else _loop.find_for_file(path)
         if dev is not None:
             _loop.ensure_node(dev)
             ours = markers.owns(dev, path)
