@@ -1,0 +1,1 @@
+"""flexhub.testing: the conformance kit for backend packages (see the README)."""
