@@ -31,6 +31,7 @@ def lint_schema(schema: Mapping[str, Any]) -> list[str]:
     problems: list[str] = module.lint_schema(schema)
     return problems
 
+
 __all__ = ["Conformance", "Sample", "block_devices", "default_attached"]
 
 static = pytest.mark.flexhub_static
@@ -75,9 +76,13 @@ class Conformance:
     #: The run's installed driver and directories, while a check runs.
     env: KitEnv
 
+    _attached_before: frozenset[str] = frozenset()
+
     @pytest.fixture(autouse=True)
-    def _flexhub_bind(self, flexhub_env: KitEnv) -> None:
+    def _flexhub_bind(self, request: pytest.FixtureRequest, flexhub_env: KitEnv) -> None:
         self.env = flexhub_env
+        if request.node.get_closest_marker("flexhub_storage"):
+            self._attached_before = frozenset(self.attached(flexhub_env))
 
     # -- what the backend author provides ---------------------------------------------------
 
@@ -163,10 +168,12 @@ class Conformance:
             )
 
     def _assert_clean(self, env: KitEnv, check: str, after: str) -> None:
+        """Nothing mounted, recorded or left in kubelet's pods directory, and nothing attached
+        that was not already attached when the check started (a check failed before)."""
         __tracebackhide__ = True
         left = []
         left += [f"mounted: {m}" for m in env.mounts_left()]
-        left += [f"attached: {a}" for a in self.attached(env)]
+        left += [f"attached: {a}" for a in self.attached(env) if a not in self._attached_before]
         left += [f"recorded: {r}" for r in env.records_left()]
         left += [f"pod directory: {p}" for p in env.pod_dirs_left()]
         if left:
@@ -539,9 +546,8 @@ def _fs_size(env: KitEnv, target: str) -> int:
     return int(blocks) * int(size)
 
 
-def default_attached(env: KitEnv) -> list[str]:
-    """Loop devices backed by a file under the run's directory, and block devices that
-    appeared since the run started (``KitEnv.devices_at_start``)."""
+def _loops(env: KitEnv) -> list[tuple[str, str]]:
+    """Loop devices backed by a file under the run's directory: (device, file)."""
     listed = env.host.run(
         ["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
         env=KUBELET_ENV,
@@ -551,7 +557,20 @@ def default_attached(env: KitEnv) -> list[str]:
     for line in listed.output.decode(errors="replace").splitlines():
         parts = line.split(None, 1)
         if len(parts) == 2 and parts[1].strip().startswith(env.base + "/"):
-            found.append(f"{parts[0]} ({parts[1].strip()})")
+            found.append((parts[0], parts[1].strip()))
+    return found
+
+
+def detach_loops(env: KitEnv) -> None:
+    """Detach the loop devices of the run's own files (after a failed check)."""
+    for device, _ in _loops(env):
+        env.host.run(["losetup", "--detach", device], env=KUBELET_ENV, timeout=60)
+
+
+def default_attached(env: KitEnv) -> list[str]:
+    """Loop devices backed by a file under the run's directory, and block devices that
+    appeared since the run started (``KitEnv.devices_at_start``)."""
+    found = [f"{device} ({path})" for device, path in _loops(env)]
     found += [f"/dev/{name}" for name in sorted(block_devices(env) - env.devices_at_start)]
     return found
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from flexhub.harness import KUBELET_ENV
 from flexhub.testing.env import KitEnv
 from flexhub.testing.host import Host, LocalHost
 
@@ -62,6 +63,12 @@ def flexhub_env(
     env.setup()
     env.devices_at_start = block_devices(env)
     yield env
+    from flexhub.testing.conformance import detach_loops
+
+    env.cleanup()
+    for target in reversed(env.mounts_left()):  # left by a check that failed (and said so)
+        env.host.run(["umount", target], env=KUBELET_ENV, timeout=60)
+    detach_loops(env)
     left = env.teardown()
     if left:
         pytest.fail(f"flexhub-kit teardown: still mounted: {', '.join(left)}", pytrace=False)
