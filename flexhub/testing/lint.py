@@ -10,8 +10,9 @@ imported on the kubelet path, so it may use jsonschema. The rules:
   starts with ``^`` (or ``\\A``) and ends with ``$`` (or ``\\Z``), optionally followed by
   lookarounds such as ``(?!\\n)``;
 * no option is named ``kubernetes.io/...``: those keys are kubelet's (a PV that sets one is
-  refused by flexhub's admission policy); constrain what kubelet sends under
-  ``patternProperties`` instead;
+  refused by flexhub's admission policy). The keys kubelet sends that reach the schema
+  (``kubernetes.io/fsType``, ``/readwrite``, ``/pvOrVolumeName``) may be listed to constrain
+  them (no description or examples needed); secrets and the per-pod keys never reach it;
 * the schema itself is valid JSON Schema draft 2020-12.
 
 .. versionadded:: 0.2
@@ -28,6 +29,11 @@ __all__ = ["lint_schema"]
 #: The option every backend schema has, documented by flexhub itself.
 _ROUTING_KEY = "backend"
 _KUBELET_PREFIX = "kubernetes.io/"
+#: kubelet's keys that reach the backend's schema, which may constrain them (no description or
+#: examples needed: PV authors never write them).
+_KUBELET_VALIDATED = frozenset(
+    {"kubernetes.io/fsType", "kubernetes.io/readwrite", "kubernetes.io/pvOrVolumeName"}
+)
 _SHOWN = 50
 
 #: Keywords whose value is one subschema, a list of them, or a name-to-subschema mapping.
@@ -96,18 +102,16 @@ def _meta_problems(schema: Mapping[str, Any]) -> tuple[list[str], bool]:
 
 def _option_problems(schema: Mapping[str, Any], name: str, prop: Any, usable: bool) -> list[str]:
     where = f"option {name!r}"
-    if name.startswith(_KUBELET_PREFIX):
-        return [
-            f"{where}: kubernetes.io/ keys are kubelet's, not options; rename your option, or "
-            f'constrain what kubelet sends under patternProperties ("^{re.escape(name)}$")'
-        ]
+    kubelets = name.startswith(_KUBELET_PREFIX)
+    if kubelets and name not in _KUBELET_VALIDATED:
+        return [f"{where}: {_kubelet_key_problem(name)}"]
     if not isinstance(prop, Mapping):
         return [
             f"{where}: its schema is {prop!r}, not an object; give it a type, a "
             "description and examples"
         ]
     problems: list[str] = []
-    routing = name == _ROUTING_KEY
+    routing = name == _ROUTING_KEY or kubelets  # not written by PV authors
     description = prop.get("description")
     if not routing and not (isinstance(description, str) and description.strip()):
         problems.append(
@@ -147,6 +151,22 @@ def _option_problems(schema: Mapping[str, Any], name: str, prop: Any, usable: bo
                 f"({_short(errors[0].message, 100)}); fix the example or the schema"
             )
     return problems
+
+
+def _kubelet_key_problem(name: str) -> str:
+    from flexhub.volume import PER_POD_KEYS, SECRET_PREFIX
+
+    if name.startswith(SECRET_PREFIX):
+        return (
+            "secrets are removed before validation, a schema never sees them; drop it and "
+            "check secrets in the backend's check()"
+        )
+    if name in PER_POD_KEYS:
+        return "per-pod keys never reach the schema (the core bounds them); drop it"
+    return (
+        "kubelet never sends this kubernetes.io/ key and a PV may not set one; name your "
+        "option without the prefix"
+    )
 
 
 def _validator(schema: Mapping[str, Any], prop: Mapping[str, Any]) -> Any:
