@@ -98,6 +98,9 @@ def new_backend(name: str, directory: Path) -> Path:
             os.rename(temp, final)  # fails if final appeared meanwhile (non-empty or a file)
         except OSError as exc:
             raise UsageError(f"new-backend: cannot create {final}: {exc.strerror}") from None
+    except OSError as exc:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise UsageError(f"new-backend: cannot write {final}: {exc.strerror or exc}") from None
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
