@@ -513,12 +513,19 @@ class Conformance:
         env.mount(refused, self._options(env, refused, sample, extra={UNKNOWN_OPTION: "x"}))
         self._unmount(env, check, target)
         needles = _needles(sample.secrets)
+        written = env.files_written()
+        if not any(path.startswith(env.log_dir + "/") for path in written):
+            fail(
+                check,
+                f"no log file under {env.log_dir} to scan",
+                "the kit's Host must list the files it writes (Host.list_files)",
+            )
         found = []
         for call in env.calls:
             for name, needle in needles.items():
                 if needle in call.output:
                     found.append(f"{name} in the reply to {call.argv[1]}")
-        for path in env.files_written():
+        for path in written:
             data = env.host.read_file(path) or b""
             for name, needle in needles.items():
                 if needle in data:
