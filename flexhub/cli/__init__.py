@@ -18,6 +18,7 @@ COMMANDS = frozenset(
         "doctor",
         "daemonset",
         "fence",
+        "new-backend",
         "help",
     }
 )

@@ -1,5 +1,5 @@
 """Admin commands: backends, schema, validate, version, state, install, uninstall, doctor,
-daemonset, demo, fence."""
+daemonset, demo, fence, new-backend."""
 
 from __future__ import annotations
 
@@ -211,6 +211,21 @@ def demo(
     from flexhub.demo import run_demo
 
     raise typer.Exit(run_demo(keep=keep, fs_type=fs_type))
+
+
+@app.command("new-backend")
+def new_backend(
+    name: Annotated[str, typer.Argument(help="backend name: lowercase letters, digits, '_'")],
+    directory: Annotated[
+        Path, typer.Option("--directory", help="where to write flexhub-backend-NAME/")
+    ] = Path("."),
+) -> None:
+    """Write a backend distribution flexhub-backend-NAME/ (pyproject with the entry point,
+    schema, a working backend class, README, a test file using the conformance kit)."""
+    from flexhub.scaffold import new_backend as scaffold
+
+    path = scaffold(name, directory)
+    typer.echo(f"{path}: backend {name!r} written; see its README.md")
 
 
 fence_app = typer.Typer(
