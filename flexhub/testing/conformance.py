@@ -62,7 +62,8 @@ def fail(check: str, what: str, fix: str) -> None:
 class Conformance:
     """Subclass it, set :attr:`backend`, implement :meth:`sample` and :meth:`unreachable`.
 
-    Optional: :meth:`settings` (the backend's table of the node config), :meth:`attached`
+    Optional: :meth:`settings` (the backend's table of the node config), :attr:`node_settings`
+    (more top-level settings of it: ``unmount_timeout``, ...), :meth:`attached`
     (what the backend may leave attached on the node), :attr:`call_timeout` (the node's
     ``call_timeout`` in the kit's config) and :attr:`overhead` (seconds a call may take beyond
     it: interpreter start-up). While a check runs, :attr:`env` is the run's
@@ -72,6 +73,7 @@ class Conformance:
     backend: ClassVar[str] = ""
     call_timeout: ClassVar[float] = 60.0
     overhead: ClassVar[float] = 10.0
+    node_settings: ClassVar[Mapping[str, Any]] = {}
 
     #: The run's installed driver and directories, while a check runs.
     env: KitEnv

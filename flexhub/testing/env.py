@@ -80,6 +80,8 @@ class KitEnv:
     python: str | None = None
     call_timeout: float = 60.0
     overhead: float = DEFAULT_OVERHEAD
+    #: More top-level settings of the node config (``unmount_timeout``, ...).
+    node_settings: Mapping[str, Any] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     driver: str = ""
     #: Whole block devices (not loop) present when the run started.
@@ -117,8 +119,9 @@ class KitEnv:
             'log_level = "debug"',
             "lock_timeout = 30",
             f"call_timeout = {self.call_timeout:g}",
-            f"[{self.backend}]",
         ]
+        lines += [f"{key} = {_toml_value(value)}" for key, value in self.node_settings.items()]
+        lines.append(f"[{self.backend}]")
         lines += [f"{key} = {_toml_value(value)}" for key, value in self.settings.items()]
         return "\n".join(lines) + "\n"
 

@@ -59,6 +59,7 @@ def flexhub_env(
         python=flexhub_python,
         call_timeout=cls.call_timeout,
         overhead=cls.overhead,
+        node_settings=cls.node_settings,
     )
     env.setup()
     env.devices_at_start = block_devices(env)
