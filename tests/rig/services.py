@@ -424,7 +424,8 @@ def start_smb_server(
 ) -> SmbServer:
     """Start smbd with a private configuration, a Unix and Samba user ``username`` whose
     password goes in through stdin (never an argv), and one share per name in ``shares``
-    (directories on tmpfs under :data:`SMB_ROOT`, mode 0777)."""
+    (directories on tmpfs under :data:`SMB_ROOT`, mode 0777). A running smbd (of an earlier
+    test module) is restarted with the new configuration; the user's password is replaced."""
     vm.run(["modprobe", "cifs"])
     vm.run(["mkdir", "-p", SMB_ROOT, *(f"{SMB_DIR}/{d}" for d in _SMB_DIRS)])
     if vm.run(["mountpoint", "-q", SMB_ROOT], check=False).rc != 0:
@@ -437,6 +438,7 @@ def start_smb_server(
     if vm.run(["id", username], check=False).rc != 0:
         vm.run(["useradd", "-M", "-d", "/nonexistent", "-s", "/usr/sbin/nologin", username])
     vm.run(["smbpasswd", "-c", SMB_CONF, "-a", "-s", username], input=f"{password}\n{password}\n")
+    stop_smbd(vm)
     start_smbd(vm)
     first = shares[0]
     return SmbServer(
