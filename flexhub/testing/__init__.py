@@ -1,0 +1,42 @@
+"""The flexhub conformance kit: checks a backend package runs from its own test suite.
+
+.. code-block:: python
+
+    from flexhub.testing import Conformance, Sample
+
+    class TestMyStore(Conformance):
+        backend = "mystore"
+
+        def sample(self) -> Sample:
+            return Sample(options={"path": "/srv/one"}, secrets={"password": "s3cret"})
+
+        @contextlib.contextmanager
+        def unreachable(self, sample): ...
+
+``pytest -m flexhub_static`` runs the checks that need no storage. Each failure is one line
+``flexhub-kit <check>: <what is wrong>; <what to fix>``. :data:`KIT_VERSION` is the version
+of this API (the classes, their hooks, the markers and fixtures); it changes when a change
+could break a backend's conformance test.
+"""
+
+from __future__ import annotations
+
+from flexhub.testing.conformance import Conformance, Sample
+from flexhub.testing.env import Call, KitEnv, KitFailure
+from flexhub.testing.host import Host, LocalHost, MountPoint, RunResult
+
+__all__ = [
+    "KIT_VERSION",
+    "Call",
+    "Conformance",
+    "Host",
+    "KitEnv",
+    "KitFailure",
+    "LocalHost",
+    "MountPoint",
+    "RunResult",
+    "Sample",
+]
+
+#: The version of the kit's API (see the module).
+KIT_VERSION = "1"

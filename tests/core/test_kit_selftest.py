@@ -1,0 +1,244 @@
+"""Each check of the conformance kit (``flexhub.testing``) seen to fail: the kit runs (through
+``pytester``, in a separate pytest) against a backend or driver broken in one way, and the
+check names it in its one line; the same kit passes a backend that conforms.
+
+The backends are in tests/fixtures/kitsite/flexhub_kitbackends; a broken driver is the real
+one run through tests/fixtures/kitsite/kitflaws.py, which misbehaves on some calls.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import needs_root
+
+pytestmark = [needs_root, pytest.mark.root]
+
+KITSITE = Path(__file__).resolve().parents[1] / "fixtures" / "kitsite"
+
+TEST_FILE = """
+import contextlib
+import pathlib
+
+import pytest
+
+from flexhub.testing import Conformance, Sample
+
+
+@pytest.fixture(scope="class")
+def flexhub_python():
+    return {python!r}
+
+
+class TestKit(Conformance):
+    backend = {backend!r}
+    call_timeout = 5
+    overhead = 5
+
+    def settings(self, base):
+        return {{"root": base + "/storage"}}
+
+    def sample(self):
+        return Sample(options={options!r}, secrets={{"token": "kit-Secret-Token-42"}})
+
+    @contextlib.contextmanager
+    def unreachable(self, sample):
+        flag = pathlib.Path(self.env.base, "storage", ".unreachable")
+        flag.parent.mkdir(parents=True, exist_ok=True)
+        flag.touch()
+        try:
+            yield
+        finally:
+            flag.unlink()
+"""
+
+
+def run_kit(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    backend: str,
+    *,
+    flaw: str = "",
+    select: str = "",
+    options: dict[str, str] | None = None,
+) -> pytest.RunResult:
+    """Run the kit against ``backend`` (with the driver's ``flaw``), only the checks
+    ``select`` (a ``-k`` expression) if given."""
+    wrapper = pytester.path / "kit-python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = "-I" ] && shift\n'  # the shim's -I would ignore PYTHONPATH
+        f"PYTHONPATH={KITSITE} FLEXHUB_KIT_FLAW={flaw} "
+        f'exec {sys.executable} {KITSITE / "kitflaws.py"} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    pytester.makepyfile(
+        test_conformance=TEST_FILE.format(
+            python=str(wrapper), backend=backend, options=options or {"dir": "vol-1"}
+        )
+    )
+    monkeypatch.setenv("PYTHONPATH", str(KITSITE))
+    args = ["-p", "no:cacheprovider", "-q"]
+    if select:
+        args += ["-k", select]
+    return pytester.runpytest_subprocess(*args, timeout=600)
+
+
+def failed_checks(result: pytest.RunResult) -> list[str]:
+    """The one-line failures the kit printed."""
+    return [line for line in result.outlines if line.startswith("flexhub-kit ")]
+
+
+def test_a_conforming_backend_passes_every_check(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = run_kit(pytester, monkeypatch, "kitgood")
+    assert failed_checks(result) == [], result.stdout.str()
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) >= 20 and "failed" not in outcomes, outcomes
+
+
+#: (check, backend, driver flaw, options, -k selection, the line the kit must print)
+BROKEN = [
+    (
+        "schema-lint",
+        "kitnodesc",
+        "",
+        None,
+        "schema_lint",
+        "flexhub-kit schema-lint: option 'dir' has no description; fix the backend's schema.json",
+    ),
+    (
+        "sample-options",
+        "kitgood",
+        "",
+        {"dir": "Not A Dir"},
+        "sample_options",
+        "flexhub-kit sample-options: the sample's options are refused: *dir*; give Sample.options*",
+    ),
+    (
+        "init",
+        "kitgood",
+        "init-no-capabilities",
+        None,
+        "test_init",
+        'flexhub-kit init: init replied exit 0, {"status":"Success"}; init must succeed with*',
+    ),
+    (
+        "unmount-missing",
+        "kitgood",
+        "unmount-missing-fails",
+        None,
+        "unmount_missing",
+        "flexhub-kit unmount-missing: unmount of a missing directory: exit 1, *no such file*",
+    ),
+    (
+        "unmount-never-mounted",
+        "kitgood",
+        "unmount-unmounted-fails",
+        None,
+        "never_mounted",
+        "flexhub-kit unmount-never-mounted: unmount of a never-mounted directory: *not mounted*",
+    ),
+    (
+        "bad-options",
+        "kitopen",
+        "",
+        None,
+        "bad_options",
+        "flexhub-kit bad-options: an unknown option was accepted: exit 0*additionalProperties*",
+    ),
+    (
+        "sequence",
+        "kittmpfs",
+        "",
+        None,
+        "sequence",
+        "flexhub-kit sequence: pod B does not see what pod A wrote on the same volume; *",
+    ),
+    (
+        "idempotent",
+        "kitgood",
+        "mount-not-idempotent",
+        None,
+        "idempotency",
+        "flexhub-kit idempotent: a second mount of a mounted directory: *already mounted*",
+    ),
+    (
+        "restart",
+        "kitgood",
+        "init-fails-while-mounted",
+        None,
+        "restart",
+        "flexhub-kit restart: init failed after a mount; init must always succeed",
+    ),
+    (
+        "crash-mount",
+        "kitleakyblock",
+        "",
+        None,
+        "crash_during_mount and attached",
+        "flexhub-kit crash-mount[[]attached]: after a SIGKILL at attached, a retry and an unmount,"
+        " left behind: attached: /dev/loop* (*/storage/vol-1.img); unmount must undo*",
+    ),
+    (
+        "crash-unmount",
+        "kitleakyblock",
+        "unmount-forgets-first",
+        None,
+        "crash_during_unmount and released",
+        "flexhub-kit crash-unmount[[]released]: after a SIGKILL at released and a retried unmount,"
+        " left behind: attached: /dev/loop*",
+    ),
+    (
+        "bounded",
+        "kithang",
+        "",
+        None,
+        "bounded",
+        "flexhub-kit bounded: mount took *s (bound 10s); bound every step of mount*",
+    ),
+    (
+        "secrets",
+        "kitcreds",
+        "",
+        None,
+        "secrets",
+        "flexhub-kit secrets: secret values shown: secret 'token' in */state/kit-credentials; never*",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("backend", "flaw", "options", "select", "line"),
+    [pytest.param(*case[1:], id=case[0]) for case in BROKEN],
+)
+def test_each_check_fails_on_a_broken_backend(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    backend: str,
+    flaw: str,
+    options: dict[str, str] | None,
+    select: str,
+    line: str,
+) -> None:
+    """The selected check fails, with exactly its one line; nothing else ran and failed."""
+    result = run_kit(pytester, monkeypatch, backend, flaw=flaw, select=select, options=options)
+    result.stdout.fnmatch_lines([line])
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed") == 1 and "error" not in outcomes, result.stdout.str()
+    assert len(failed_checks(result)) in (1, 2), result.stdout.str()  # -q repeats it
+
+
+def test_the_same_checks_pass_without_the_flaws(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checks above pass on the conforming backend and driver (so each failure above is
+    the flaw's, not the selection's)."""
+    selection = " or ".join(f"({case[4]})" for case in BROKEN)
+    result = run_kit(pytester, monkeypatch, "kitgood", select=selection)
+    assert failed_checks(result) == [], result.stdout.str()
+    assert "failed" not in result.parseoutcomes(), result.stdout.str()

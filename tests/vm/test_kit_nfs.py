@@ -1,0 +1,50 @@
+"""The conformance kit (``flexhub.testing``) against nfs, in the VM rig: the guest's kernel NFS
+server, the installed driver called as kubelet calls it. "Unreachable" stops nfsd's threads
+(the server stops answering; the client's mounts hang until forced)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from flexhub.testing import Conformance, Sample
+from tests.rig import services
+from tests.vm.kithost import VM_OVERHEAD, vm_kit_host
+from tests.vm.test_nfs import short_nfs_grace
+
+flexhub_host = vm_kit_host("nfs")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nfs_server(vm: Any) -> None:
+    short_nfs_grace(vm)
+    services.start_nfs_server(vm)
+
+
+class TestNfsConformance(Conformance):
+    backend = "nfs"
+    call_timeout = 40
+    overhead = VM_OVERHEAD
+
+    def settings(self, base: str) -> Mapping[str, Any]:
+        return {
+            "mount_timeout": 8,
+            "unmount_timeout": 8,
+            "stat_timeout": 3,
+            "force_unmount_timeout": 5,
+        }
+
+    def sample(self) -> Sample:
+        return Sample(options={"server": "127.0.0.1", "share": "/export", "nfsVersion": "4.2"})
+
+    @contextlib.contextmanager
+    def unreachable(self, sample: Sample) -> Iterator[None]:
+        vm = self.env.host.vm  # type: ignore[attr-defined]
+        vm.run(["rpc.nfsd", "0"])
+        try:
+            yield
+        finally:
+            vm.run(["rpc.nfsd", "8"])
