@@ -405,6 +405,48 @@ def test_password_never_in_argv_files_logs_or_replies(rig: Rig) -> None:
     rig.no_credentials_left()
 
 
+SILENT_HOST = "127.0.0.3"
+SILENT_PORT = 4450
+SILENT_SERVER = f"""
+import socket
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("{SILENT_HOST}", {SILENT_PORT}))
+server.listen(64)
+held = []
+while True:
+    held.append(server.accept()[0])
+"""
+
+
+def test_silent_server_fails_within_the_bound(rig: Rig) -> None:
+    """A server that accepts TCP and never answers: mount is a Failure within the configured
+    mount_timeout (the kernel waits for the SMB negotiation; flexhub's bound kills mount),
+    no mount process is left, the directory is left unmounted and empty, and the
+    credentials file is gone."""
+    pid = rig.vm.spawn([GUEST_PYTHON, "-c", SILENT_SERVER])
+    try:
+        rig.sh(
+            f"for i in $(seq 50); do ss -ltn | grep -q '{SILENT_HOST}:{SILENT_PORT} ' && exit 0;"
+            " sleep 0.1; done; exit 1"
+        )
+        target = rig.pod_dir()
+        user = {"server": SILENT_HOST, "mountOptions": f"port={SILENT_PORT}"}
+        reply, elapsed = rig.mount(target, user)
+        inside = rig.last_call()["ms"] / 1000
+        LOG.warning("silent server: %s after %.2fs (%.2fs in flexhub)", reply, elapsed, inside)
+        assert reply["status"] == "Failure", reply
+        assert inside < MOUNT_TIMEOUT + 6 and elapsed < MOUNT_TIMEOUT + OVERHEAD
+        assert PASSWORD not in reply["message"]
+        assert rig.mount_commands() == []
+        assert rig.mounts(target) == []
+        assert rig.sh(f"ls -A {target}") == ""
+        rig.no_credentials_left()
+        rig.vm.run(["rmdir", target])
+    finally:
+        rig.vm.run(["kill", str(pid)], check=False)
+
+
 # -- dead server (last: stops smbd) ---------------------------------------------------------------
 
 
