@@ -2,7 +2,7 @@
 
     python3 deploy/build_runtime.py OUT_DIR        # prints the runtime directory it made
 
-The directory holds the interpreter, its standard library, flexhub, the three backends and
+The directory holds the interpreter, its standard library, flexhub, the four backends and
 their dependencies, every shared library they load (glibc included) and glibc's own dynamic
 loader. It is started as ``lib/ld-linux-x86-64.so.2 --library-path lib bin/python3.11``: the
 bundled loader resolves every library inside the runtime, the node's libc and libraries are
@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-BACKENDS = ("loopfile", "nfs", "iscsi")
+BACKENDS = ("loopfile", "nfs", "iscsi", "cifs")
 PYVER = f"python{sys.version_info.major}.{sys.version_info.minor}"
 LOADER = "ld-linux-x86-64.so.2"
 MARKER = "flexhub-runtime.json"

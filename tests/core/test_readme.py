@@ -16,7 +16,7 @@ EXAMPLES = [b for b in BLOCKS if "driver: k8s/flexhub" in b]
 
 def test_every_backend_has_an_example() -> None:
     backends = {m for b in EXAMPLES for m in re.findall(r"backend: (\w+)", b)}
-    assert backends == {"loopfile", "nfs", "iscsi"}
+    assert backends == {"loopfile", "nfs", "iscsi", "cifs"}
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda b: re.findall(r"backend: (\w+)", b)[0])

@@ -22,6 +22,7 @@ from tests.conftest import REPO
 SCHEMA_FILES = [
     *sorted((REPO / "schemas").glob("*.json")),
     REPO / "tests/fixtures/site/flexhub_testbackends/echo.json",
+    REPO / "backends/cifs/flexhub_cifs/schema.json",  # a third party's own schema file
 ]
 
 #: Valid values for every pattern, by (schema file name, JSON pointer of the pattern).
@@ -55,6 +56,15 @@ SAMPLES: dict[tuple[str, str], list[str]] = {
     ("nfs.json", "/properties/subPath/pattern"): ["", "apps", "apps/web"],
     ("nfs.json", "/properties/subPathMode/pattern"): ["750", "0750", "2775"],
     ("nfs.json", "/properties/mountOptions/pattern"): ["", "hard", "hard,timeo=600,nconnect=4"],
+    ("schema.json", "/properties/server/pattern"): ["files.example.com", "10.0.0.7", "a"],
+    ("schema.json", "/properties/share/pattern"): ["team", "backups$", "a.b-c_d"],
+    ("schema.json", "/properties/subPath/pattern"): ["", "apps", "apps/web"],
+    ("schema.json", "/properties/vers/pattern"): ["2.1", "3", "3.1.1", "3.02"],
+    ("schema.json", "/properties/mountOptions/pattern"): ["", "seal", "soft,actimeo=1"],
+    ("schema.json", "/properties/uid/pattern"): ["0", "1000"],
+    ("schema.json", "/properties/gid/pattern"): ["0", "2000"],
+    ("schema.json", "/properties/file_mode/pattern"): ["0660", "644"],
+    ("schema.json", "/properties/dir_mode/pattern"): ["0770", "755"],
     ("echo.json", "/properties/tag/pattern"): ["t1"],
     ("echo.json", "/properties/size/pattern"): ["4m"],
 }
@@ -132,6 +142,10 @@ def test_patterns_match_whole_values_only(name: str, pointer: str, pattern: str)
     [
         ("loopfile", {"file": "vol.img", "size": "1Gi"}),
         ("nfs", {"server": "nfs1.example.com", "share": "/exports/team", "subPath": "apps"}),
+        (
+            "cifs",
+            {"server": "files.example.com", "share": "team", "subPath": "a", "vers": "3.0"},
+        ),
         (
             "iscsi",
             {"targetPortal": "10.0.0.5:3260", "iqn": "iqn.2001-05.com.example:db", "lun": "0"},

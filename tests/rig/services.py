@@ -372,3 +372,110 @@ def stop_multipathd(vm: VM) -> None:
     vm.run(["multipathd", "shutdown"], check=False)
     _kill(vm, "multipathd")
     vm.run(["multipath", "-F"], check=False)
+
+
+# --------------------------------------------------------------------------
+# SMB (Samba's smbd with a private configuration)
+
+SMB_DIR = "/run/flexhub-rig-smb"
+SMB_CONF = f"{SMB_DIR}/smb.conf"
+SMB_ROOT = "/srv/smb"
+
+
+@dataclass
+class SmbServer:
+    """A running guest Samba server on 127.0.0.1:445 serving ``share`` (the directory
+    ``local_dir`` on the server side) to ``username`` / ``password``."""
+
+    host: str = "127.0.0.1"
+    share: str = "rig"
+    local_dir: str = f"{SMB_ROOT}/rig"
+    username: str = "flexsmb"
+    password: str = ""
+    shares: dict[str, str] = field(default_factory=dict)
+
+
+def _smb_conf(shares: dict[str, str], username: str) -> str:
+    lines = [
+        "[global]",
+        "  interfaces = 127.0.0.1",
+        "  bind interfaces only = yes",
+        "  smb ports = 445",
+        "  disable netbios = yes",
+        "  server role = standalone server",
+        "  workgroup = RIG",
+        "  server min protocol = SMB2_10",
+        f"  passdb backend = tdbsam:{SMB_DIR}/passdb.tdb",
+        f"  private dir = {SMB_DIR}/private",
+        f"  lock directory = {SMB_DIR}/lock",
+        f"  state directory = {SMB_DIR}/state",
+        f"  cache directory = {SMB_DIR}/cache",
+        f"  pid directory = {SMB_DIR}",
+        f"  ncalrpc dir = {SMB_DIR}/ncalrpc",
+        f"  log file = {SMB_DIR}/log.%m",
+        "  log level = 1",
+        "  load printers = no",
+        "  printing = bsd",
+        "  printcap name = /dev/null",
+        "  disable spoolss = yes",
+        "  map to guest = never",
+    ]
+    for name, path in shares.items():
+        lines += [
+            f"[{name}]",
+            f"  path = {path}",
+            "  read only = no",
+            f"  valid users = {username}",
+            "  create mask = 0666",
+            "  directory mask = 0777",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def start_smb_server(
+    vm: VM, password: str, username: str = "flexsmb", shares: tuple[str, ...] = ("rig",)
+) -> SmbServer:
+    """Start smbd with a private configuration, a Unix and Samba user ``username`` whose
+    password goes in through stdin (never an argv), and one share per name in ``shares``
+    (directories on tmpfs under :data:`SMB_ROOT`, mode 0777). A running smbd (of an earlier
+    test module) is restarted with the new configuration; the user's password is replaced."""
+    vm.run(["modprobe", "cifs"])
+    vm.run(["mkdir", "-p", SMB_ROOT, *(f"{SMB_DIR}/{d}" for d in _SMB_DIRS)])
+    if vm.run(["mountpoint", "-q", SMB_ROOT], check=False).rc != 0:
+        vm.run(["mount", "-t", "tmpfs", "-o", "size=128m,mode=0755", "rig-smb", SMB_ROOT])
+    paths = {name: f"{SMB_ROOT}/{name}" for name in shares}
+    for path in paths.values():
+        vm.run(["mkdir", "-p", path])
+        vm.run(["chmod", "0777", path])
+    vm.write_file(SMB_CONF, _smb_conf(paths, username))
+    if vm.run(["id", username], check=False).rc != 0:
+        vm.run(["useradd", "-M", "-d", "/nonexistent", "-s", "/usr/sbin/nologin", username])
+    vm.run(["smbpasswd", "-c", SMB_CONF, "-a", "-s", username], input=f"{password}\n{password}\n")
+    stop_smbd(vm)
+    start_smbd(vm)
+    first = shares[0]
+    return SmbServer(
+        share=first,
+        local_dir=paths[first],
+        username=username,
+        password=password,
+        shares=paths,
+    )
+
+
+_SMB_DIRS = ("private", "lock", "state", "cache", "ncalrpc")
+
+
+def start_smbd(vm: VM) -> None:
+    """Start smbd (daemonised) with the rig's configuration; wait until port 445 listens."""
+    if not _pids(vm, "smbd"):
+        vm.run(["smbd", "-D", "-s", SMB_CONF])
+    vm.sh(
+        "for i in $(seq 100); do ss -ltn | grep -q '127.0.0.1:445 ' && exit 0; sleep 0.1; done;"
+        f" cat {SMB_DIR}/log.smbd >&2; exit 1"
+    )
+
+
+def stop_smbd(vm: VM) -> None:
+    """Stop every smbd process (client mounts see the connection reset)."""
+    _kill(vm, "smbd")
