@@ -116,11 +116,9 @@ def test_initiator_name_has_its_own_iface_until_the_unmount(
     assert gone.rc != 0, gone.output
 
 
-def test_a_lun_that_never_appears(vm: VM, kubelet: Kubelet, clean: None) -> None:
-    """Replaces the argv checks of ``test_missing_lun_times_out_and_logs_out`` and
-    ``test_failed_attach_keeps_session_of_other_lun``: alone, the failed attach logs out and
-    deletes the node records it made; beside a mounted LUN of the target, it keeps the
-    session, and the mounted LUN still works."""
+def test_a_lun_that_never_appears_alone(vm: VM, kubelet: Kubelet, clean: None) -> None:
+    """Replaces the argv check of ``test_missing_lun_times_out_and_logs_out``: the failed
+    attach logs out and deletes the node records it made."""
     target = services.iscsi_target(vm, lun_sizes=[16 * MiB])
     missing, reply = kubelet.mount(target, 5, pv="pv-missing")
     assert reply["status"] == "Failure"
@@ -128,30 +126,44 @@ def test_a_lun_that_never_appears(vm: VM, kubelet: Kubelet, clean: None) -> None
     assert sessions(vm, target.iqn) == [] and node_records(vm, target.iqn) == []
     assert vm.run(["mountpoint", "-q", missing], check=False).rc != 0
 
+
+def test_a_lun_that_never_appears_beside_a_mounted_one(
+    vm: VM, kubelet: Kubelet, clean: None
+) -> None:
+    """Replaces the argv check of ``test_failed_attach_keeps_session_of_other_lun``: beside a
+    mounted LUN of the target, the failed attach keeps the session and the mounted LUN still
+    works."""
+    target = services.iscsi_target(vm, lun_sizes=[16 * MiB])
     zero, reply = kubelet.mount(target, 0, pv="pv-zero")
     assert reply == {"status": "Success"}
-    again, reply = kubelet.mount(target, 5, pv="pv-missing")
+    missing, reply = kubelet.mount(target, 5, pv="pv-missing")
     assert reply["status"] == "Failure", reply
+    assert f"did not appear within {DEVICE_TIMEOUT}" in str(reply["message"]), reply
     assert len(sessions(vm, target.iqn)) == 1 and node_records(vm, target.iqn) != []
     write(vm, zero, "still", "works")
     vm.run(["sync"])
     assert read(vm, zero, "still") == "works"
-    assert vm.run(["mountpoint", "-q", again], check=False).rc != 0
+    assert vm.run(["mountpoint", "-q", missing], check=False).rc != 0
     assert kubelet.unmount(zero) == {"status": "Success"}
     assert sessions(vm, target.iqn) == [] and node_records(vm, target.iqn) == []
 
 
-def test_refusals_that_log_in_nowhere(vm: VM, kubelet: Kubelet, clean: None) -> None:
-    """Replaces the argv checks of ``test_missing_iface_is_invalid_options`` and
-    ``test_every_portal_failing_is_a_failure_naming_each``: an ``iscsiInterface`` that does not
-    exist, and a target whose every portal is down, fail naming the cause (each portal), and
-    leave no session and no node record."""
-    target = services.iscsi_target(vm, portals=["127.0.0.1:3260", "127.0.0.2:3260"])
+def test_a_missing_iface_logs_in_nowhere(vm: VM, kubelet: Kubelet, clean: None) -> None:
+    """Replaces the argv check of ``test_missing_iface_is_invalid_options``: an
+    ``iscsiInterface`` that does not exist fails naming it, and nothing logs in (no falling
+    back to the default iface)."""
+    target = services.iscsi_target(vm)
     directory, reply = kubelet.mount(target, iscsiInterface="eth9")
     assert reply["status"] == "Failure" and "eth9" in str(reply["message"]), reply
     assert sessions(vm, target.iqn) == [] and node_records(vm, target.iqn) == []
     assert vm.run(["mountpoint", "-q", directory], check=False).rc != 0
 
+
+def test_every_portal_down_logs_in_nowhere(vm: VM, kubelet: Kubelet, clean: None) -> None:
+    """Replaces the argv check of ``test_every_portal_failing_is_a_failure_naming_each``: a
+    target whose every portal is down fails naming each portal, with no session and no node
+    record left."""
+    target = services.iscsi_target(vm, portals=["127.0.0.1:3260", "127.0.0.2:3260"])
     for portal in target.portals:
         services.portal_down(vm, target, portal)
     directory, reply = kubelet.mount(target, portals="127.0.0.2:3260")
