@@ -260,6 +260,8 @@ class FakeIscsi:
                 return self._show(args, self._node_file(iqn, portal, iface))
             if "discoverydb" in args:
                 return self._show(args, self._discovery_file(portal))
+        if args[1:3] == ("-m", "node") and args[-2:] == ("-o", "delete") and self.etc:
+            self._delete_node_files(iqn, portal, iface)
         if "--login" in args:
             if any(s.portal == portal for s in self.sysfs.sessions_of(iqn, iface)):
                 return Result(args, 15, "", "iscsiadm: default: 1 session requested")
@@ -271,6 +273,32 @@ class FakeIscsi:
             for session in found:
                 self.sysfs.remove_session(session.sid)
         return ok
+
+    def _delete_node_files(self, iqn: str, portal: str, iface: str) -> None:
+        """``-m node -T IQN [-p PORTAL] -I IFACE -o delete``: remove those record files."""
+        assert self.etc is not None
+        where = self.etc / "nodes" / iqn
+        if portal:
+            address, _, port = portal.rpartition(":")
+            address = address.strip("[]")
+            name = f"{address},{port}"  # "PORT,TPGT" names one directory exactly
+            dirs = [d for d in where.glob("*") if d.name == name or d.name.startswith(name + ",")]
+        else:
+            dirs = list(where.glob("*"))
+        for directory in dirs:
+            (directory / iface).unlink(missing_ok=True)
+            if not any(directory.iterdir()):
+                directory.rmdir()
+        if where.is_dir() and not any(where.iterdir()):
+            where.rmdir()
+
+    def node_files(self, iqn: str) -> list[str]:
+        """The node record files of ``iqn`` (``portal-dir/iface``), sorted."""
+        assert self.etc is not None
+        return sorted(
+            str(p.relative_to(self.etc / "nodes" / iqn))
+            for p in (self.etc / "nodes" / iqn).glob("*/*")
+        )
 
     def _node_file(self, iqn: str, portal: str, iface: str) -> Path:
         assert self.etc is not None

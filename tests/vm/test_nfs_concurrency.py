@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from typing import Any
 
 from flexhub.harness import Kubelet, go_json
@@ -106,3 +107,69 @@ def test_dead_server_mounts_do_not_hold_up_each_other_or_other_calls(rig: Rig) -
         assert reply["status"] == "Success", reply
     finally:
         rig.vm.run(["kill", str(silent)], check=False)
+
+
+def test_create_sub_path_mounts_at_once(rig: Rig) -> None:
+    """Four pods mount at once with ``createSubPath`` (v4.2 and v3): two ask for the same new
+    sub-directory, two for new siblings, all under one new parent. Every call answers Success,
+    each pod sees exactly its directory on the server, each directory has ``subPathMode``, and
+    no temporary mount or directory of any call is left behind; the unmounts, also all at
+    once, leave nothing mounted."""
+    tag = uuid.uuid4().hex[:6]
+    subs = [f"conc-{tag}/a", f"conc-{tag}/shared", f"conc-{tag}/b", f"conc-{tag}/shared"]
+    versions = ["4.2", "3", "3", "4.2"]
+    calls = []
+    for sub, version in zip(subs, versions, strict=True):
+        user = {
+            **share(rig, version),
+            "nfsVersion": version,
+            "subPath": sub,
+            "createSubPath": "true",
+            "subPathMode": "0770",
+        }
+        calls.append(("mount", rig.pod_dir(), user))
+    at_once(rig, calls, "mount")
+    # how many calls had their temporary mount up at one instant (a figure: the guest's one
+    # emulated CPU decides how much they overlap)
+    LOG.warning(
+        "createSubPath mounts at once: %s temporary mounts seen together",
+        rig.sh(f"cat {BASE}/overlap 2>/dev/null || echo 0").strip(),
+    )
+    for index, (_, target, _) in enumerate(calls):
+        rig.vm.write_file(f"{target}/pod{index}", str(index))
+    assert rig.sh(f"ls {rig.server_path(subs[0])}") == "pod0\n"
+    assert rig.sh(f"ls {rig.server_path(subs[2])}") == "pod2\n"
+    assert rig.sh(f"ls {rig.server_path(subs[1])}") == "pod1\npod3\n"
+    assert rig.sh(f"ls {rig.server_path(f'conc-{tag}')}") == "a\nb\nshared\n"
+    modes = rig.sh(f"cd {rig.server_path()} && stat -c %a {subs[0]} {subs[1]} {subs[2]}")
+    assert modes == "770\n770\n770\n"
+    assert rig.sh(f"ls -A {BASE}/state/nfs-tmp") == ""
+    assert rig.sh(f"grep -c ' {BASE}/state/nfs-tmp' /proc/mounts", check=False) == "0\n"
+    at_once(rig, [("unmount", target, {}) for _, target, _ in calls], "unmount")
+    for _, target, _ in calls:
+        assert rig.mounts(target) == []
+    assert rig.mount_commands() == []
+
+
+def at_once(rig: Rig, calls: list[tuple[str, str, dict[str, str]]], name: str) -> None:
+    """Run the driver calls all at once in the guest; assert each answers Success. While
+    they run, the most ``nfs-tmp`` entries seen at one instant is written to ``BASE/overlap``."""
+    script = []
+    env = " ".join(f"{k}={v}" for k, v in KUBELET_ENV.items())
+    for index, (op, target, user) in enumerate(calls):
+        argv = f'{op} {target} "$(cat {BASE}/{name}-arg{index})"' if user else f"{op} {target}"
+        if user:
+            rig.vm.write_file(f"{BASE}/{name}-arg{index}", _options(target, user))
+        script.append(f"env -i {env} {rig.driver} {argv} > {BASE}/{name}-out{index} 2>&1 &")
+    rig.vm.write_file(f"{BASE}/{name}.sh", "\n".join([*script, "wait", f"touch {BASE}/done"]))
+    rig.vm.run(["rm", "-f", f"{BASE}/done", f"{BASE}/overlap"])
+    rig.vm.spawn(["/bin/sh", f"{BASE}/{name}.sh"])
+    rig.sh(
+        f"max=0; while [ ! -e {BASE}/done ]; do"
+        f" n=$(ls {BASE}/state/nfs-tmp 2>/dev/null | wc -l);"
+        ' [ "$n" -gt "$max" ] && max=$n; sleep 0.05; done;'
+        f" echo $max > {BASE}/overlap",
+        timeout=300,
+    )
+    replies = [json.loads(rig.vm.read_file(f"{BASE}/{name}-out{i}")) for i in range(len(calls))]
+    assert replies == [{"status": "Success"}] * len(calls), replies
