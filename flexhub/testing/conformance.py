@@ -20,16 +20,11 @@ from flexhub.testing.env import Call, KitEnv, fail_line
 
 
 def lint_schema(schema: Mapping[str, Any]) -> list[str]:
-    """:func:`flexhub.testing.lint.lint_schema` (STUB FALLBACK until the scaffold branch's
-    ``lint.py`` is merged: then import it directly and delete ``_lint_stub.py``)."""
-    import importlib
+    """:func:`flexhub.testing.lint.lint_schema`, imported when a check needs it (it loads
+    jsonschema, which the plugin itself never needs)."""
+    from flexhub.testing.lint import lint_schema as lint
 
-    try:
-        module = importlib.import_module("flexhub.testing.lint")
-    except ImportError:
-        module = importlib.import_module("flexhub.testing._lint_stub")
-    problems: list[str] = module.lint_schema(schema)
-    return problems
+    return lint(schema)
 
 
 __all__ = ["Conformance", "Sample", "block_devices", "default_attached"]
