@@ -39,6 +39,7 @@ from flexhub.errors import (
     InvalidOptions,
     LockTimeout,
     NotSupported,
+    ReleaseDeferred,
     StateError,
     VolumeError,
     redact,
@@ -63,6 +64,7 @@ __all__ = [
     "NodeRequirements",
     "NotSupported",
     "PodInfo",
+    "ReleaseDeferred",
     "Result",
     "Secret",
     "Secrets",
@@ -229,7 +231,14 @@ class BlockBackend(Backend):
 
     @abc.abstractmethod
     def detach(self, attachment: Attachment) -> None:
-        """Release a device returned by :meth:`attach`; no-op when already gone."""
+        """Release a device returned by :meth:`attach`; no-op when already gone.
+
+        Raise :class:`ReleaseDeferred` when the storage is unreachable and releasing now
+        would throw away writes still queued for it: the unmount succeeds, the record stays,
+        and the core calls ``detach`` again at the node's next unmount until it succeeds.
+
+        .. versionchanged:: 0.2 may raise :class:`ReleaseDeferred`.
+        """
 
     #: Whether :meth:`release` is implemented (the backend reports its attach's progress).
     releases_partial: ClassVar[bool] = False

@@ -373,7 +373,17 @@ class Doctor:
                     )
                 )
         for volume in state["volumes"]:
-            if not volume["mounted"]:
+            if not volume["mounted"] and volume["release_deferred"]:
+                checks.append(
+                    Check(
+                        "journal",
+                        "fail",
+                        f"volume {volume['volume_id']} stays attached: its release waits for "
+                        "its storage, which was unreachable",
+                        "bring the storage back; the node's next unmount call releases it",
+                    )
+                )
+            elif not volume["mounted"]:
                 checks.append(
                     Check(
                         "journal",

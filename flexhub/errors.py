@@ -12,6 +12,8 @@
     ├── CommandError                an external command failed or timed out (args masked)
     │   └── CommandTimeout
     └── VolumeError                 the storage itself refuses: wrong filesystem, no device, ...
+        └── ReleaseDeferred         a detach that must wait for unreachable storage (unmount
+                                    still succeeds; a later call of the node releases it)
 
     CallTimeout (a BaseException)   the call ran past ``call_timeout``: raised by SIGALRM, so no
                                     ``except FlexhubError`` on the way swallows it
@@ -35,6 +37,7 @@ __all__ = [
     "InvalidOptions",
     "LockTimeout",
     "NotSupported",
+    "ReleaseDeferred",
     "StateError",
     "UsageError",
     "VolumeError",
@@ -125,6 +128,18 @@ class CommandTimeout(CommandError):
 
 class VolumeError(FlexhubError):
     """The storage refuses the operation (wrong filesystem, missing device, no room...)."""
+
+
+class ReleaseDeferred(VolumeError):
+    """Raised by :meth:`BlockBackend.detach` when the device cannot be released now without
+    losing data: its storage is unreachable, and writes still queued for it would be thrown
+    away with the device. The backend must have left the device as it was (or only partly
+    released, so that calling ``detach`` again finishes the job).
+
+    The core then answers the unmount with Success (the pod's mounts are gone), keeps the
+    volume's record, and retries the release at the node's next unmount call until it
+    succeeds. The message says what stays and why; it is logged and returned in the reply.
+    """
 
 
 #: Shorter secret values are not scrubbed from text (they would mangle any message by chance).

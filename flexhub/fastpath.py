@@ -37,12 +37,20 @@ def escape_mount_path(path: str) -> str:
 
 
 def nothing_to_unmount(state_dir: Path, target: Path) -> bool:
-    """Whether flexhub has neither a record of ``target`` nor anything mounted on or under it.
+    """Whether flexhub has neither a record of ``target`` nor anything mounted on or under it,
+    and no release of another volume waits for its storage (``deferred/``).
 
     ``target`` is checked as given and with its parent resolved (kubelet's root may be a
     symlink, and mountinfo shows resolved paths). Any doubt (an unreadable mountinfo, a
     record that exists in any form) answers ``False``.
     """
+    try:
+        if any(not name.startswith(".") for name in os.listdir(state_dir / "deferred")):
+            return False  # a release waits for its storage: the full unmount retries it
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
     given = str(target)
     resolved = os.path.join(os.path.realpath(target.parent), target.name)
     for name in {given, resolved}:

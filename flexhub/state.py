@@ -14,7 +14,8 @@ __all__ = ["node_state", "render_state"]
 
 
 def node_state(config: NodeConfig) -> dict[str, list[dict[str, Any]]]:
-    """Every readable pod and volume record, each with ``mounted`` from mountinfo.
+    """Every readable pod and volume record, each with ``mounted`` from mountinfo (and, for
+    a volume, ``release_deferred``: its release waits for unreachable storage).
 
     Records hold no secrets (the journal never stores one), so all of it may be shown.
     """
@@ -26,9 +27,11 @@ def node_state(config: NodeConfig) -> dict[str, list[dict[str, Any]]]:
         row["mounted"] = table.is_mount_point(pod.target)
         pods.append(row)
     volumes = []
+    waiting = set(journal.deferred())
     for vol in sorted(journal.volumes(), key=lambda r: r.volume_id):
         row = dataclasses.asdict(vol)
         row["mounted"] = table.is_mount_point(vol.staging)
+        row["release_deferred"] = vol.volume_id in waiting
         row["pods"] = sum(1 for p in pods if p["volume_id"] == vol.volume_id and p["mounted"])
         volumes.append(row)
     return {"pods": pods, "volumes": volumes}
@@ -49,6 +52,8 @@ def render_state(state: dict[str, list[dict[str, Any]]]) -> list[str]:
         status = "staged" if vol["mounted"] else "NOT MOUNTED"
         if not vol["device"]:
             status = "attach in progress or interrupted"
+        elif vol.get("release_deferred") and not vol["mounted"]:
+            status = "RELEASE WAITS FOR ITS STORAGE"
         lines.append(
             f"  {vol['volume_id']}  backend={vol['backend']} device={vol['device'] or '-'} "
             f"fs={vol['fs_type']} pods={vol['pods']} {status} age={_age(vol['created'])}"

@@ -4,6 +4,7 @@ Layout under ``state_dir``::
 
     pods/<sha256(target)>.json        PodRecord: a pod directory flexhub mounted
     volumes/<sha256(volume_id)>.json  VolumeRecord: a block device attached and staged once
+    deferred/<sha256(volume_id)>      a volume whose release waits for its storage (its id)
 
 Every file is written atomically (temporary file in the same directory, ``fsync``, rename,
 ``fsync`` of the directory), mode 0600, and carries ``"version"``: :data:`SCHEMA_VERSION`.
@@ -140,6 +141,7 @@ class Journal:
         self.state_dir = Path(state_dir)
         self.pods_dir = self.state_dir / "pods"
         self.volumes_dir = self.state_dir / "volumes"
+        self.deferred_dir = self.state_dir / "deferred"
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -152,7 +154,9 @@ class Journal:
     def _write(self, path: Path, record: PodRecord | VolumeRecord) -> None:
         data = {"version": SCHEMA_VERSION, "kind": _KINDS[type(record)]}
         data.update(dataclasses.asdict(record))
-        payload = json.dumps(data, sort_keys=True, indent=1).encode("utf-8")
+        self._write_bytes(path, json.dumps(data, sort_keys=True, indent=1).encode("utf-8"))
+
+    def _write_bytes(self, path: Path, payload: bytes) -> None:
         directory = path.parent
         tmp = directory / f".{path.name}.{os.getpid()}.tmp"
         try:
@@ -298,6 +302,44 @@ class Journal:
     def volumes(self) -> list[VolumeRecord]:
         """Every readable volume record."""
         return list(self._all(self.volumes_dir, VolumeRecord))
+
+    # -- releases deferred ---------------------------------------------------------------------
+
+    def defer_release(self, volume_id: str) -> None:
+        """Mark ``volume_id`` as waiting for its release (its record stays in ``volumes/``)."""
+        self._write_bytes(
+            self.deferred_dir / _digest(volume_id), volume_id.encode("utf-8", "surrogateescape")
+        )
+
+    def deferred(self) -> list[str]:
+        """The volume ids whose release waits: one small file each, usually none (one
+        ``listdir`` of an empty directory on every unmount)."""
+        try:
+            names = sorted(os.listdir(self.deferred_dir))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            LOG.warning("cannot list %s: %s", self.deferred_dir, exc.strerror)
+            return []
+        ids = []
+        for name in names:
+            if name.startswith("."):
+                continue
+            try:
+                volume_id = (
+                    (self.deferred_dir / name).read_bytes().decode("utf-8", "surrogateescape")
+                )
+            except OSError:
+                continue
+            if _digest(volume_id) == name:
+                ids.append(volume_id)
+            else:
+                LOG.warning("ignoring the deferred-release marker %s (corrupt)", name)
+        return ids
+
+    def clear_deferred(self, volume_id: str) -> None:
+        """Forget that ``volume_id`` waits for its release; no-op when it does not."""
+        self._delete(self.deferred_dir / _digest(volume_id))
 
 
 def record_details(details: Mapping[str, str]) -> dict[str, str]:

@@ -47,7 +47,15 @@ from pathlib import Path
 from typing import TypeVar
 
 from flexhub.backend import Attachment, Backend, BlockBackend, FilesystemBackend
-from flexhub.errors import MIN_SECRET_CHARS, BackendError, FlexhubError, StateError, VolumeError
+from flexhub.errors import (
+    MIN_SECRET_CHARS,
+    BackendError,
+    FlexhubError,
+    LockTimeout,
+    ReleaseDeferred,
+    StateError,
+    VolumeError,
+)
 from flexhub.node import Node
 from flexhub.node.fs import format_and_mount, grow_filesystem
 from flexhub.node.journal import PodRecord, VolumeRecord, record_details
@@ -503,7 +511,11 @@ def _attach_and_record(
         partial=partial,
         access=access,
     )
-    node.journal.put_volume(intent)
+    if earlier is None or earlier.pending or not earlier.device:
+        node.journal.put_volume(intent)
+    # else: a device attached before and never released (its release waits for the storage,
+    # or its backend was broken) keeps its record until this attach returns: a failure here
+    # must still know what to release.
     checkpoint("volume-intent")
     attachment = _attach_reporting(node, backend, volume, intent)
     progress.attachment = attachment
@@ -567,10 +579,16 @@ def _undo_block(
             return
         cleanup_mount_point(node.runner, staging, node.config.unmount_timeout, node.mounts)
         record = node.journal.get_volume(volume_id)
-        if progress.attachment is not None:
-            backend.detach(progress.attachment)
-        elif record is not None:
-            _detach(backend, record)
+        try:
+            if progress.attachment is not None:
+                backend.detach(progress.attachment)
+            elif record is not None:
+                _detach(backend, record)
+        except ReleaseDeferred as exc:
+            LOG.error("rollback of the mount of %s: %s", volume_id, exc)
+            node.journal.defer_release(volume_id)
+            _remove_dir(staging)
+            return
         node.journal.delete_volume(volume_id)
         _remove_dir(staging)
     except (FlexhubError, OSError) as exc:
@@ -668,11 +686,20 @@ def unmount_volume(node: Node, target: Path, load_backend: Callable[[str], Backe
     be updated (a read-only or full ``state_dir``) or the backend cannot be loaded to release
     its device: both are logged and returned, and the records are kept for a later call.
 
+    Then the releases that waited for their storage (:class:`ReleaseDeferred`) are tried
+    again (:func:`retry_deferred_releases`).
+
     :param load_backend: returns the backend instance of a journalled backend name.
     :returns: what could not be released or forgotten ("" when everything was).
     """
-    given, target = _abs(target), pod_dir(target)
     secure_state_dir(node.state_dir)
+    notes = _unmount_pod(node, target, load_backend)
+    retry_deferred_releases(node, load_backend)
+    return "; ".join(notes)
+
+
+def _unmount_pod(node: Node, target: Path, load_backend: Callable[[str], Backend]) -> list[str]:
+    given, target = _abs(target), pod_dir(target)
     notes: list[str] = []
     with node.lock("pod", str(target)):
         _adopt_pod_record(node, given, target)
@@ -680,7 +707,7 @@ def unmount_volume(node: Node, target: Path, load_backend: Callable[[str], Backe
         if record is not None and record.staging is None:
             _unmount_filesystem(node, target, record, load_backend)
             _forget(node.journal.delete_pod, target, notes)
-            return "; ".join(notes)
+            return notes
         staging: Path | None = Path(record.staging) if record and record.staging else None
         volume_id = record.volume_id if record else None
         if record is None:
@@ -688,14 +715,54 @@ def unmount_volume(node: Node, target: Path, load_backend: Callable[[str], Backe
         if staging is None:
             cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
             _forget(node.journal.delete_pod, target, notes)
-            return "; ".join(notes)
+            return notes
         with _volume_locks(node, volume_id, staging):
             cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
             checkpoint("unbound")
             _release(node, staging, volume_id, target, load_backend, notes)
             checkpoint("released")
             _forget(node.journal.delete_pod, target, notes)
-    return "; ".join(notes)
+    return notes
+
+
+def retry_deferred_releases(node: Node, load_backend: Callable[[str], Backend]) -> None:
+    """Try again each release that waited for its storage (usually there is none).
+
+    A volume that a call holds is skipped (never waited for), one that is staged again is
+    no longer waiting (its own last unmount releases it), and one whose storage is still
+    unreachable keeps waiting. Nothing here fails the call: it is logged.
+    """
+    for volume_id in node.journal.deferred():
+        staging = staging_dir(node, volume_id)
+        try:
+            with node.lock("volume", volume_id, 0), node.lock("staging", str(staging), 0):
+                _retry_release(node, volume_id, staging, load_backend)
+        except LockTimeout:
+            LOG.info("the deferred release of %s waits: a call holds the volume", volume_id)
+        except (FlexhubError, OSError) as exc:
+            LOG.error("the deferred release of %s failed: %s", volume_id, exc)
+
+
+def _retry_release(
+    node: Node, volume_id: str, staging: Path, load_backend: Callable[[str], Backend]
+) -> None:
+    record = node.journal.get_volume(volume_id)
+    if record is None or node.mounts.at(staging) is not None:
+        # released meanwhile, or mounted again: its next last unmount releases it
+        node.journal.clear_deferred(volume_id)
+        return
+    backend = _load_for_unmount(load_backend, record.backend, volume_id)
+    if not isinstance(backend, BlockBackend):
+        return
+    try:
+        _detach(backend, record)
+    except ReleaseDeferred as exc:
+        LOG.info("the release of %s still waits: %s", volume_id, exc)
+        return
+    node.journal.delete_volume(volume_id)
+    node.journal.clear_deferred(volume_id)
+    _remove_dir(staging)
+    LOG.info("released %s (its release had waited for the storage)", volume_id)
 
 
 def _forget(delete: Callable[[_K], None], key: _K, notes: list[str]) -> None:
@@ -793,7 +860,21 @@ def _release(
             notes.append(left)
             _remove_dir(staging)
             return
-        _detach(backend, record)
+        try:
+            _detach(backend, record)
+        except ReleaseDeferred as exc:
+            # The storage is unreachable: the device and its record stay, so that writes
+            # still queued reach the storage when it returns; the node's next unmount
+            # retries (retry_deferred_releases).
+            LOG.error("%s", exc.message)
+            notes.append(exc.message)
+            try:
+                node.journal.defer_release(record.volume_id)
+            except StateError as state_exc:
+                LOG.warning("the deferred release was not recorded: %s", state_exc)
+                notes.append(f"journal not updated: {state_exc}")
+            _remove_dir(staging)
+            return
         _forget(node.journal.delete_volume, record.volume_id, notes)
     _remove_dir(staging)
     LOG.info("released %s", record.volume_id if record else staging)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -60,14 +61,16 @@ class Conformance:
     Optional: :meth:`settings` (the backend's table of the node config), :attr:`node_settings`
     (more top-level settings of it: ``unmount_timeout``, ...), :meth:`attached`
     (what the backend may leave attached on the node), :attr:`call_timeout` (the node's
-    ``call_timeout`` in the kit's config) and :attr:`overhead` (seconds a call may take beyond
-    it: interpreter start-up). While a check runs, :attr:`env` is the run's
+    ``call_timeout`` in the kit's config), :attr:`overhead` (seconds a call may take beyond
+    it: interpreter start-up) and :attr:`recovery` (seconds a deferred release may take to
+    finish once the storage is back). While a check runs, :attr:`env` is the run's
     :class:`~flexhub.testing.env.KitEnv` (its ``base`` directory, its ``host``).
     """
 
     backend: ClassVar[str] = ""
     call_timeout: ClassVar[float] = 60.0
     overhead: ClassVar[float] = 10.0
+    recovery: ClassVar[float] = 60.0
     node_settings: ClassVar[Mapping[str, Any]] = {}
 
     #: The run's installed driver and directories, while a check runs.
@@ -443,7 +446,12 @@ class Conformance:
     def test_bounded_when_unreachable(self, flexhub_env: KitEnv) -> None:
         """With the storage unreachable, the unmount of a volume mounted before succeeds and
         then a new mount (nothing of the volume left on the node) fails, each within the
-        node's call_timeout plus start-up (:attr:`call_timeout`, :attr:`overhead`)."""
+        node's call_timeout plus start-up (:attr:`call_timeout`, :attr:`overhead`).
+
+        A block backend may keep its device while the storage is unreachable
+        (``ReleaseDeferred``): once the storage is back, the node's next unmount calls must
+        release it within :attr:`recovery` seconds (the kit calls ``unmount`` of a pod
+        directory with nothing on it every two seconds, as a busy kubelet would)."""
         env, sample, check = flexhub_env, self._sample(), "bounded"
         mounted, new = env.new_pod(), env.new_pod()
         self._mount(env, check, mounted, sample)
@@ -497,7 +505,23 @@ class Conformance:
             env.cleanup()
             fail(check, "; ".join(p[0] for p in problems), "; ".join(p[1] for p in problems))
         env.cleanup()
+        self._await_deferred_release(env)
         self._assert_clean(env, check, "the calls with the storage unreachable")
+
+    def _await_deferred_release(self, env: KitEnv) -> None:
+        """Call ``unmount`` of an empty pod directory until nothing of the check's volumes is
+        left attached or recorded, for at most :attr:`recovery` seconds."""
+        deadline = time.monotonic() + self.recovery
+        while time.monotonic() < deadline:
+            left = env.records_left() or [
+                a for a in self.attached(env) if a not in self._attached_before
+            ]
+            if not left:
+                return
+            idle = env.new_pod()
+            env.host.make_dirs(idle)
+            env.unmount(idle)
+            time.sleep(2)
 
     @storage
     def test_secrets_never_shown(self, flexhub_env: KitEnv) -> None:

@@ -37,6 +37,7 @@ class TestKit(Conformance):
     backend = {backend!r}
     call_timeout = 5
     overhead = 5
+    recovery = 6
 
     def settings(self, base):
         return {{"root": base + "/storage"}}
@@ -99,6 +100,14 @@ def test_a_conforming_backend_passes_every_check(
     assert failed_checks(result) == [], result.stdout.str()
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) >= 20 and "failed" not in outcomes, outcomes
+
+
+def test_a_release_deferred_while_unreachable_and_finished_later_passes_bounded(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = run_kit(pytester, monkeypatch, "kitdeferblock", select="bounded")
+    assert failed_checks(result) == [], result.stdout.str()
+    assert result.parseoutcomes().get("passed") == 1, result.stdout.str()
 
 
 #: (check, backend, driver flaw, options, -k selection, the line the kit must print)
@@ -200,6 +209,15 @@ BROKEN = [
         None,
         "bounded",
         "flexhub-kit bounded: mount took *s (bound 10s); bound every step of mount*",
+    ),
+    (
+        "bounded",
+        "kitneverblock",
+        "",
+        None,
+        "bounded",
+        "flexhub-kit bounded: after the calls with the storage unreachable, left behind: attached:"
+        " /dev/loop* (*/storage/vol-1.img), recorded: */state/volumes/*.json; unmount must undo*",
     ),
     (
         "secrets",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flexhub.install import install
-from flexhub.node.journal import Journal, PodRecord
+from flexhub.node.journal import Journal, PodRecord, VolumeRecord
 from tests.conftest import KUBELET_ENV, PYTHON, TEST_SITE, needs_root
 
 
@@ -167,6 +167,36 @@ def test_journal_and_mounts_that_disagree(node: dict[str, Path], tmp_path: Path)
     details = [d for s, d in status(checks, "journal") if s == "fail"]
     assert f"record of {gone} but nothing is mounted there" in details
     assert f"{stray} is mounted (stray) without a record" in details
+
+
+def test_volumes_recorded_but_not_staged_and_a_release_that_waits(
+    node: dict[str, Path], tmp_path: Path
+) -> None:
+    install(node["plugins"], config=node["config"])
+    journal = Journal(node["state"])
+    for name in ("left", "waits"):
+        journal.put_volume(
+            VolumeRecord(f"kitblock:{name}", "iscsi", "/dev/sdq", str(tmp_path / name), "ext4", {})
+        )
+    journal.defer_release("kitblock:waits")
+    code, checks = doctor(node)
+    assert code == 1
+    details = [d for s, d in status(checks, "journal") if s == "fail"]
+    assert "volume kitblock:left is recorded but not staged" in details
+    assert (
+        "volume kitblock:waits stays attached: its release waits for its storage, which was "
+        "unreachable" in details
+    )
+    shown = subprocess.run(
+        [PYTHON, "-m", "flexhub", "state", "--config", str(node["config"])],
+        env=dict(KUBELET_ENV),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    ).stdout
+    (line,) = [x for x in shown.splitlines() if "kitblock:waits" in x]
+    assert "RELEASE WAITS FOR ITS STORAGE" in line
 
 
 def test_table_for_people(node: dict[str, Path]) -> None:

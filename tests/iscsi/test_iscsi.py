@@ -23,7 +23,14 @@ from flexhub_iscsi._options import Portal, dedicated_iface, parse_portal, parse_
 from flexhub_iscsi._reservation import format_key, node_key
 from flexhub_iscsi._sysfs import Sysfs
 
-from flexhub.backend import Attachment, InvalidOptions, Volume, VolumeError
+from flexhub.backend import (
+    Attachment,
+    CommandTimeout,
+    InvalidOptions,
+    ReleaseDeferred,
+    Volume,
+    VolumeError,
+)
 from flexhub.errors import FlexhubError
 from flexhub.node import Node
 from flexhub.node.journal import VolumeRecord
@@ -688,3 +695,78 @@ def test_an_attach_killed_after_login_is_released_without_logging_in_again(
     assert not any("--login" in c for c in runner.iscsiadm_calls())
     assert sysfs.sessions_of(IQN, "default") == [] and runner.node_files(IQN) == []
     assert node.journal.volumes() == [] and node.journal.pods() == []
+
+
+def test_detach_waits_while_the_target_is_unreachable(
+    backend: IscsiBackend, runner: FakeIscsi
+) -> None:
+    """Logic only (fake sysfs): every session holding the LUN's disk is down, so nothing is
+    flushed, deleted, unregistered or logged out; the release waits. On a real node with a
+    dead target: ``tests/vm/test_kit_iscsi.py`` (the kit's ``bounded`` check)."""
+    attachment = backend.attach(make_volume())
+    (session,) = backend.sysfs.sessions()
+    state = backend.sysfs.root / "class" / "iscsi_session" / f"session{session.sid}" / "state"
+    state.write_text("FAILED\n")
+    before = len(runner.calls)
+    with pytest.raises(ReleaseDeferred, match=r"unreachable \(127\.0\.0\.1:3260 failed\)"):
+        backend.detach(attachment)
+    assert runner.calls[before:] == []
+    assert backend.sysfs.deleted == []  # type: ignore[attr-defined]
+    assert len(backend.sysfs.sessions()) == 1
+
+    state.write_text("LOGGED_IN\n")  # back: the retry releases everything
+    backend.detach(attachment)
+    assert backend.sysfs.sessions() == [] and runner.node_files(IQN) == []
+
+
+def test_detach_waits_when_the_flush_cannot_finish(
+    backend: IscsiBackend, runner: FakeIscsi
+) -> None:
+    """Logic only: a flush that times out (the target stopped answering before the session
+    noticed) keeps the disk and the session instead of failing the unmount."""
+    attachment = backend.attach(make_volume())
+
+    def hang(args: tuple[str, ...]) -> Result:
+        raise CommandTimeout(f"{' '.join(args)} timed out after 60s and was killed")
+
+    runner.answers.append((("blockdev",), hang))  # type: ignore[arg-type]
+    with pytest.raises(ReleaseDeferred, match="does not take its buffered writes"):
+        backend.detach(attachment)
+    assert backend.sysfs.deleted == []  # type: ignore[attr-defined]
+    assert len(backend.sysfs.sessions()) == 1
+
+
+def _set_state(backend: IscsiBackend, disk: str, state: str) -> None:
+    sysfs = backend.sysfs
+    (session,) = [s for s in sysfs.sessions() if disk in sysfs.lun_disks(s, 0)]
+    (sysfs.root / "class" / "iscsi_session" / f"session{session.sid}" / "state").write_text(
+        state + "\n"
+    )
+
+
+@pytest.mark.parametrize("mpath", [True, False])
+def test_one_dead_path_is_released_without_flushing_it(
+    backend: IscsiBackend, runner: FakeIscsi, mpath: bool
+) -> None:
+    """Logic only: with a path up that the volume used (the map, or the disk itself), the
+    release goes on; the dead path's disk is deleted unflushed (its queue would only block).
+    A real dead path under multipath: ``tests/vm/test_iscsi.py::test_multipath_over_two_portals``."""
+    attachment = two_portal_attach(backend, runner, mpath=mpath)
+    _set_state(backend, "sdb", "FAILED")
+    backend.detach(attachment)
+    flushed = [c[-1] for c in runner.calls if c[:2] == ["blockdev", "--flushbufs"]]
+    assert not any(f.endswith("/sdb") for f in flushed)
+    assert any(f.endswith("/sda") for f in flushed)
+    assert backend.sysfs.deleted == ["sda", "sdb"]  # type: ignore[attr-defined]
+
+
+def test_the_used_disk_on_a_dead_path_waits_even_with_another_path_up(
+    backend: IscsiBackend, runner: FakeIscsi
+) -> None:
+    """Logic only: without multipath the volume wrote through sda alone; its session is
+    down, so the release waits although sdb's session is up."""
+    attachment = two_portal_attach(backend, runner, mpath=False)
+    _set_state(backend, "sda", "FAILED")
+    with pytest.raises(ReleaseDeferred, match="unreachable"):
+        backend.detach(attachment)
+    assert backend.sysfs.deleted == []  # type: ignore[attr-defined]

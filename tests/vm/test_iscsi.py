@@ -419,6 +419,47 @@ def test_multipath_over_two_portals(vm: VM, kubelet: Kubelet, clean: None) -> No
         vm.run(["kill", str(pid)], check=False)
 
 
+def test_unmount_with_the_target_unreachable_waits_then_releases(
+    vm: VM, kubelet: Kubelet, clean: None
+) -> None:
+    """The target dies under a mounted volume: the unmount answers Success once the pod's
+    mounts are gone, keeping the LUN's disk and session (writes still queued would be lost
+    with them); once the target is back, the node's next unmount calls (any pod's) flush,
+    log out and delete the records; the data written before the outage is there."""
+    target = services.iscsi_target(vm)
+    directory, reply = kubelet.mount(target)
+    assert reply == {"status": "Success"}
+    write(vm, directory, "kept", "written before the outage")
+    services.portal_down(vm, target, target.portal)
+    try:
+        started = time.monotonic()
+        reply = kubelet.unmount(directory)
+        TIMINGS.setdefault("unmount-target-down", []).append(round(time.monotonic() - started, 2))
+        assert reply["status"] == "Success", reply
+        assert "unreachable" in str(reply.get("message", "")), reply
+        assert vm.run(["mountpoint", "-q", directory], check=False).rc != 0
+        assert len(sessions(vm, target.iqn)) == 1, "the session was dropped with the target down"
+        assert services.session_disks(vm, target.iqn), "the disk was deleted with the target down"
+        # another pod's unmount while the target is still down: the release keeps waiting
+        assert kubelet.unmount(kubelet.pod_dir("pv-idle")) == {"status": "Success"}
+        assert len(sessions(vm, target.iqn)) == 1
+    finally:
+        services.portal_up(vm, target, target.portal)
+    for _ in range(45):  # open-iscsi reconnects on its own; kubelet's unmounts go on
+        if not sessions(vm, target.iqn):
+            break
+        assert kubelet.unmount(kubelet.pod_dir("pv-idle")) == {"status": "Success"}
+        time.sleep(2)
+    assert sessions(vm, target.iqn) == [], flexhub_log(vm, "release")
+    assert node_records(vm, target.iqn) == []
+    assert services.session_disks(vm, target.iqn) == []
+    again, reply = kubelet.mount(target)
+    assert reply == {"status": "Success"}
+    assert read(vm, again, "kept") == "written before the outage"
+    assert kubelet.unmount(again) == {"status": "Success"}
+    assert sessions(vm, target.iqn) == []
+
+
 def test_no_chap_value_in_any_file_flexhub_wrote(vm: VM, kubelet: Kubelet) -> None:
     assert USED_SECRETS, "the CHAP tests did not run"
     files = scan_files(vm)

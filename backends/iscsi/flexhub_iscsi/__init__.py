@@ -37,7 +37,8 @@ staged LUN only with the same); a volume of another LUN reuses the target's sess
 with the same iface and session CHAP as the staged volumes using it.
 
 Locks: an attach holds the target's *use* lock shared (attaches of a target run side by side,
-each portal on its own thread, under a per-portal lock for discovery and its node record);
+each portal on its own thread; SendTargets discoveries of the node take turns under one
+lock, which also covers the discovery record);
 a release takes the target lock and logs out only if it can take the use lock exclusively at
 once, so an unmount never waits for a mount in flight.
 """
@@ -56,10 +57,12 @@ from flexhub.backend import (
     Attachment,
     BlockBackend,
     CommandError,
+    CommandTimeout,
     FlexhubError,
     InvalidOptions,
     LockTimeout,
     NodeRequirements,
+    ReleaseDeferred,
     Volume,
     VolumeError,
 )
@@ -104,6 +107,8 @@ _GONE_TIMEOUT = 10.0
 _RESIZE_WAIT = 5.0
 #: Attempts to flush a multipath map that is still busy.
 _FLUSH_ATTEMPTS = 3
+#: Seconds a device may take to write its buffers out before its release waits.
+_FLUSH_TIMEOUT = 60
 #: The settings of the base iface a dedicated iface copies (how it reaches the network).
 _IFACE_COPIED = frozenset(
     {
@@ -337,6 +342,7 @@ class IscsiBackend(BlockBackend):
         portals = [p for p in details.get("portals", "").split(",") if p]
         settings = self._settings()
         adm = Iscsiadm(self.node.runner, settings.command_timeout)
+        self._defer_if_unreachable(iqn, iface, lun, attachment.device, details.get("multipath", ""))
         self._unfence(details.get("reservation", ""), iqn, iface, lun, settings)
         # The LUN's own devices need no target lock (the core holds the volume's lock).
         self._remove_lun(adm, iqn, iface, lun, attachment.device, details.get("multipath", ""))
@@ -907,8 +913,19 @@ class IscsiBackend(BlockBackend):
                 time.sleep(1.0)
         elif mpath:
             LOG.info("iscsi: multipath map %s is already gone", mpath)
+        down = {
+            disk
+            for session in self.sysfs.sessions_of(iqn, iface)
+            if not session.logged_in
+            for disk in self.sysfs.lun_disks(session, lun)
+        }
         for disk in disks:
-            self._flush(str(self.sysfs.dev / disk))
+            if disk in down:
+                # A dead path holds nothing to write (the map was flushed through the live
+                # ones, or the release waited): a flush would only block on its queue.
+                LOG.info("iscsi: not flushing %s: its session is down", disk)
+            else:
+                self._flush(str(self.sysfs.dev / disk))
             self.sysfs.delete(disk)
         deadline = time.monotonic() + _GONE_TIMEOUT
         while self._lun_disks(iqn, iface, lun) and time.monotonic() < deadline:
@@ -921,10 +938,45 @@ class IscsiBackend(BlockBackend):
         elif device:
             LOG.info("iscsi: LUN %d of %s had no disk left (%s)", lun, iqn, device)
 
+    def _defer_if_unreachable(
+        self, iqn: str, iface: str, lun: int, device: str, mpath: str
+    ) -> None:
+        """Keep the LUN while the sessions it was used through are all down (the target is
+        unreachable): flushing would block until open-iscsi gives up, and removing the disks
+        or logging out would throw away the writes still queued for the target. With a
+        multipath map, any path up will do; without, the session of the one disk used.
+
+        :raises ReleaseDeferred: naming the sessions' states; the core retries later.
+        """
+        holding = {
+            s: disks
+            for s in self.sysfs.sessions_of(iqn, iface)
+            if (disks := self.sysfs.lun_disks(s, lun))
+        }
+        name = self.sysfs.block_name(device) if device and not mpath else None
+        used = [s for s, disks in holding.items() if name in disks] or list(holding)
+        if used and not any(s.logged_in for s in used):
+            states = ", ".join(sorted({f"{s.portal} {s.state.lower()}" for s in used}))
+            raise ReleaseDeferred(
+                f"iscsi: the target {iqn} is unreachable ({states}): LUN {lun} stays attached "
+                "so that writes still queued reach it when it returns; the node's next unmount "
+                "after that releases it"
+            )
+
     def _flush(self, device: str) -> None:
+        """Write the device's buffers out; a flush that cannot finish in its bound means the
+        storage stopped answering: the release waits (:class:`ReleaseDeferred`)."""
         if not os.path.exists(device):
             return
-        result = self.node.runner(["blockdev", "--flushbufs", device], timeout=60, check=False)
+        try:
+            result = self.node.runner(
+                ["blockdev", "--flushbufs", device], timeout=_FLUSH_TIMEOUT, check=False
+            )
+        except CommandTimeout as exc:
+            raise ReleaseDeferred(
+                f"iscsi: {device} does not take its buffered writes ({exc.message}): it stays "
+                "attached; the node's next unmount releases it"
+            ) from None
         if result.returncode != 0:
             LOG.warning("iscsi: flushing %s failed: %s", device, result.stderr.strip()[:200])
 

@@ -1,0 +1,143 @@
+"""A release that must wait for unreachable storage (ReleaseDeferred), with real loop devices
+and real mounts: the unmount succeeds, the device and its record stay, and the node's next
+unmount call after the storage is back releases them. "Unreachable" is a switch of the test
+backend here; the iSCSI backend raises the same error for a real dead target in the VM rig
+(tests/vm/test_kit_iscsi.py, the kit's ``bounded`` check)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from blockfile import BlockfileBackend
+from conftest import Rig
+
+from flexhub.backend import Attachment, ReleaseDeferred
+from flexhub.fastpath import nothing_to_unmount
+from flexhub.node.volumes import mount_volume, staging_dir, unmount_volume
+
+pytestmark = pytest.mark.root
+
+
+class SwitchedBackend(BlockfileBackend):
+    """The blockfile backend whose storage can be made unreachable: its detach then keeps
+    the device, as a backend must when writes may still be queued for the storage."""
+
+    down = False
+    detaches = 0
+
+    def detach(self, attachment: Attachment) -> None:
+        type(self).detaches += 1
+        if self.down:
+            raise ReleaseDeferred(f"test: the storage of {attachment.device} is unreachable")
+        super().detach(attachment)
+
+
+@pytest.fixture
+def switched(rig: Rig) -> Rig:
+    SwitchedBackend.down = False
+    SwitchedBackend.detaches = 0
+    rig.backend = SwitchedBackend(rig.node)
+    return rig
+
+
+def _unmount(rig: Rig, target: Path) -> str:
+    return unmount_volume(rig.node, target, lambda name: rig.backend)
+
+
+def _volume_id(path: Path) -> str:
+    return f"blockfile:{path.resolve()}"
+
+
+def test_unmount_succeeds_keeps_the_device_and_a_later_unmount_releases_it(
+    switched: Rig,
+) -> None:
+    rig = switched
+    image = rig.file()
+    pod, other = rig.pod("a"), rig.pod("b")
+    mount_volume(rig.node, rig.backend, pod, rig.volume(image, "ext4"))
+    (pod / "data").write_text("kept")
+    (loop,) = rig.loops()
+
+    SwitchedBackend.down = True
+    message = _unmount(rig, pod)
+    assert "unreachable" in message  # the reply names what stays and why
+    assert rig.mounts() == []  # the pod's bind and the staging mount are gone
+    assert rig.loops() == [loop]  # the device stays for the queued writes
+    assert len(rig.records()) == 1 and rig.records()[0].startswith("volumes/")
+    assert rig.node.journal.deferred() == [_volume_id(image)]
+    assert not staging_dir(rig.node, _volume_id(image)).exists()
+    # kubelet's cheap "nothing to unmount" path must not hide the waiting release
+    assert not nothing_to_unmount(rig.state, other)
+
+    # Still unreachable: another pod's unmount (nothing of its own) tries again and waits.
+    before = SwitchedBackend.detaches
+    assert _unmount(rig, other) == ""
+    assert SwitchedBackend.detaches == before + 1
+    assert rig.loops() == [loop]
+    assert rig.node.journal.deferred() == [_volume_id(image)]
+
+    # Back: the next unmount call of the node releases it, and nothing is left.
+    SwitchedBackend.down = False
+    assert _unmount(rig, rig.pod("c")) == ""
+    assert rig.loops() == []
+    assert rig.node.journal.deferred() == []
+    assert rig.records() == []
+    assert rig.staging_dirs() == []
+    assert nothing_to_unmount(rig.state, rig.pod("d"))
+
+    # The data written before the deferred unmount is on the storage.
+    again = rig.pod("e")
+    mount_volume(rig.node, rig.backend, again, rig.volume(image, "ext4"))
+    assert (again / "data").read_text() == "kept"
+    _unmount(rig, again)
+    rig.assert_clean()
+
+
+def test_a_volume_mounted_again_before_its_storage_returns_stops_waiting(
+    switched: Rig,
+) -> None:
+    rig = switched
+    image = rig.file()
+    first, second = rig.pod("a"), rig.pod("b")
+    mount_volume(rig.node, rig.backend, first, rig.volume(image, "ext4"))
+    SwitchedBackend.down = True
+    _unmount(rig, first)
+    (loop,) = rig.loops()
+
+    # A new pod mounts it: the device is reused, and the volume no longer waits (its own
+    # last unmount releases it); the retry never pulls the device from under the pod.
+    mount_volume(rig.node, rig.backend, second, rig.volume(image, "ext4"))
+    assert rig.loops() == [loop]
+    before = SwitchedBackend.detaches
+    _unmount(rig, rig.pod("c"))
+    assert SwitchedBackend.detaches == before
+    assert rig.node.journal.deferred() == []
+    (second / "x").write_text("written")
+
+    SwitchedBackend.down = False
+    assert _unmount(rig, second) == ""
+    rig.assert_clean()
+
+
+def test_a_failed_retry_never_fails_the_unmount_that_ran_it(switched: Rig) -> None:
+    rig = switched
+    image = rig.file()
+    pod = rig.pod("a")
+    mount_volume(rig.node, rig.backend, pod, rig.volume(image, "ext4"))
+    SwitchedBackend.down = True
+    _unmount(rig, pod)
+
+    class Broken(SwitchedBackend):
+        def detach(self, attachment: Attachment) -> None:
+            raise OSError(5, "Input/output error")
+
+    rig.backend = Broken(rig.node)
+    other = rig.pod("b")
+    assert _unmount(rig, other) == ""  # logged, not this pod's failure
+    assert rig.node.journal.deferred() == [_volume_id(image)]
+
+    rig.backend = SwitchedBackend(rig.node)
+    SwitchedBackend.down = False
+    _unmount(rig, rig.pod("c"))
+    rig.assert_clean()
