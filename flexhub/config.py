@@ -10,6 +10,8 @@ A missing file means defaults. Example::
     mount_timeout = 60         # bound for one mount command (NFS: a dead server)
     unmount_timeout = 30       # bound for each unmount step (normal, forced, lazy)
     call_timeout = 600         # bound for a whole mount, unmount or expandfs call
+    release_retry_interval = 30  # first wait before retrying a release deferred for
+                                 # unreachable storage (doubled after each try, up to 15 min)
 
     [loopfile]
     root = "/var/lib/flexhub/loopfiles"
@@ -36,6 +38,7 @@ _NUMBERS = (
     "mount_timeout",
     "unmount_timeout",
     "call_timeout",
+    "release_retry_interval",
 )
 _LEVELS = ("debug", "info", "warning", "error")
 
@@ -54,6 +57,7 @@ class NodeConfig:
         "log_dir",
         "log_level",
         "mount_timeout",
+        "release_retry_interval",
         "source",
         "state_dir",
         "unmount_timeout",
@@ -70,6 +74,7 @@ class NodeConfig:
         mount_timeout: float = 60.0,
         unmount_timeout: float = 30.0,
         call_timeout: float = 600.0,
+        release_retry_interval: float = 30.0,
         backends: Mapping[str, Mapping[str, Any]] | None = None,
         source: Path | None = None,
     ) -> None:
@@ -81,6 +86,7 @@ class NodeConfig:
         self.mount_timeout = float(mount_timeout)
         self.unmount_timeout = float(unmount_timeout)
         self.call_timeout = float(call_timeout)
+        self.release_retry_interval = float(release_retry_interval)
         self.backends: Mapping[str, Mapping[str, Any]] = dict(backends or {})
         self.source = source
 

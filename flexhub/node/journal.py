@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from flexhub.errors import StateError
 from flexhub.fastpath import pod_record_path
 
-__all__ = ["SCHEMA_VERSION", "Journal", "PodRecord", "VolumeRecord"]
+__all__ = ["SCHEMA_VERSION", "DeferredRelease", "Journal", "PodRecord", "VolumeRecord"]
 
 LOG = logging.getLogger(__name__)
 
@@ -305,15 +305,15 @@ class Journal:
 
     # -- releases deferred ---------------------------------------------------------------------
 
-    def defer_release(self, volume_id: str) -> None:
-        """Mark ``volume_id`` as waiting for its release (its record stays in ``volumes/``)."""
-        self._write_bytes(
-            self.deferred_dir / _digest(volume_id), volume_id.encode("utf-8", "surrogateescape")
-        )
+    def defer_release(self, volume_id: str, attempts: int = 0) -> None:
+        """Mark ``volume_id`` as waiting for its release (its record stays in ``volumes/``),
+        after ``attempts`` tries; the marker's mtime is the time of the last one."""
+        payload = json.dumps({"volume_id": volume_id, "attempts": attempts}).encode("utf-8")
+        self._write_bytes(self.deferred_dir / _digest(volume_id), payload)
 
-    def deferred(self) -> list[str]:
-        """The volume ids whose release waits: one small file each, usually none (one
-        ``listdir`` of an empty directory on every unmount)."""
+    def deferred_releases(self) -> list[DeferredRelease]:
+        """The releases that wait: one small file each, usually none (one ``listdir`` of an
+        empty directory on every unmount)."""
         try:
             names = sorted(os.listdir(self.deferred_dir))
         except FileNotFoundError:
@@ -321,25 +321,43 @@ class Journal:
         except OSError as exc:
             LOG.warning("cannot list %s: %s", self.deferred_dir, exc.strerror)
             return []
-        ids = []
+        found = []
         for name in names:
             if name.startswith("."):
                 continue
+            path = self.deferred_dir / name
             try:
-                volume_id = (
-                    (self.deferred_dir / name).read_bytes().decode("utf-8", "surrogateescape")
-                )
-            except OSError:
+                data = json.loads(path.read_bytes())
+                since = path.stat().st_mtime
+                volume_id, attempts = data["volume_id"], data["attempts"]
+            except (OSError, ValueError, TypeError, KeyError):
+                LOG.warning("ignoring the unreadable deferred-release marker %s", path)
                 continue
-            if _digest(volume_id) == name:
-                ids.append(volume_id)
-            else:
-                LOG.warning("ignoring the deferred-release marker %s (corrupt)", name)
-        return ids
+            if not isinstance(volume_id, str) or _digest(volume_id) != name:
+                LOG.warning("ignoring the deferred-release marker %s (wrong volume)", path)
+                continue
+            if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 0:
+                attempts = 0
+            found.append(DeferredRelease(volume_id, attempts, since))
+        return found
+
+    def deferred(self) -> list[str]:
+        """The volume ids whose release waits."""
+        return [d.volume_id for d in self.deferred_releases()]
 
     def clear_deferred(self, volume_id: str) -> None:
         """Forget that ``volume_id`` waits for its release; no-op when it does not."""
         self._delete(self.deferred_dir / _digest(volume_id))
+
+
+@dataclass(frozen=True)
+class DeferredRelease:
+    """A volume whose release waits for its storage: tried ``attempts`` times, the last (or
+    the deferral) at ``since`` (epoch seconds)."""
+
+    volume_id: str
+    attempts: int
+    since: float
 
 
 def record_details(details: Mapping[str, str]) -> dict[str, str]:

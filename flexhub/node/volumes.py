@@ -725,44 +725,61 @@ def _unmount_pod(node: Node, target: Path, load_backend: Callable[[str], Backend
     return notes
 
 
+#: The longest wait between two tries of a release deferred for unreachable storage.
+RETRY_MAX = 900.0
+
+
 def retry_deferred_releases(node: Node, load_backend: Callable[[str], Backend]) -> None:
     """Try again each release that waited for its storage (usually there is none).
 
-    A volume that a call holds is skipped (never waited for), one that is staged again is
-    no longer waiting (its own last unmount releases it), and one whose storage is still
-    unreachable keeps waiting. Nothing here fails the call: it is logged.
+    Each is tried ``release_retry_interval`` seconds after it was deferred, then after twice
+    as long each time (up to :data:`RETRY_MAX`), so that storage that stays unreachable (or a
+    target that takes writes and never answers) cannot make every unmount on the node slow.
+    A volume that a call holds is skipped (never waited for), one that is staged again is no
+    longer waiting (its own last unmount releases it). Nothing here fails the call: it is
+    logged.
     """
-    for volume_id in node.journal.deferred():
+    now = time.time()
+    for waiting in node.journal.deferred_releases():
+        pause = min(node.config.release_retry_interval * 2**waiting.attempts, RETRY_MAX)
+        if now - waiting.since < pause:
+            continue
+        volume_id = waiting.volume_id
         staging = staging_dir(node, volume_id)
         try:
             with node.lock("volume", volume_id, 0), node.lock("staging", str(staging), 0):
-                _retry_release(node, volume_id, staging, load_backend)
+                if not _retry_release(node, volume_id, staging, load_backend):
+                    node.journal.defer_release(volume_id, waiting.attempts + 1)
         except LockTimeout:
             LOG.info("the deferred release of %s waits: a call holds the volume", volume_id)
         except (FlexhubError, OSError) as exc:
             LOG.error("the deferred release of %s failed: %s", volume_id, exc)
+            with contextlib.suppress(FlexhubError):
+                node.journal.defer_release(volume_id, waiting.attempts + 1)
 
 
 def _retry_release(
     node: Node, volume_id: str, staging: Path, load_backend: Callable[[str], Backend]
-) -> None:
+) -> bool:
+    """One try; ``False`` when the release still waits."""
     record = node.journal.get_volume(volume_id)
     if record is None or node.mounts.at(staging) is not None:
         # released meanwhile, or mounted again: its next last unmount releases it
         node.journal.clear_deferred(volume_id)
-        return
+        return True
     backend = _load_for_unmount(load_backend, record.backend, volume_id)
     if not isinstance(backend, BlockBackend):
-        return
+        return False
     try:
         _detach(backend, record)
     except ReleaseDeferred as exc:
         LOG.info("the release of %s still waits: %s", volume_id, exc)
-        return
+        return False
     node.journal.delete_volume(volume_id)
     node.journal.clear_deferred(volume_id)
     _remove_dir(staging)
     LOG.info("released %s (its release had waited for the storage)", volume_id)
+    return True
 
 
 def _forget(delete: Callable[[_K], None], key: _K, notes: list[str]) -> None:

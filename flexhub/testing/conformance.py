@@ -63,7 +63,8 @@ class Conformance:
     (what the backend may leave attached on the node), :attr:`call_timeout` (the node's
     ``call_timeout`` in the kit's config), :attr:`overhead` (seconds a call may take beyond
     it: interpreter start-up) and :attr:`recovery` (seconds a deferred release may take to
-    finish once the storage is back). While a check runs, :attr:`env` is the run's
+    finish once the storage is back; the node retries one ``release_retry_interval``, 30 s by
+    default, after the deferral). While a check runs, :attr:`env` is the run's
     :class:`~flexhub.testing.env.KitEnv` (its ``base`` directory, its ``host``).
     """
 

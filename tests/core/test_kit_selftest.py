@@ -38,6 +38,7 @@ class TestKit(Conformance):
     call_timeout = 5
     overhead = 5
     recovery = 6
+    node_settings = {{"release_retry_interval": 1}}
 
     def settings(self, base):
         return {{"root": base + "/storage"}}

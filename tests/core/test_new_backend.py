@@ -205,6 +205,9 @@ def installed_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     base = getattr(sys, "_base_executable", sys.executable)
     run(base, "-m", "venv", "--system-site-packages", venv, cwd=tmp_path)
     python = venv / "bin" / "python"
+    # The venv's own setuptools is the one ensurepip bundles (65.5 with Python 3.11: no
+    # bdist_wheel without the wheel package); the packages need setuptools >= 68 to build.
+    run(python, "-m", "pip", "install", "-q", "--upgrade", "setuptools>=68", "wheel", cwd=tmp_path)
     pip = (python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation")
     run(*pip, "-e", REPO, cwd=tmp_path)
     run(*pip, package, cwd=tmp_path)

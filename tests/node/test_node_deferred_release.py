@@ -6,6 +6,8 @@ backend here; the iSCSI backend raises the same error for a real dead target in 
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,7 @@ def switched(rig: Rig) -> Rig:
     SwitchedBackend.down = False
     SwitchedBackend.detaches = 0
     rig.backend = SwitchedBackend(rig.node)
+    rig.node.config.release_retry_interval = 0.0  # every unmount retries (the backoff: below)
     return rig
 
 
@@ -141,3 +144,36 @@ def test_a_failed_retry_never_fails_the_unmount_that_ran_it(switched: Rig) -> No
     SwitchedBackend.down = False
     _unmount(rig, rig.pod("c"))
     rig.assert_clean()
+
+
+def test_retries_back_off_so_a_dead_storage_cannot_slow_every_unmount(switched: Rig) -> None:
+    rig = switched
+    rig.node.config.release_retry_interval = 60.0
+    image = rig.file()
+    pod = rig.pod("a")
+    mount_volume(rig.node, rig.backend, pod, rig.volume(image, "ext4"))
+    SwitchedBackend.down = True
+    _unmount(rig, pod)
+    marker = rig.state / "deferred" / os.listdir(rig.state / "deferred")[0]
+    tries = SwitchedBackend.detaches
+
+    _unmount(rig, rig.pod("b"))  # right after the deferral: no try
+    assert SwitchedBackend.detaches == tries
+
+    past = time.time() - 61
+    os.utime(marker, (past, past))
+    _unmount(rig, rig.pod("c"))  # 60 s later: one try, which fails
+    assert SwitchedBackend.detaches == tries + 1
+    _unmount(rig, rig.pod("d"))  # the next waits twice as long
+    assert SwitchedBackend.detaches == tries + 1
+    past = time.time() - 100
+    os.utime(marker, (past, past))
+    _unmount(rig, rig.pod("e"))
+    assert SwitchedBackend.detaches == tries + 1
+    past = time.time() - 121
+    os.utime(marker, (past, past))
+    SwitchedBackend.down = False
+    _unmount(rig, rig.pod("f"))
+    assert SwitchedBackend.detaches == tries + 2
+    rig.assert_clean()
+    assert rig.node.journal.deferred() == []

@@ -46,7 +46,10 @@ class TestIscsiConformance(Conformance):
     # umount: unmount_timeout each), then the release waits for the target (ReleaseDeferred):
     # the kit's unmount calls after the portal is back release the LUN and log out.
     call_timeout = 150
-    node_settings: ClassVar[Mapping[str, Any]] = {"unmount_timeout": 10}
+    node_settings: ClassVar[Mapping[str, Any]] = {
+        "unmount_timeout": 10,
+        "release_retry_interval": 5,
+    }
     overhead = VM_OVERHEAD
 
     def settings(self, base: str) -> Mapping[str, Any]:
