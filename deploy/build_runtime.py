@@ -167,6 +167,6 @@ def _digest(root: Path) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
         raise SystemExit("usage: build_runtime.py OUT_DIR")
     print(build(Path(sys.argv[1])))
