@@ -52,6 +52,17 @@ def _volume_id(path: Path) -> str:
     return f"blockfile:{path.resolve()}"
 
 
+def _mounted_then_deferred(rig: Rig) -> Path:
+    """A volume mounted by pod "a", then unmounted with its storage unreachable: its backing
+    file (the loop device and the record stay)."""
+    image = rig.file()
+    pod = rig.pod("a")
+    mount_volume(rig.node, rig.backend, pod, rig.volume(image, "ext4"))
+    SwitchedBackend.down = True
+    _unmount(rig, pod)
+    return image
+
+
 def test_unmount_succeeds_keeps_the_device_and_a_later_unmount_releases_it(
     switched: Rig,
 ) -> None:
@@ -101,11 +112,8 @@ def test_a_volume_mounted_again_before_its_storage_returns_stops_waiting(
     switched: Rig,
 ) -> None:
     rig = switched
-    image = rig.file()
-    first, second = rig.pod("a"), rig.pod("b")
-    mount_volume(rig.node, rig.backend, first, rig.volume(image, "ext4"))
-    SwitchedBackend.down = True
-    _unmount(rig, first)
+    image = _mounted_then_deferred(rig)
+    second = rig.pod("b")
     (loop,) = rig.loops()
 
     # A new pod mounts it: the device is reused, and the volume no longer waits (its own
@@ -125,11 +133,7 @@ def test_a_volume_mounted_again_before_its_storage_returns_stops_waiting(
 
 def test_a_failed_retry_never_fails_the_unmount_that_ran_it(switched: Rig) -> None:
     rig = switched
-    image = rig.file()
-    pod = rig.pod("a")
-    mount_volume(rig.node, rig.backend, pod, rig.volume(image, "ext4"))
-    SwitchedBackend.down = True
-    _unmount(rig, pod)
+    image = _mounted_then_deferred(rig)
 
     class Broken(SwitchedBackend):
         def detach(self, attachment: Attachment) -> None:
@@ -149,11 +153,7 @@ def test_a_failed_retry_never_fails_the_unmount_that_ran_it(switched: Rig) -> No
 def test_retries_back_off_so_a_dead_storage_cannot_slow_every_unmount(switched: Rig) -> None:
     rig = switched
     rig.node.config.release_retry_interval = 60.0
-    image = rig.file()
-    pod = rig.pod("a")
-    mount_volume(rig.node, rig.backend, pod, rig.volume(image, "ext4"))
-    SwitchedBackend.down = True
-    _unmount(rig, pod)
+    _mounted_then_deferred(rig)
     marker = rig.state / "deferred" / os.listdir(rig.state / "deferred")[0]
     tries = SwitchedBackend.detaches
 
