@@ -310,6 +310,10 @@ def _mount_block(
         if staged is not None and _record_matches(shared, staged):
             assert shared is not None
             _check_access(backend, volume, volume_id, shared)
+        elif shared is not None and shared.device and volume_id in node.journal.deferred():
+            # Not staged, but still attached with its identity (its release waits for the
+            # storage): reusing the device would skip the login, as sharing a staged one would.
+            _check_access(backend, volume, volume_id, shared)
         record = node.journal.get_pod(target)
         if here is not None:
             if _same_device(here, staged) and here.read_only == volume.read_only:

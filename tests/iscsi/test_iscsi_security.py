@@ -133,6 +133,33 @@ def staged_lun0(backend: IscsiBackend, tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", str(staging)], check=True)
 
 
+def test_a_session_kept_for_a_waiting_release_is_not_reused_with_other_chap(
+    backend: IscsiBackend, runner: FakeIscsi, tmp_path: Path
+) -> None:
+    """LUN 0's release waits for the target (its staging is gone, its session stays): another
+    LUN with other session CHAP must log in, not reuse that session."""
+    volume = make_volume(SESSION_SECRETS, chapAuthSession="true")
+    backend.node.journal.put_volume(
+        VolumeRecord(
+            f"iscsi:{IQN}:0",
+            "iscsi",
+            "/dev/sda",
+            str(tmp_path / "staging-gone"),
+            "ext4",
+            {"iqn": IQN, "lun": "0", "iface": "default"},
+            access=dict(backend.access(volume)),
+        )
+    )
+    backend.node.journal.defer_release(f"iscsi:{IQN}:0")
+    assert isinstance(backend.sysfs, FakeSysfs)
+    backend.sysfs.add_session(IQN, "127.0.0.1:3260")
+    with pytest.raises(VolumeError, match="session CHAP password differ"):
+        backend.attach(
+            make_volume({**SESSION_SECRETS, KEY: "guessed"}, chapAuthSession="true", lun="1")
+        )
+    assert runner.iscsiadm_calls() == []
+
+
 @pytest.mark.root
 def test_another_lun_reuses_the_session_only_with_the_same_session_chap(
     backend: IscsiBackend, runner: FakeIscsi, staged_lun0: Path

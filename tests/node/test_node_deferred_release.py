@@ -14,7 +14,7 @@ import pytest
 from blockfile import BlockfileBackend
 from conftest import Rig
 
-from flexhub.backend import Attachment, ReleaseDeferred
+from flexhub.backend import Attachment, ReleaseDeferred, Volume, VolumeError
 from flexhub.fastpath import nothing_to_unmount
 from flexhub.node.volumes import mount_volume, staging_dir, unmount_volume
 
@@ -177,3 +177,33 @@ def test_retries_back_off_so_a_dead_storage_cannot_slow_every_unmount(switched: 
     assert SwitchedBackend.detaches == tries + 2
     rig.assert_clean()
     assert rig.node.journal.deferred() == []
+
+
+class IdentityBackend(SwitchedBackend):
+    """Its connection identity is the volume's ``user`` option (as iSCSI's CHAP user)."""
+
+    def access(self, volume: Volume) -> dict[str, str]:
+        return {"user": volume.options.get("user", "")}
+
+
+def test_a_waiting_device_is_reused_only_with_the_same_identity(switched: Rig) -> None:
+    rig = switched
+    rig.backend = IdentityBackend(rig.node)
+    image = rig.file()
+
+    def volume(user: str) -> Volume:
+        plain = rig.volume(image, "ext4")
+        return Volume(options={**plain.options, "user": user}, fs_type="ext4")
+
+    mount_volume(rig.node, rig.backend, rig.pod("a"), volume("team-a"))
+    SwitchedBackend.down = True
+    _unmount(rig, rig.pod("a"))
+    (loop,) = rig.loops()
+    with pytest.raises(VolumeError, match="another connection identity: user differ"):
+        mount_volume(rig.node, rig.backend, rig.pod("b"), volume("team-b"))
+    assert rig.loops() == [loop] and rig.mounts() == []
+    assert rig.node.journal.deferred() == [_volume_id(image)]  # still waiting, untouched
+    mount_volume(rig.node, rig.backend, rig.pod("c"), volume("team-a"))
+    SwitchedBackend.down = False
+    _unmount(rig, rig.pod("c"))
+    rig.assert_clean()

@@ -165,16 +165,18 @@ class IscsiBackend(BlockBackend):
     def _check_sessions_owner(
         self, target: Target, iface: str, identity: Mapping[str, str]
     ) -> None:
-        """Refuse to reuse the target's sessions, logged in by another staged volume, with
-        another session identity (iface, session CHAP): that would skip the login."""
+        """Refuse to reuse the target's sessions, logged in by another staged volume (or one
+        whose release waits for the target), with another session identity (iface, session
+        CHAP): that would skip the login."""
         mine = session_part(identity)
+        waiting = set(self.node.journal.deferred())
         for record in self.node.journal.volumes():
             details = record.details
             if (
                 record.backend != _BACKEND
                 or details.get("iqn") != target.iqn
                 or (details.get("iface") or "default") != iface
-                or not os.path.ismount(record.staging)
+                or not (os.path.ismount(record.staging) or record.volume_id in waiting)
             ):
                 continue
             theirs = session_part(record.access)
