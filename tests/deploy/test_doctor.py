@@ -151,6 +151,58 @@ def test_broken_backend_and_missing_node_tools(node: dict[str, Path], tmp_path: 
     assert iscsi[0] == "fail" and "iscsid is not running" in iscsi[1]
 
 
+def test_kernel_module_missing_then_loadable(node: dict[str, Path], tmp_path: Path) -> None:
+    install(node["plugins"], config=node["config"])
+    host = tmp_path / "host"
+    (host / "usr/sbin").mkdir(parents=True)
+    for tool in ("mount.nfs", "mount", "umount"):
+        (host / "usr/sbin" / tool).write_text("#!/bin/sh\n")
+        (host / "usr/sbin" / tool).chmod(0o755)
+    _, checks = doctor(node, "--host-root", str(host))
+    ((state, detail),) = status(checks, "backend nfs")
+    assert (state, detail) == ("fail", "kernel module nfs not available")
+    fix = next(c["fix"] for c in checks if c["name"] == "backend nfs")
+    assert "nfs-common" in fix
+    # loadable from the running kernel's module tree (modules.dep), not loaded yet: fine
+    tree = host / "lib/modules" / os.uname().release
+    tree.mkdir(parents=True)
+    (tree / "modules.dep").write_text("kernel/fs/nfs/nfs.ko.xz: kernel/net/sunrpc/sunrpc.ko.xz\n")
+    _, checks = doctor(node, "--host-root", str(host))
+    assert status(checks, "backend nfs")[0][0] == "ok"
+
+
+def test_missing_plugin_directory(node: dict[str, Path], tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-plugins"
+    env = dict(KUBELET_ENV)
+    argv = [PYTHON, "-m", "flexhub", "doctor", "--json", "--plugin-dir", str(missing)]
+    proc = subprocess.run(
+        [*argv, "--config", str(node["config"])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 1
+    checks = json.loads(proc.stdout)
+    ((state, detail),) = status(checks, "plugin directory")
+    assert state == "fail" and str(missing) in detail and "does not exist" in detail
+
+
+def test_init_of_another_driver_version(node: dict[str, Path]) -> None:
+    install(node["plugins"], config=node["config"])
+    driver = node["plugins"] / "k8s~flexhub" / "flexhub"
+    driver.write_text('#!/bin/sh\necho \'{"status":"Success","capabilities":{"attach":true}}\'\n')
+    code, checks = doctor(node)
+    assert code == 1
+    ((state, detail),) = status(checks, "init")
+    assert state == "fail" and "unexpected capabilities" in detail
+    driver.write_text('#!/bin/sh\necho \'{"status":"Failure","message":"broken"}\'\nexit 1\n')
+    _, checks = doctor(node)
+    ((state, detail),) = status(checks, "init")
+    assert state == "fail" and "init answered 'Failure' (exit 1): broken" in detail
+
+
 @needs_root
 def test_journal_and_mounts_that_disagree(node: dict[str, Path], tmp_path: Path) -> None:
     install(node["plugins"], config=node["config"])
