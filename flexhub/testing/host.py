@@ -68,7 +68,10 @@ class Host(Protocol):
         """``rmdir``: ``True`` if it is gone afterwards."""
         ...
 
-    def exists(self, path: str) -> bool: ...
+    def exists(self, path: str) -> bool:
+        """``False`` only when nothing is at ``path`` (ENOENT), as kubelet's ``PathExists``:
+        a mount point of unreachable storage, whose ``stat`` fails otherwise, is there."""
+        ...
 
     def mounts(self) -> list[MountPoint]: ...
 
@@ -163,7 +166,13 @@ class LocalHost:
         return not os.path.lexists(path)
 
     def exists(self, path: str) -> bool:
-        return os.path.lexists(path)
+        try:
+            os.lstat(path)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True  # there, but unreadable (a dead mount): kubelet still calls unmount
+        return True
 
     def mounts(self) -> list[MountPoint]:
         return parse_proc_mounts(Path("/proc/self/mounts").read_text())

@@ -65,7 +65,10 @@ class VMHost:
         return not self.exists(path)
 
     def exists(self, path: str) -> bool:
-        return self.vm.run(["test", "-e", path], check=False).rc == 0
+        # as kubelet's PathExists: only "no such file" is absent; a dead mount (EHOSTDOWN,
+        # EIO, ...) is there
+        result = self.vm.run(["stat", "--", path], check=False)
+        return result.rc == 0 or "No such file or directory" not in result.stderr
 
     def mounts(self) -> list[MountPoint]:
         return parse_proc_mounts(self.vm.read_file("/proc/self/mounts").decode())
