@@ -589,9 +589,7 @@ def _undo_block(
             elif record is not None:
                 _detach(backend, record)
         except ReleaseDeferred as exc:
-            LOG.error("rollback of the mount of %s: %s", volume_id, exc)
-            node.journal.defer_release(volume_id)
-            _remove_dir(staging)
+            _keep_for_later(node, volume_id, staging, exc, [])
             return
         node.journal.delete_volume(volume_id)
         _remove_dir(staging)
@@ -786,6 +784,22 @@ def _retry_release(
     return True
 
 
+def _keep_for_later(
+    node: Node, volume_id: str, staging: Path, exc: ReleaseDeferred, notes: list[str]
+) -> None:
+    """The storage is unreachable: the device and its record stay, so that writes still
+    queued reach the storage when it returns; a later unmount retries
+    (:func:`retry_deferred_releases`)."""
+    LOG.error("%s: %s", volume_id, exc.message)
+    notes.append(exc.message)
+    try:
+        node.journal.defer_release(volume_id)
+    except StateError as state_exc:
+        LOG.warning("the deferred release was not recorded: %s", state_exc)
+        notes.append(f"journal not updated: {state_exc}")
+    _remove_dir(staging)
+
+
 def _forget(delete: Callable[[_K], None], key: _K, notes: list[str]) -> None:
     """Delete a journal record after the unmount it describes: a failure is only a warning
     (the next call finds nothing mounted and deletes it then)."""
@@ -884,17 +898,7 @@ def _release(
         try:
             _detach(backend, record)
         except ReleaseDeferred as exc:
-            # The storage is unreachable: the device and its record stay, so that writes
-            # still queued reach the storage when it returns; the node's next unmount
-            # retries (retry_deferred_releases).
-            LOG.error("%s", exc.message)
-            notes.append(exc.message)
-            try:
-                node.journal.defer_release(record.volume_id)
-            except StateError as state_exc:
-                LOG.warning("the deferred release was not recorded: %s", state_exc)
-                notes.append(f"journal not updated: {state_exc}")
-            _remove_dir(staging)
+            _keep_for_later(node, record.volume_id, staging, exc, notes)
             return
         _forget(node.journal.delete_volume, record.volume_id, notes)
     _remove_dir(staging)

@@ -108,13 +108,9 @@ def test_discovery_records_of_other_targets_are_deleted_only_when_new(
     assert runner.node_files("iqn.2024-01.org.example:operators") == ["127.0.0.1,3260,1/default"]
 
 
-@pytest.fixture
-def staged_lun0(backend: IscsiBackend, tmp_path: Path) -> Iterator[Path]:
-    """LUN 0 staged (a real tmpfs mount stands in for its filesystem), journalled with the
-    identity of the right session CHAP, its session logged in."""
-    staging = tmp_path / "staging-lun0"
-    staging.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(staging)], check=True)
+def journal_lun0_logged_in(backend: IscsiBackend, staging: Path) -> None:
+    """LUN 0 journalled with the identity of the right session CHAP, staged on ``staging``,
+    its session logged in."""
     volume = make_volume(SESSION_SECRETS, chapAuthSession="true")
     backend.node.journal.put_volume(
         VolumeRecord(
@@ -129,6 +125,16 @@ def staged_lun0(backend: IscsiBackend, tmp_path: Path) -> Iterator[Path]:
     )
     assert isinstance(backend.sysfs, FakeSysfs)
     backend.sysfs.add_session(IQN, "127.0.0.1:3260")
+
+
+@pytest.fixture
+def staged_lun0(backend: IscsiBackend, tmp_path: Path) -> Iterator[Path]:
+    """LUN 0 staged (a real tmpfs mount stands in for its filesystem), journalled with the
+    identity of the right session CHAP, its session logged in."""
+    staging = tmp_path / "staging-lun0"
+    staging.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(staging)], check=True)
+    journal_lun0_logged_in(backend, staging)
     yield staging
     subprocess.run(["umount", str(staging)], check=True)
 
@@ -138,21 +144,8 @@ def test_a_session_kept_for_a_waiting_release_is_not_reused_with_other_chap(
 ) -> None:
     """LUN 0's release waits for the target (its staging is gone, its session stays): another
     LUN with other session CHAP must log in, not reuse that session."""
-    volume = make_volume(SESSION_SECRETS, chapAuthSession="true")
-    backend.node.journal.put_volume(
-        VolumeRecord(
-            f"iscsi:{IQN}:0",
-            "iscsi",
-            "/dev/sda",
-            str(tmp_path / "staging-gone"),
-            "ext4",
-            {"iqn": IQN, "lun": "0", "iface": "default"},
-            access=dict(backend.access(volume)),
-        )
-    )
+    journal_lun0_logged_in(backend, tmp_path / "staging-gone")
     backend.node.journal.defer_release(f"iscsi:{IQN}:0")
-    assert isinstance(backend.sysfs, FakeSysfs)
-    backend.sysfs.add_session(IQN, "127.0.0.1:3260")
     with pytest.raises(VolumeError, match="session CHAP password differ"):
         backend.attach(
             make_volume({**SESSION_SECRETS, KEY: "guessed"}, chapAuthSession="true", lun="1")

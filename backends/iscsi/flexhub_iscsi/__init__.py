@@ -344,10 +344,11 @@ class IscsiBackend(BlockBackend):
         portals = [p for p in details.get("portals", "").split(",") if p]
         settings = self._settings()
         adm = Iscsiadm(self.node.runner, settings.command_timeout)
-        self._defer_if_unreachable(iqn, iface, lun, attachment.device, details.get("multipath", ""))
+        mpath = details.get("multipath", "")
+        self._defer_if_unreachable(iqn, iface, lun, attachment.device, mpath)
         self._unfence(details.get("reservation", ""), iqn, iface, lun, settings)
         # The LUN's own devices need no target lock (the core holds the volume's lock).
-        self._remove_lun(adm, iqn, iface, lun, attachment.device, details.get("multipath", ""))
+        self._remove_lun(adm, iqn, iface, lun, attachment.device, mpath)
         self._release(adm, iqn, iface, lun, portals, exclude=f"iscsi:{iqn}:{lun}")
 
     releases_partial = True
@@ -761,12 +762,17 @@ class IscsiBackend(BlockBackend):
             )
         return logged
 
-    def _lun_disks(self, iqn: str, iface: str, lun: int) -> list[str]:
-        return [
-            disk
+    def _lun_paths(self, iqn: str, iface: str, lun: int) -> dict[Session, list[str]]:
+        """The sessions to ``iqn`` through ``iface`` that hold a disk of LUN ``lun``, with
+        those disks."""
+        return {
+            session: disks
             for session in self.sysfs.sessions_of(iqn, iface)
-            for disk in self.sysfs.lun_disks(session, lun)
-        ]
+            if (disks := self.sysfs.lun_disks(session, lun))
+        }
+
+    def _lun_disks(self, iqn: str, iface: str, lun: int) -> list[str]:
+        return [disk for disks in self._lun_paths(iqn, iface, lun).values() for disk in disks]
 
     def _wait_disks(self, target: Target, iface: str, timeout: float) -> list[str]:
         """Scan the LUN on every logged-in session; wait for its disks (all paths, bounded).
@@ -915,12 +921,8 @@ class IscsiBackend(BlockBackend):
                 time.sleep(1.0)
         elif mpath:
             LOG.info("iscsi: multipath map %s is already gone", mpath)
-        down = {
-            disk
-            for session in self.sysfs.sessions_of(iqn, iface)
-            if not session.logged_in
-            for disk in self.sysfs.lun_disks(session, lun)
-        }
+        paths = self._lun_paths(iqn, iface, lun)
+        down = {disk for session, held in paths.items() if not session.logged_in for disk in held}
         for disk in disks:
             if disk in down:
                 # A dead path holds nothing to write (the map was flushed through the live
@@ -950,11 +952,7 @@ class IscsiBackend(BlockBackend):
 
         :raises ReleaseDeferred: naming the sessions' states; the core retries later.
         """
-        holding = {
-            s: disks
-            for s in self.sysfs.sessions_of(iqn, iface)
-            if (disks := self.sysfs.lun_disks(s, lun))
-        }
+        holding = self._lun_paths(iqn, iface, lun)
         name = self.sysfs.block_name(device) if device and not mpath else None
         used = [s for s, disks in holding.items() if name in disks] or list(holding)
         if used and not any(s.logged_in for s in used):
