@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from flexhub.harness import Kubelet, go_json
-from flexhub.install import install
+from flexhub.admin.harness import Kubelet, go_json
+from flexhub.admin.install import install
 
 HEAVY = {"typer", "rich", "pydantic", "jsonschema", "stevedore", "yaml"}
 

@@ -5,7 +5,7 @@ Run as root from a checkout where flexhub and flexhub-loopfile are installed::
     python3 benchmarks/kubelet.py [--runs 15] [--volumes 1000]
 
 It installs the driver into a temporary kubelet-style tree and calls it exactly as kubelet
-does (``flexhub.harness.Kubelet``: argv list, stdin /dev/null, stderr merged, bare
+does (``flexhub.admin.harness.Kubelet``: argv list, stdin /dev/null, stderr merged, bare
 environment, cwd /). Every figure is a median of ``--runs`` samples, printed beside its
 reference and the ratio, with the goal of issue 14; the goals are reported, never asserted.
 It asserts nothing and leaves nothing mounted or attached (everything it made is unmounted
@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from flexhub.harness import DriverReply, Kubelet, go_json
-from flexhub.install import install, shim_python
+from flexhub.admin.harness import DriverReply, Kubelet, go_json
+from flexhub.admin.install import install, shim_python
 
 HERE = Path(__file__).resolve().parent
 BASHJQ = HERE / "bashjq-driver.sh"

@@ -7,7 +7,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    from flexhub.kubelet import OPERATIONS, serve
+    from flexhub.driver.kubelet import OPERATIONS, serve
 
     if not args or args[0] in OPERATIONS or not _looks_human(args[0]):
         return serve(args)

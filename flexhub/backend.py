@@ -45,6 +45,7 @@ from flexhub.errors import (
     redact,
 )
 from flexhub.node import Node
+from flexhub.node.mounts import MountEntry
 from flexhub.node.runner import CommandRunner, Result
 from flexhub.volume import PodInfo, Secret, Secrets, Volume
 
@@ -60,6 +61,7 @@ __all__ = [
     "FlexhubError",
     "InvalidOptions",
     "LockTimeout",
+    "MountEntry",
     "Node",
     "NodeRequirements",
     "NotSupported",

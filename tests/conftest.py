@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from flexhub.admin.harness import KUBELET_ENV, DriverReply, Kubelet, parse_reply
+from flexhub.admin.install import install
 from flexhub.errors import forget_secrets
-from flexhub.harness import KUBELET_ENV, DriverReply, Kubelet, parse_reply
-from flexhub.install import install
 
 pytest_plugins = ["tests.rig.fixtures", "tests.ciplugin", "pytester"]
 

@@ -34,7 +34,7 @@ def version() -> None:
 @app.command()
 def backends() -> None:
     """List installed backends: distribution, version, and whether they import."""
-    from flexhub.loader import describe_backends
+    from flexhub.driver.loader import describe_backends
 
     infos = describe_backends()
     if not infos:
@@ -54,7 +54,7 @@ def backends() -> None:
 @app.command()
 def schema(name: Annotated[str, typer.Argument(help="backend name, e.g. loopfile")]) -> None:
     """Print a backend's JSON Schema."""
-    from flexhub.loader import load_backend
+    from flexhub.driver.loader import load_backend
 
     typer.echo(json.dumps(load_backend(name).schema(), indent=2))
 
@@ -67,7 +67,7 @@ def validate(
     driver: Annotated[str, typer.Option(help="flexVolume.driver to check")] = DRIVER_NAME,
 ) -> None:
     """Validate every flexhub flexVolume in a manifest, with kubelet users' messages."""
-    from flexhub.manifest import validate_file
+    from flexhub.admin.manifest import validate_file
 
     results = validate_file(file, driver)
     if not results:
@@ -91,8 +91,8 @@ def state(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Show the node's journal: staged volumes and pod directories, checked against mounts."""
+    from flexhub.admin.state import node_state, render_state
     from flexhub.config import load_config
-    from flexhub.state import node_state, render_state
 
     result = node_state(load_config(config))
     if as_json:
@@ -118,8 +118,8 @@ def install(
     Without --plugin-dir the directory is detected: kubelet's command line, its config
     file, then the distribution's default; the rule that decided is printed.
     """
-    from flexhub.install import install as do_install
-    from flexhub.plugindir import detect_plugin_dir
+    from flexhub.admin.install import install as do_install
+    from flexhub.admin.plugindir import detect_plugin_dir
 
     found = detect_plugin_dir(plugin_dir)
     if plugin_dir is None:
@@ -145,7 +145,7 @@ def daemonset(
 ) -> None:
     """The DaemonSet's entrypoint: install this runtime and the driver onto the host, check
     the driver's init as kubelet runs it, then stay up (never uninstalls: see the README)."""
-    from flexhub.deploy import deploy, serve_forever
+    from flexhub.admin.deploy import deploy, serve_forever
 
     done = deploy(host_root, plugin_dir=plugin_dir, config=config, runtime_dir=runtime_dir)
     summary = {
@@ -178,7 +178,7 @@ def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Check this node: driver, init, directories, backends and their tools, journal."""
-    from flexhub.doctor import Doctor, render
+    from flexhub.admin.doctor import Doctor, render
 
     doc = Doctor(plugin_dir=plugin_dir, config=config, driver=driver, host_root=host_root)
     checks = doc.probe() if probe else doc.run()
@@ -196,7 +196,7 @@ def uninstall(
     driver: Annotated[str, typer.Option(help="driver name vendor/name")] = DRIVER_NAME,
 ) -> None:
     """Remove the driver executable from a kubelet plugin directory."""
-    from flexhub.install import uninstall as do_uninstall
+    from flexhub.admin.install import uninstall as do_uninstall
 
     removed = do_uninstall(plugin_dir, driver=driver)
     typer.echo("removed" if removed else "nothing to remove")
@@ -208,7 +208,7 @@ def demo(
     fs_type: Annotated[str, typer.Option(help="filesystem: xfs, ext4 or ext3")] = "xfs",
 ) -> None:
     """Replay kubelet's calls for a loopfile volume, for real (needs root)."""
-    from flexhub.demo import run_demo
+    from flexhub.admin.demo import run_demo
 
     raise typer.Exit(run_demo(keep=keep, fs_type=fs_type))
 
@@ -222,7 +222,7 @@ def new_backend(
 ) -> None:
     """Write a backend distribution flexhub-backend-NAME/ (pyproject with the entry point,
     schema, a working backend class, README, a test file using the conformance kit)."""
-    from flexhub.scaffold import new_backend as scaffold
+    from flexhub.admin.scaffold import new_backend as scaffold
 
     path = scaffold(name, directory)
     typer.echo(f"{path}: backend {name!r} written; see its README.md")

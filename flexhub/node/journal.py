@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from flexhub.errors import StateError
-from flexhub.fastpath import pod_record_path
+from flexhub.node.fastpath import pod_record_path
 
 __all__ = ["SCHEMA_VERSION", "DeferredRelease", "Journal", "PodRecord", "VolumeRecord"]
 

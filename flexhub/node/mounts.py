@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flexhub.errors import CommandError, CommandTimeout, InvalidOptions, VolumeError
-from flexhub.fastpath import escape_mount_path
+from flexhub.node.fastpath import escape_mount_path
 from flexhub.node.runner import CommandRunner
 
 __all__ = [

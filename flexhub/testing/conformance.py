@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from flexhub.harness import KUBELET_ENV, Kubelet, go_json
+from flexhub.admin.harness import KUBELET_ENV, Kubelet, go_json
 from flexhub.node.volumes import CHECKPOINTS, UNMOUNT_CHECKPOINTS
 from flexhub.testing.env import Call, KitEnv, fail_line
 
@@ -196,7 +196,7 @@ class Conformance:
     @static
     def test_schema_lint(self) -> None:
         """The backend's option schema passes :func:`flexhub.testing.lint.lint_schema`."""
-        from flexhub.loader import load_backend
+        from flexhub.driver.loader import load_backend
 
         problems = lint_schema(load_backend(self.backend).schema())
         if problems:
@@ -205,9 +205,9 @@ class Conformance:
     @static
     def test_sample_options_validate(self) -> None:
         """The sample's options validate against the backend's schema and checks."""
+        from flexhub.driver.loader import load_backend
+        from flexhub.driver.validation import validate_options
         from flexhub.errors import FlexhubError
-        from flexhub.loader import load_backend
-        from flexhub.validation import validate_options
         from flexhub.volume import Volume
 
         sample = self._sample()

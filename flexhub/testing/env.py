@@ -1,6 +1,6 @@
 """One kit run's node: a driver installed in its own plugin directory with its own config,
 state, log and kubelet directories on a :class:`~flexhub.testing.host.Host`, and kubelet's
-calls replayed against it (as :mod:`flexhub.harness` does, through the host).
+calls replayed against it (as :mod:`flexhub.admin.harness` does, through the host).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flexhub.harness import KUBELET_ENV, Kubelet, ReplyError, go_json, parse_reply
+from flexhub.admin.harness import KUBELET_ENV, Kubelet, ReplyError, go_json, parse_reply
 from flexhub.node.volumes import CRASH_ENV
 from flexhub.testing.host import Host
 

@@ -178,7 +178,7 @@ class LocalHost:
         return parse_proc_mounts(Path("/proc/self/mounts").read_text())
 
     def install_driver(self, plugin_dir: str, config: str, python: str | None) -> str:
-        from flexhub.install import install
+        from flexhub.admin.install import install
 
         return str(install(Path(plugin_dir), config=Path(config), python=python))
 

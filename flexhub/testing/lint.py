@@ -174,7 +174,7 @@ def _validator(schema: Mapping[str, Any], prop: Mapping[str, Any]) -> Any:
     from jsonschema.exceptions import SchemaError
     from referencing.exceptions import Unresolvable
 
-    from flexhub.validation import validator_for
+    from flexhub.driver.validation import validator_for
 
     try:
         validator = validator_for(schema).evolve(schema=prop)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from flexhub.harness import KUBELET_ENV
+from flexhub.admin.harness import KUBELET_ENV
 from flexhub.testing.env import KitEnv
 from flexhub.testing.host import Host, LocalHost
 

@@ -19,8 +19,8 @@ import celpy
 import pytest
 import yaml
 
-from flexhub.harness import Kubelet, go_json
-from flexhub.manifest import validate_file
+from flexhub.admin.harness import Kubelet, go_json
+from flexhub.admin.manifest import validate_file
 from tests.conftest import REPO, needs_root, run_flexhub
 
 POLICY_FILE = REPO / "deploy" / "admission-policy.yaml"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from flexhub.admin.harness import Kubelet, go_json
+from flexhub.driver.kubelet import Call, parse_options
 from flexhub.errors import InvalidOptions
-from flexhub.harness import Kubelet, go_json
-from flexhub.kubelet import Call, parse_options
 from tests.conftest import needs_root, run_flexhub
 
 ECHO = {"backend": "echo", "tag": "t1"}

@@ -12,9 +12,9 @@ from flexhub_iscsi import IscsiBackend
 from flexhub_loopfile import LoopfileBackend
 from flexhub_nfs import NfsBackend
 
+from flexhub.driver.validation import validate_options
 from flexhub.errors import InvalidOptions
 from flexhub.testing.lint import lint_schema
-from flexhub.validation import validate_options
 from tests.conftest import REPO
 
 COMMON = "https://flexhub.invalid/schemas/common.json#/$defs/"

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from flexhub.admin.harness import DriverReply, go_json
+from flexhub.driver.memo import Memo
+from flexhub.driver.validation import _memo_key, validate_options
 from flexhub.errors import InvalidOptions
-from flexhub.fastpath import nothing_to_unmount, pod_record_path
-from flexhub.harness import DriverReply, go_json
-from flexhub.memo import Memo
+from flexhub.node.fastpath import nothing_to_unmount, pod_record_path
 from flexhub.node.journal import Journal
-from flexhub.validation import _memo_key, validate_options
 from tests.conftest import TEST_SITE, needs_root, run_flexhub
 
 PYTHON = sys.executable

@@ -20,10 +20,10 @@ import pytest
 
 from flexhub.backend import Node, Volume, VolumeError
 from flexhub.config import NodeConfig
+from flexhub.driver.validation import validate_options
 from flexhub.errors import InvalidOptions
 from flexhub.node.mounts import MountTable
 from flexhub.testing.lint import lint_schema
-from flexhub.validation import validate_options
 from tests.conftest import PYTHON, REPO, needs_root
 
 

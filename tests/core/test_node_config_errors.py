@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flexhub.harness import Kubelet, go_json
+from flexhub.admin.harness import Kubelet, go_json
 from tests.conftest import needs_root, run_flexhub
 
 ECHO = {"backend": "echo", "tag": "t1"}

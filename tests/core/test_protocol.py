@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flexhub.harness import KUBELET_ENV, Kubelet, go_json, parse_reply
+from flexhub.admin.harness import KUBELET_ENV, Kubelet, go_json, parse_reply
 from tests.conftest import PYTHON, REPO, needs_root, run_flexhub
 
 ECHO = {"backend": "echo", "tag": "t1"}
@@ -102,7 +102,7 @@ def test_install_rejects_bad_driver_name(tmp_path: Path) -> None:
 
 
 def test_shim_reports_a_missing_runtime_as_json(tmp_path: Path) -> None:
-    from flexhub.install import install
+    from flexhub.admin.install import install
 
     driver = install(tmp_path, python="/nonexistent/python3")
     proc = subprocess.run(
@@ -298,7 +298,7 @@ def test_decoded_secrets_are_scrubbed_from_internal_errors(
 
 
 def test_shim_answers_json_when_flexhub_cannot_start(tmp_path: Path) -> None:
-    from flexhub.install import install
+    from flexhub.admin.install import install
 
     # a real interpreter that has no flexhub installed (kept away from site-packages by -I)
     bare = tmp_path / "venv"
@@ -414,7 +414,7 @@ def test_kubelet_hot_path_imports_stay_lean(
         check=True,
     )
     modules = out.read_text().split()
-    assert "flexhub.kubelet" in modules
+    assert "flexhub.driver.kubelet" in modules
     heavy = sorted(m for m in modules if m.split(".")[0] in LEAN_FORBIDDEN)
     assert heavy == []
 

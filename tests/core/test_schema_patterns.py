@@ -156,9 +156,9 @@ def test_backend_schema_rejects_a_trailing_newline_in_each_value(
     backend: str, options: dict[str, str]
 ) -> None:
     """Through flexhub's own validator (the parse step's control-character rule bypassed)."""
+    from flexhub.driver.loader import load_backend
+    from flexhub.driver.validation import validate_options
     from flexhub.errors import InvalidOptions
-    from flexhub.loader import load_backend
-    from flexhub.validation import validate_options
 
     cls = load_backend(backend)
     validate_options(cls, {"backend": backend, **options})

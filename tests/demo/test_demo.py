@@ -57,7 +57,7 @@ def test_demo_replays_kubelet_and_leaves_nothing(fs_type: str) -> None:
 def test_demo_without_root_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     # the interpreter lives under /root here, so an unprivileged process cannot start it;
     # the check itself is what matters: one line, exit 1, nothing created.
-    from flexhub import demo
+    from flexhub.admin import demo
 
     monkeypatch.setattr(demo.os, "geteuid", lambda: 1000)
     lines: list[str] = []

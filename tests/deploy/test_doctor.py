@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flexhub.install import install
+from flexhub.admin.install import install
 from flexhub.node.journal import Journal, PodRecord, VolumeRecord
 from tests.conftest import KUBELET_ENV, PYTHON, TEST_SITE, needs_root
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flexhub.plugindir import DEFAULT_PLUGIN_DIR, detect_plugin_dir
+from flexhub.admin.plugindir import DEFAULT_PLUGIN_DIR, detect_plugin_dir
 from tests.conftest import KUBELET_ENV, PYTHON
 
 

@@ -31,11 +31,11 @@ from flexhub.backend import (
     Volume,
     VolumeError,
 )
+from flexhub.driver.validation import validate_options
 from flexhub.errors import FlexhubError
 from flexhub.node import Node
 from flexhub.node.journal import VolumeRecord
 from flexhub.node.runner import Result
-from flexhub.validation import validate_options
 from flexhub.volume import PodInfo
 
 from .conftest import IQN, FakeIscsi, FakeSysfs, MiB
@@ -252,7 +252,7 @@ def test_bad_options_fail_before_any_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through kubelet's entry point: an invalid iqn is a Failure and runs nothing."""
-    from flexhub import kubelet
+    from flexhub.driver import kubelet
     from flexhub.node import runner as runner_module
 
     ran: list[object] = []

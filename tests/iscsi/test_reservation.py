@@ -259,7 +259,7 @@ def test_missing_sg_persist_is_named(a: IscsiBackend) -> None:
 
 
 def test_schema_knows_fencing() -> None:
-    from flexhub.validation import validate_options
+    from flexhub.driver.validation import validate_options
 
     options = {"backend": "iscsi", "targetPortal": "127.0.0.1", "iqn": IQN, "lun": "0"}
     for value in ("none", "scsi3-pr"):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flexhub.harness import KUBELET_ENV, Kubelet, ReplyError
+from flexhub.admin.harness import KUBELET_ENV, Kubelet, ReplyError
 from tests.conftest import needs_root
 from tests.loopfile.test_driver_e2e import VOL, kube, loops_of, mounts_under
 

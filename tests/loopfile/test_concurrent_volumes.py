@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flexhub.harness import DriverReply, Kubelet
+from flexhub.admin.harness import DriverReply, Kubelet
 from tests.conftest import needs_root
 from tests.loopfile.test_driver_e2e import kube, loops_of, mounts_under  # noqa: F401
 

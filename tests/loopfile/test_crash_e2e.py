@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flexhub.harness import Kubelet, go_json, parse_reply
+from flexhub.admin.harness import Kubelet, go_json, parse_reply
 from flexhub.node.volumes import CHECKPOINTS, CRASH_ENV, UNMOUNT_CHECKPOINTS
 from tests.conftest import needs_root
 from tests.loopfile.test_driver_e2e import VOL, kube, loops_of, mounts_under  # noqa: F401

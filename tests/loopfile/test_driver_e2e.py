@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flexhub.harness import DriverReply, Kubelet, go_json
+from flexhub.admin.harness import DriverReply, Kubelet, go_json
 from tests.conftest import needs_root
 
 pytestmark = [needs_root, pytest.mark.root]

@@ -122,8 +122,8 @@ def test_schema_file_in_repo_is_canonical() -> None:
 
 
 def test_core_validation_uses_the_schema() -> None:
+    from flexhub.driver.validation import validate_options
     from flexhub.errors import InvalidOptions
-    from flexhub.validation import validate_options
 
     validate_options(
         LoopfileBackend,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from flexhub.harness import DriverReply, Kubelet, go_json
-from flexhub.install import install
+from flexhub.admin.harness import DriverReply, Kubelet, go_json
+from flexhub.admin.install import install
 from tests.conftest import needs_root
 
 pytestmark = [needs_root, pytest.mark.root]

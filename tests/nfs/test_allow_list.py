@@ -14,8 +14,8 @@ import pytest
 from flexhub_nfs import NfsBackend
 from flexhub_nfs._options import build_plan
 
+from flexhub.driver.validation import validate_options
 from flexhub.errors import InvalidOptions
-from flexhub.validation import validate_options
 from flexhub.volume import Volume
 
 README = Path(__file__).resolve().parents[2] / "README.md"

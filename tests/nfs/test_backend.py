@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from flexhub_nfs import NfsBackend
 
-from flexhub import kubelet
+from flexhub.admin.harness import Kubelet, go_json
 from flexhub.config import NodeConfig
+from flexhub.driver import kubelet
 from flexhub.errors import (
     CommandError,
     CommandTimeout,
@@ -19,7 +20,6 @@ from flexhub.errors import (
     InvalidOptions,
     VolumeError,
 )
-from flexhub.harness import Kubelet, go_json
 from flexhub.node import Node
 from flexhub.node.mounts import MountTable, is_corrupted
 from flexhub.node.runner import RecordingRunner, Result

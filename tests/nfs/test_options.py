@@ -9,8 +9,8 @@ import pytest
 from flexhub_nfs import NfsBackend
 from flexhub_nfs._options import FLAGS, VALUED, build_plan, parse_server, schema_pattern
 
+from flexhub.driver.validation import check_backend_schema, validate_options
 from flexhub.errors import InvalidOptions
-from flexhub.validation import check_backend_schema, validate_options
 from flexhub.volume import Volume
 from tests.nfs.conftest import VolumeFactory
 

@@ -141,7 +141,7 @@ def test_the_schema_pattern_is_the_python_allow_list() -> None:
 def test_the_driver_refuses_errors_panic_for_a_loopfile_volume(
     tmp_path: Path, node_tree: dict[str, Path]
 ) -> None:
-    from flexhub.harness import Kubelet, go_json
+    from flexhub.admin.harness import Kubelet, go_json
 
     target = tmp_path / "pod"
     target.mkdir()

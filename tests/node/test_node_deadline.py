@@ -72,7 +72,7 @@ def test_a_call_waiting_past_call_timeout_answers_failure(tmp_path: Path, hold) 
 STUCK_CALL = """
 import os, sys
 from pathlib import Path
-from flexhub.deadline import call_deadline
+from flexhub.driver.deadline import call_deadline
 from flexhub.errors import CallTimeout
 from flexhub.node.locks import lock
 from flexhub.node.runner import SubprocessRunner
@@ -118,7 +118,7 @@ def test_a_call_stuck_on_a_command_in_the_kernel_releases_its_locks_at_the_deadl
 
 WEDGED = """
 import os, signal, time
-from flexhub.deadline import call_deadline
+from flexhub.driver.deadline import call_deadline
 def expire():
     print("expired", flush=True)
     os._exit(3)

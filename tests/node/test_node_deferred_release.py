@@ -15,7 +15,7 @@ from blockfile import BlockfileBackend
 from conftest import Rig
 
 from flexhub.backend import Attachment, ReleaseDeferred, Volume, VolumeError
-from flexhub.fastpath import nothing_to_unmount
+from flexhub.node.fastpath import nothing_to_unmount
 from flexhub.node.volumes import mount_volume, staging_dir, unmount_volume
 
 pytestmark = pytest.mark.root

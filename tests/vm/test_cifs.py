@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from flexhub.harness import Kubelet, go_json, parse_reply
+from flexhub.admin.harness import Kubelet, go_json, parse_reply
 from tests.rig import services
 from tests.rig.vm import GUEST_PYTHON, VM
 

@@ -13,7 +13,7 @@ import logging
 import uuid
 from typing import Any
 
-from flexhub.harness import Kubelet, go_json
+from flexhub.admin.harness import Kubelet, go_json
 from tests.rig.vm import GUEST_PYTHON, KUBELET_ENV
 from tests.vm.test_nfs import (
     BASE,

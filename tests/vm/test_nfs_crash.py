@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flexhub.harness import Kubelet, go_json
+from flexhub.admin.harness import Kubelet, go_json
 from flexhub.node.volumes import CRASH_ENV
 from tests.rig.vm import KUBELET_ENV
 from tests.vm.test_nfs import Rig, rig, share  # noqa: F401 (fixture)

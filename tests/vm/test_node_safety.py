@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from flexhub.harness import Kubelet, go_json, parse_reply
+from flexhub.admin.harness import Kubelet, go_json, parse_reply
 from tests.rig import services
 from tests.rig.vm import VM
 

@@ -85,7 +85,7 @@ from flexhub_nfs import _subpath
 from flexhub_nfs._options import Plan, build_plan
 
 if TYPE_CHECKING:
-    from flexhub.node.mounts import MountEntry
+    from flexhub.backend import MountEntry
 
 __all__ = ["DEFAULT_FORCE_TIMEOUT", "DEFAULT_STAT_TIMEOUT", "NFS_TYPES", "NfsBackend"]
 

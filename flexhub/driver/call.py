@@ -1,8 +1,8 @@
 """The record of one kubelet call and its reply, shared by the dispatcher, the loader and the log.
 
-This module sits below :mod:`flexhub.kubelet`, :mod:`flexhub.loader` and :mod:`flexhub.logs`,
-so that none of them imports another to name the call it serves. Plain classes, not
-dataclasses: it is imported on every kubelet call.
+This module sits below :mod:`flexhub.driver.kubelet`, :mod:`flexhub.driver.loader` and
+:mod:`flexhub.driver.logs`, so that none of them imports another to name the call it
+serves. Plain classes, not dataclasses: it is imported on every kubelet call.
 """
 
 from __future__ import annotations

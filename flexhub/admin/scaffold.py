@@ -4,7 +4,7 @@ The distribution ``flexhub-backend-NAME/`` holds ``pyproject.toml`` (the ``flexh
 entry point), the package ``flexhub_NAME`` (``schema.json`` and a working
 :class:`~flexhub.backend.FilesystemBackend` that bind-mounts a directory under a node-wide
 root), a README and ``tests/test_conformance.py`` using :mod:`flexhub.testing`. The templates
-are package data (``flexhub/scaffold_template``). Nothing is written unless everything is: the
+are package data (``flexhub/admin/scaffold_template``). Nothing is written unless everything is: the
 tree is built in a temporary sibling directory and renamed into place.
 """
 
@@ -79,7 +79,7 @@ def new_backend(name: str, directory: Path) -> Path:
         "Class": _class_name(name),
         "flexhub_version": __version__,
     }
-    templates = resources.files("flexhub").joinpath("scaffold_template")
+    templates = resources.files("flexhub.admin").joinpath("scaffold_template")
     temp = directory / f".{distribution}.{secrets.token_hex(6)}.tmp"
     try:
         temp.mkdir()  # the umask's mode, as the final directory will have

@@ -1,6 +1,6 @@
 """The ``logging`` side of the node log, imported only by calls that do real work.
 
-:mod:`flexhub.logs` writes the one summary line of a lean call (``unmount`` of a directory
+:mod:`flexhub.driver.logs` writes the one summary line of a lean call (``unmount`` of a directory
 with nothing on it, ``getvolumename``, ...) without importing :mod:`logging`; calls that
 import the node services or a backend install this handler first, so every module logger
 writes to the same file.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 
-from flexhub.call import MIN_SECRET_CHARS
+from flexhub.driver.call import MIN_SECRET_CHARS
 from flexhub.errors import redact
 
 __all__ = ["FORMAT", "install"]

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from flexhub import ENTRY_POINT_GROUP
+from flexhub.driver.memo import Memo, environment_fingerprint
 from flexhub.errors import BackendError, InvalidOptions
-from flexhub.memo import Memo, environment_fingerprint
 
 if TYPE_CHECKING:
     from flexhub.backend import Backend
-    from flexhub.call import Call
     from flexhub.config import NodeConfig
+    from flexhub.driver.call import Call
 
 __all__ = ["BackendInfo", "backend_factory", "installed_backends", "load_backend"]
 
@@ -54,8 +54,8 @@ def load_backend(name: str | None, config: NodeConfig | None = None) -> type[Bac
     """Import and return the backend class registered as ``name``.
 
     With ``config``, the answer of an earlier call is reused from the node's memo
-    (:mod:`flexhub.memo`) as long as no distribution was installed, upgraded or removed since;
-    otherwise stevedore scans the entry points, and the memo is rewritten.
+    (:mod:`flexhub.driver.memo`) as long as no distribution was installed, upgraded or removed
+    since; otherwise stevedore scans the entry points, and the memo is rewritten.
 
     :raises InvalidOptions: ``name`` is missing or not a backend name.
     :raises BackendError: no such backend, or it fails to import.

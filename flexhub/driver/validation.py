@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import flexhub
+from flexhub.driver.memo import Memo, environment_fingerprint
 from flexhub.errors import BackendError, InvalidOptions
-from flexhub.memo import Memo, environment_fingerprint
 from flexhub.volume import PER_POD_KEYS, SECRET_PREFIX
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 Secret values of the call are replaced by ``***`` in every record, whatever logger wrote it.
 Python warnings are captured into the same file.
 
-The :mod:`logging` machinery (:mod:`flexhub.logsetup`) is set up only for calls that import
+The :mod:`logging` machinery (:mod:`flexhub.driver.logsetup`) is set up only for calls that import
 modules which log; the lean calls write their summary line directly, in the same format, so
 that they do not pay for importing it.
 """
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from flexhub.call import MIN_SECRET_CHARS, Call
+from flexhub.driver.call import MIN_SECRET_CHARS, Call
 from flexhub.errors import redact
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def configure_logging() -> None:
     """Send flexhub's loggers (and warnings) to the call's log file (idempotent)."""
     if _State.configured or not _State.path:
         return
-    from flexhub import logsetup
+    from flexhub.driver import logsetup
 
     try:
         logsetup.install(
@@ -92,7 +92,7 @@ def log_call(call: Call, status: str, message: str, seconds: float) -> None:
 
 
 def _append(message: str) -> None:
-    """Append one line in :data:`flexhub.logsetup.FORMAT` without the logging module."""
+    """Append one line in :data:`flexhub.driver.logsetup.FORMAT` without the logging module."""
     now = time.time()
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
     text = f"{stamp},{int(now * 1000) % 1000:03d} {os.getpid()} INFO {_LOGGER}: {message}\n"

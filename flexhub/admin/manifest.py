@@ -94,10 +94,10 @@ def kubelet_key_error(flex: Mapping[str, Any]) -> str:
 
 def validate_options_object(options: Any) -> str:
     """Validate one options object; return the error text or ``""``."""
-    from flexhub.call import Call
-    from flexhub.kubelet import parse_options
-    from flexhub.loader import load_backend
-    from flexhub.validation import validate_options
+    from flexhub.driver.call import Call
+    from flexhub.driver.kubelet import parse_options
+    from flexhub.driver.loader import load_backend
+    from flexhub.driver.validation import validate_options
     from flexhub.volume import Volume
 
     try:

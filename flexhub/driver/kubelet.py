@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flexhub.call import Call, Reply
+from flexhub.driver.call import Call, Reply
 from flexhub.errors import (
     MIN_SECRET_CHARS,
     FlexhubError,
@@ -208,9 +208,9 @@ def _validated(
     raw: str, call: Call, *, with_pod: bool, target: Path | None = None
 ) -> tuple[Any, Any, Any]:
     """Parse, validate and load: returns (volume, backend instance, node)."""
-    from flexhub.loader import load_backend
-    from flexhub.memo import Memo
-    from flexhub.validation import validate_options
+    from flexhub.driver.loader import load_backend
+    from flexhub.driver.memo import Memo
+    from flexhub.driver.validation import validate_options
     from flexhub.volume import Volume
 
     options = parse_options(raw, call)
@@ -294,14 +294,14 @@ def op_unmount(args: list[str], call: Call) -> Reply:
     target = _directory(args[0], "mount directory")
     call.target = str(target)
     config = _config()
-    from flexhub.fastpath import nothing_to_unmount
+    from flexhub.node.fastpath import nothing_to_unmount
 
     # kubelet serialises the operations on one pod volume directory, so no mount of this
     # directory can be in flight while it asks to unmount it.
     if nothing_to_unmount(config.state_dir, target):
         return Reply()
-    from flexhub.loader import backend_factory
-    from flexhub.logs import configure_logging
+    from flexhub.driver.loader import backend_factory
+    from flexhub.driver.logs import configure_logging
     from flexhub.node import Node
     from flexhub.node.volumes import unmount_volume
 
@@ -387,14 +387,14 @@ def handle(args: list[str], call: Call) -> Reply:
         return Reply(status=NotSupported.status)
     try:
         if call.operation not in _LEAN:
-            from flexhub.logs import configure_logging
+            from flexhub.driver.logs import configure_logging
 
             configure_logging()
         return handler(args, call)
     except FlexhubError as exc:
         return Reply(status=exc.status, message=exc.message)
     except Exception as exc:  # the reply must be JSON, whatever broke
-        from flexhub.logs import log_exception
+        from flexhub.driver.logs import log_exception
 
         log_exception(call)
         return Reply(
@@ -409,12 +409,12 @@ UNWIND_GRACE = 15.0
 
 
 def _handle_bounded(args: list[str], call: Call, reply_fd: int, started: float) -> Reply:
-    """:func:`handle` under the call's deadline (see :mod:`flexhub.deadline`)."""
+    """:func:`handle` under the call's deadline (see :mod:`flexhub.driver.deadline`)."""
     try:
         seconds = _config().call_timeout
     except FlexhubError:
         return handle(args, call)  # the call fails on the config at once
-    from flexhub.deadline import call_deadline
+    from flexhub.driver.deadline import call_deadline
     from flexhub.errors import CallTimeout
 
     def expire() -> None:
@@ -434,7 +434,7 @@ def _handle_bounded(args: list[str], call: Call, reply_fd: int, started: float) 
 
 
 def _answer(call: Call, reply: Reply, reply_fd: int, started: float) -> None:
-    from flexhub.logs import log_call
+    from flexhub.driver.logs import log_call
 
     reply.message = redact(reply.message, call.secrets, MIN_SECRET_CHARS)
     log_call(call, reply.status, reply.message, time.monotonic() - started)
@@ -451,7 +451,7 @@ def serve(argv: list[str]) -> int:
     reply_fd = _protect_streams()
     call = Call(operation=argv[0] if argv else "")
     args = argv[1:]
-    from flexhub.logs import start_logging
+    from flexhub.driver.logs import start_logging
 
     if not argv:
         reply = Reply(status="Failure", message="no operation given")

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flexhub import DRIVER_NAME
+from flexhub.admin.install import RUNTIME_MARKER, current_runtime, install, read_marker
+from flexhub.admin.plugindir import Detection, detect_plugin_dir
 from flexhub.errors import FlexhubError
-from flexhub.install import RUNTIME_MARKER, current_runtime, install, read_marker
-from flexhub.plugindir import Detection, detect_plugin_dir
 
 __all__ = ["DEFAULT_RUNTIME_DIR", "Deployment", "deploy", "prune_runtimes"]
 
@@ -111,7 +111,7 @@ def run_in_host(host_root: Path, argv: list[str], timeout: float = 60) -> tuple[
 
     :raises OSError: it could not start; :raises subprocess.TimeoutExpired: it hung.
     """
-    from flexhub.harness import KUBELET_ENV
+    from flexhub.admin.harness import KUBELET_ENV
 
     root = str(host_root)
 
@@ -138,7 +138,7 @@ def verify(host_root: Path, driver: str) -> None:
 
     :raises FlexhubError: the reply is not a Success that kubelet could parse.
     """
-    from flexhub.harness import ReplyError, parse_reply
+    from flexhub.admin.harness import ReplyError, parse_reply
 
     code, output = run_in_host(host_root, [driver, "init"])
     try:
@@ -166,7 +166,7 @@ def deploy(
     runtime = copy_runtime(source, host_root, runtime_dir)
     marker = read_marker(_host(host_root, runtime))
     found = detect_plugin_dir(plugin_dir, proc_root=proc_root, host_root=host_root)
-    from flexhub.install import driver_dir_name
+    from flexhub.admin.install import driver_dir_name
 
     dir_name, exe_name = driver_dir_name(driver)
     install(

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from flexhub.harness import DriverReply, Kubelet, go_json
-from flexhub.install import install
+from flexhub.admin.harness import DriverReply, Kubelet, go_json
+from flexhub.admin.install import install
 
 __all__ = ["run_demo"]
 

@@ -128,7 +128,7 @@ class Doctor:
         return Check("config", "ok", f"{source}")
 
     def check_plugin_dir(self) -> Check:
-        from flexhub.plugindir import detect_plugin_dir
+        from flexhub.admin.plugindir import detect_plugin_dir
 
         found = detect_plugin_dir(
             self.plugin_dir, proc_root=self.proc_root, host_root=self.host_root
@@ -144,7 +144,7 @@ class Doctor:
         return Check("plugin directory", "ok", found.describe())
 
     def _driver_path(self) -> Path:
-        from flexhub.install import driver_dir_name
+        from flexhub.admin.install import driver_dir_name
 
         dir_name, exe_name = driver_dir_name(self.driver)
         assert self.plugin_dir is not None
@@ -174,8 +174,8 @@ class Doctor:
         return Check("driver", "ok", str(path))
 
     def check_init(self) -> Check:
-        from flexhub.deploy import run_in_host
-        from flexhub.harness import ReplyError, parse_reply
+        from flexhub.admin.deploy import run_in_host
+        from flexhub.admin.harness import ReplyError, parse_reply
 
         path = self._driver_path()
         driver = "/" + str(path.relative_to(self.host_root))
@@ -262,7 +262,7 @@ class Doctor:
             text = path.read_text("utf-8", errors="replace")
         except OSError:
             return Check("runtime", "fail", f"{path} unreadable", "reinstall the driver")
-        from flexhub.install import shim_python
+        from flexhub.admin.install import shim_python
 
         python = shim_python(text)
         if not python:
@@ -293,7 +293,7 @@ class Doctor:
                     os.environ["XDG_CACHE_HOME"] = previous
 
     def _check_backends(self) -> list[Check]:
-        from flexhub.loader import describe_backends, load_backend
+        from flexhub.driver.loader import describe_backends, load_backend
 
         infos = describe_backends()
         if not infos:
@@ -357,8 +357,8 @@ class Doctor:
     def check_journal(self) -> list[Check]:
         if self.config is None:
             return []
+        from flexhub.admin.state import node_state
         from flexhub.node.mounts import MountTable
-        from flexhub.state import node_state
 
         state = node_state(self.config)
         checks = []
