@@ -7,6 +7,12 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["init"] or args[:1] == ["unmount"]:
+        from flexhub.driver import quick
+
+        code = quick.serve(args)  # answered before anything else is imported, or None
+        if code is not None:
+            return code
     from flexhub.driver.kubelet import OPERATIONS, serve
 
     if not args or args[0] in OPERATIONS or not _looks_human(args[0]):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flexhub.driver.call import Call, Reply
+from flexhub.driver.quick import CAPABILITIES
 from flexhub.errors import (
     MIN_SECRET_CHARS,
     FlexhubError,
@@ -34,15 +35,6 @@ if TYPE_CHECKING:
     from flexhub.config import NodeConfig
 
 __all__ = ["CAPABILITIES", "MIN_SECRET_CHARS", "OPERATIONS", "Reply", "serve"]
-
-#: The reply to ``init``. See the README ("Capabilities") for why each is set so.
-CAPABILITIES: dict[str, bool] = {
-    "attach": False,
-    "selinuxRelabel": True,
-    "fsGroup": False,
-    "supportsMetrics": True,
-    "requiresFSResize": True,
-}
 
 #: Largest options argument accepted (kubelet's are a few hundred bytes; secrets add some).
 MAX_OPTIONS_BYTES = 256 * 1024

@@ -10,9 +10,10 @@ CLI, the conformance kit or the provisioner (``tests/core/test_layering.py``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False  # not typing's: importing typing costs the unmount fast path (re, enum)
 if TYPE_CHECKING:
+    from typing import Any
+
     from flexhub.node.services import Node
 
 __all__ = ["Node"]

@@ -401,12 +401,14 @@ def test_kubelet_hot_path_imports_stay_lean(
     out = tmp_path / "modules.txt"
     code = (
         "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"  # -S: no site, no .pth file loads anything
+        "before = set(sys.modules)\n"
         "from flexhub.__main__ import main\n"
         f"rc = main({args!r})\n"
-        f"open({str(out)!r}, 'w').write('\\n'.join(sorted(sys.modules)))\n"
+        f"open({str(out)!r}, 'w').write('\\n'.join(sorted(set(sys.modules) - before)))\n"
     )
     subprocess.run(
-        [PYTHON, "-I", "-c", code],
+        [PYTHON, "-I", "-S", "-c", code],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         env={**KUBELET_ENV, "FLEXHUB_CONFIG": str(node_tree["config"])},
@@ -414,9 +416,28 @@ def test_kubelet_hot_path_imports_stay_lean(
         check=True,
     )
     modules = out.read_text().split()
-    assert "flexhub.driver.kubelet" in modules
-    heavy = sorted(m for m in modules if m.split(".")[0] in LEAN_FORBIDDEN)
+    # answered by the quick path, before the dispatcher and everything it imports
+    assert "flexhub.driver.quick" in modules
+    assert "flexhub.driver.kubelet" not in modules
+    heavy = sorted(m for m in modules if m.split(".")[0] in LEAN_FORBIDDEN + QUICK_FORBIDDEN)
     assert heavy == []
+
+
+#: What ``init`` and an ``unmount`` with nothing to unmount never import (issue: answer before
+#: importing anything the answer does not need).
+QUICK_FORBIDDEN = (
+    "json",
+    "re",
+    "pathlib",
+    "typing",
+    "tomllib",
+    "enum",
+    "dataclasses",
+    "logging",
+    "subprocess",
+    "hashlib",
+    "stevedore",
+)
 
 
 def test_stevedore_cache_lives_in_state_dir_without_home(node_tree: dict[str, Path]) -> None:

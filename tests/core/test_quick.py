@@ -1,0 +1,174 @@
+"""The quick path (``flexhub.driver.quick``): ``init`` and an ``unmount`` with nothing to
+unmount, answered without the dispatcher. Whatever it answers, the full path would have
+answered the same; whatever it is unsure of goes the full way."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flexhub.config import load_config
+from flexhub.driver import quick
+from flexhub.driver.call import Reply
+from flexhub.driver.kubelet import CAPABILITIES
+from flexhub.errors import FlexhubError
+from tests.conftest import PYTHON, run_flexhub
+
+PLAIN = """\
+# written by an operator
+state_dir = "/srv/flexhub/state"   # where records live
+log_dir = '/srv/flexhub/log'
+log_level = "debug"
+lock_timeout = 20
+call_timeout = 2.5
+[loopfile]
+root = "/srv/loopfiles"
+isolation = "namespace"
+[nfs]
+allowed_servers = ["10.0.0.5", "nas.example"]
+"""
+
+
+def test_a_plain_config_reads_as_the_full_reader_reads_it() -> None:
+    found = quick.read_plain_config(PLAIN)
+    assert found == {
+        "state_dir": "/srv/flexhub/state",
+        "log_dir": "/srv/flexhub/log",
+        "log_level": "debug",
+        "lock_timeout": "20",
+        "call_timeout": "2.5",
+    }
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'state_dri = "/x"\n',  # unknown top-level key: the full reader names it
+        'state_dir = "relative"\n',
+        'log_level = "loud"\n',
+        "lock_timeout = 0\n",
+        "lock_timeout = -1\n",
+        "lock_timeout = true\n",
+        "lock_timeout = 1e3\n",
+        "lock_timeout = 007\n",
+        'state_dir = "/a"\nstate_dir = "/b"\n',  # repeated
+        'state_dir = "/a\\tb"\n',  # an escape
+        'state_dir = """/a"""\n',
+        'state_dir = ["/a"]\n',
+        'state_dir = { path = "/a" }\n',
+        "[[loopfile]]\nroot = '/x'\n",
+        "[loop file]\n",
+        "[loopfile] x = 1\n",
+        'state_dir = "/a" trailing\n',
+        "just words\n",
+        'state_dir = "/a\x01"\n',
+        "a.b = 1\n",
+    ],
+)
+def test_anything_not_plain_goes_the_full_way(text: str) -> None:
+    assert quick.read_plain_config(text) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        PLAIN,
+        "",
+        "# only a comment\n",
+        'state_dir = "/a"\r\nlog_dir = "/b"\r\n',
+        "state_dir='/a'\n[loopfile]\n[iscsi]\nlogin_timeout = 10\n",
+        'log_level = "warning"\nrelease_retry_interval = 30\n',
+        'state_dir = "/a" # "quoted" in a comment\n',
+    ],
+)
+def test_what_the_quick_reader_accepts_the_full_reader_accepts_alike(
+    text: str, tmp_path: Path
+) -> None:
+    """Agreement on every plain text: same directories and level, and no error."""
+    found = quick.read_plain_config(text)
+    assert found is not None
+    path = tmp_path / "flexhub.toml"
+    path.write_text(text)
+    full = load_config(path)
+    assert str(full.state_dir) == found.get("state_dir", "/var/lib/flexhub")
+    assert str(full.log_dir) == found.get("log_dir", "/var/log/flexhub")
+    assert full.log_level == found.get("log_level", "info")
+
+
+@pytest.mark.parametrize("text", ['state_dri = "/x"\n', "lock_timeout = 0\n", 'log_level = "x"\n'])
+def test_texts_the_full_reader_refuses_are_never_quick(text: str, tmp_path: Path) -> None:
+    path = tmp_path / "flexhub.toml"
+    path.write_text(text)
+    with pytest.raises(FlexhubError):
+        load_config(path)
+    assert quick.read_plain_config(text) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["plain", 'quo"te', "back\\slash", "new\nline\ttab\x01\x1f\x7f", "ünï €", "\udcff", ""],
+)
+def test_json_strings_are_written_as_json_writes_them(text: str) -> None:
+    assert quick.json_string(text) == json.dumps(text, ensure_ascii=False)
+
+
+def test_the_init_reply_is_the_dispatchers() -> None:
+    full = Reply(extra={"capabilities": dict(CAPABILITIES)}).to_json()
+    out = subprocess.run(
+        [PYTHON, "-I", "-m", "flexhub", "init"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "FLEXHUB_CONFIG": os.environ["FLEXHUB_CONFIG"]},
+        cwd="/",
+        check=True,
+    )
+    assert out.stdout == full + "\n"
+    assert out.stderr == ""
+
+
+def test_a_quick_unmount_is_logged_as_the_full_path_logs_it(
+    node_tree: dict[str, Path], tmp_path: Path
+) -> None:
+    target = tmp_path / "pods" / "uid" / "volumes" / "k8s~flexhub" / "vol"
+    target.mkdir(parents=True)
+    reply = run_flexhub(["unmount", f"{target}/"], node_tree["config"])
+    assert reply.ok and reply.reply == {"status": "Success"}
+    line = (node_tree["log"] / "flexhub.log").read_text().splitlines()[-1]
+    assert " INFO flexhub.calls: call " in line
+    record = json.loads(line.split(": call ", 1)[1])
+    assert record["op"] == "unmount" and record["dir"] == str(target)
+    assert record["status"] == "Success" and isinstance(record["ms"], float)
+    assert set(record) == {"op", "backend", "volume", "pod", "dir", "status", "ms", "message", "time"}
+
+
+def test_an_unmount_with_a_record_or_a_mount_goes_the_full_way(node_tree: dict[str, Path]) -> None:
+    """The quick path only ever answers 'nothing to do': with a record it hands over."""
+    from flexhub.node.fastpath import pod_record_name
+
+    target = node_tree["kubelet"] / "pods" / "u" / "volumes" / "k8s~flexhub" / "v"
+    target.mkdir(parents=True)
+    record = Path(pod_record_name(node_tree["state"], str(target)))
+    record.parent.mkdir(parents=True)
+    record.write_text("{not json")
+    assert quick.read_plain_config(node_tree["config"].read_text()) is not None
+    os.environ["FLEXHUB_CONFIG"], saved = str(node_tree["config"]), os.environ["FLEXHUB_CONFIG"]
+    try:
+        assert quick.serve(["unmount", str(target)]) is None
+        assert quick.serve(["unmount", "relative/dir"]) is None
+        assert quick.serve(["unmount", "/a/../b"]) is None
+        assert quick.serve(["mount", str(target), "{}"]) is None
+        assert quick.serve(["init", "extra"]) is None
+    finally:
+        os.environ["FLEXHUB_CONFIG"] = saved
+
+
+def test_a_config_that_is_not_plain_still_answers_through_the_full_path(tmp_path: Path) -> None:
+    config = tmp_path / "flexhub.toml"
+    config.write_text(f'state_dir = "{tmp_path / "s"}"\nlog_dir = "{tmp_path / "l"}"\nx = [1]\n')
+    reply = run_flexhub(["unmount", str(tmp_path / "nothing")], config)
+    assert reply.reply["status"] == "Failure"
+    assert "unknown setting 'x'" in reply.reply["message"]
