@@ -75,8 +75,10 @@ def test_backends_import_only_the_public_backend_api() -> None:
     out = []
     for path in sorted((REPO / "backends").glob("*/flexhub_*/**/*.py")):
         for name in sorted(_imports(path)):
-            if name.startswith("flexhub.") and not name.startswith("flexhub_") and (
-                name not in allowed and not name.startswith("flexhub.backend.")
+            if (
+                name.startswith("flexhub.")
+                and not name.startswith("flexhub_")
+                and (name not in allowed and not name.startswith("flexhub.backend."))
             ):
                 out.append(f"{path.relative_to(REPO)} imports {name}")
     assert out == []
@@ -92,4 +94,11 @@ def test_the_rule_sees_a_lazy_import(tmp_path: Path) -> None:
 def test_the_top_level_holds_only_the_public_api_and_the_entry_point() -> None:
     """What a mount pays for is under driver/ and node/; admin tools are not beside them."""
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__.py", "__main__.py", "backend.py", "config.py", "errors.py", "volume.py"]
+    assert top == [
+        "__init__.py",
+        "__main__.py",
+        "backend.py",
+        "config.py",
+        "errors.py",
+        "volume.py",
+    ]

@@ -142,7 +142,17 @@ def test_a_quick_unmount_is_logged_as_the_full_path_logs_it(
     record = json.loads(line.split(": call ", 1)[1])
     assert record["op"] == "unmount" and record["dir"] == str(target)
     assert record["status"] == "Success" and isinstance(record["ms"], float)
-    assert set(record) == {"op", "backend", "volume", "pod", "dir", "status", "ms", "message", "time"}
+    assert set(record) == {
+        "op",
+        "backend",
+        "volume",
+        "pod",
+        "dir",
+        "status",
+        "ms",
+        "message",
+        "time",
+    }
 
 
 def test_an_unmount_with_a_record_or_a_mount_goes_the_full_way(node_tree: dict[str, Path]) -> None:
