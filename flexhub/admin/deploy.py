@@ -30,7 +30,7 @@ from flexhub.admin.install import RUNTIME_MARKER, current_runtime, install, read
 from flexhub.admin.plugindir import Detection, detect_plugin_dir
 from flexhub.errors import FlexhubError
 
-__all__ = ["DEFAULT_RUNTIME_DIR", "Deployment", "deploy", "prune_runtimes"]
+__all__ = ["DEFAULT_RUNTIME_DIR", "Deployment", "deploy", "place_config", "prune_runtimes"]
 
 DEFAULT_RUNTIME_DIR = "/var/lib/flexhub/runtime"
 
@@ -66,6 +66,39 @@ def copy_runtime(source: Path, host_root: Path, runtime_dir: str) -> str:
         partial.rename(final)
     os.utime(final)  # install order is mtime order: the previous version is the newest other
     return f"{runtime_dir.rstrip('/')}/{name}"
+
+
+def place_config(host_root: Path, source: Path, host_path: str) -> None:
+    """Write the node config ``source`` (the chart's ConfigMap, mounted in the pod) to
+    ``host_path`` on the host, where the driver that kubelet runs reads it.
+
+    It is checked first (a config flexhub would refuse fails here, before any driver uses
+    it), then written beside its final name and renamed over it, root's and 0644, so that a
+    driver call never reads half a file.
+
+    :raises FlexhubError: ``source`` cannot be read or is not a valid node config, or
+        ``host_path`` is not absolute.
+    """
+    from flexhub.config import load_config
+
+    if not host_path.startswith("/"):
+        raise FlexhubError(f"--config {host_path!r} must be an absolute path on the host")
+    try:
+        text = source.read_bytes()
+    except OSError as exc:
+        raise FlexhubError(f"cannot read the node config {source}: {exc.strerror}") from None
+    load_config(source)  # one line naming what is wrong
+    final = _host(host_root, host_path)
+    final.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    partial = final.with_name(f".{final.name}.{os.getpid()}.partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, text)
+        os.fchmod(fd, 0o644)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    partial.rename(final)
 
 
 def _in_use(directory: Path, proc_root: Path) -> bool:
@@ -158,11 +191,20 @@ def deploy(
     runtime_dir: str = DEFAULT_RUNTIME_DIR,
     driver: str = DRIVER_NAME,
     proc_root: Path = Path("/proc"),
+    config_from: Path | None = None,
 ) -> Deployment:
-    """Install this runtime and the driver onto the host; see the module docstring."""
+    """Install this runtime and the driver onto the host; see the module docstring.
+
+    With ``config_from``, that file is first written to ``config`` on the host
+    (:func:`place_config`).
+    """
     source = current_runtime()
     if source is None:
         raise FlexhubError("not running from a flexhub runtime (deploy/build_runtime.py)")
+    if config_from is not None:
+        if not config:
+            raise FlexhubError("--config-from needs --config (where the host keeps it)")
+        place_config(host_root, config_from, config)
     runtime = copy_runtime(source, host_root, runtime_dir)
     marker = read_marker(_host(host_root, runtime))
     found = detect_plugin_dir(plugin_dir, proc_root=proc_root, host_root=host_root)

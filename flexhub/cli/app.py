@@ -138,6 +138,12 @@ def daemonset(
     config: Annotated[
         str | None, typer.Option(help="node config on the host, exported to the driver")
     ] = None,
+    config_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--config-from", help="write this file (the chart's ConfigMap) to --config first"
+        ),
+    ] = None,
     runtime_dir: Annotated[
         str, typer.Option(help="where runtimes live on the host")
     ] = "/var/lib/flexhub/runtime",
@@ -147,7 +153,13 @@ def daemonset(
     the driver's init as kubelet runs it, then stay up (never uninstalls: see the README)."""
     from flexhub.admin.deploy import deploy, serve_forever
 
-    done = deploy(host_root, plugin_dir=plugin_dir, config=config, runtime_dir=runtime_dir)
+    done = deploy(
+        host_root,
+        plugin_dir=plugin_dir,
+        config=config,
+        runtime_dir=runtime_dir,
+        config_from=config_from,
+    )
     summary = {
         "runtime": done.runtime,
         "driver": done.driver,

@@ -109,10 +109,10 @@ def test_the_running_driver_maps_no_library_of_the_node(
     assert "PATH=/usr/sbin:/usr/bin:/sbin:/bin" in child_env.splitlines()
 
 
-def daemonset(runtime: Path, host: Path) -> str:
+def daemonset(runtime: Path, host: Path, extra: str = "") -> str:
     return (
         f"{runtime}/bin/flexhub daemonset --once --host-root {host} --plugin-dir /plugins "
-        "--config /etc/flexhub/flexhub.toml"
+        f"--config /etc/flexhub/flexhub.toml {extra}"
     )
 
 
@@ -129,6 +129,9 @@ def test_daemonset_installs_and_upgrades_atomically(runtime: Path, tmp_path: Pat
     (third / "flexhub-runtime.json").write_text(json.dumps(marker))
     runtimes = host / "var/lib/flexhub/runtime"
     shim = host / "plugins/k8s~flexhub/flexhub"
+    configmap = tmp_path / "configmap" / "flexhub.toml"  # as the chart mounts it in the pod
+    configmap.parent.mkdir()
+    configmap.write_text('log_level = "debug"\n[loopfile]\nroot = "/var/lib/flexhub/lf"\n')
     result = in_namespace(
         f"""
         {mounts}
@@ -143,7 +146,7 @@ def test_daemonset_installs_and_upgrades_atomically(runtime: Path, tmp_path: Pat
         echo "third $({daemonset(third, host)})"
         kill $busy
         wait $busy || true
-        echo "fourth $({daemonset(third, host)})"
+        echo "fourth $({daemonset(third, host, f"--config-from {configmap}")})"
         """
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -165,3 +168,8 @@ def test_daemonset_installs_and_upgrades_atomically(runtime: Path, tmp_path: Pat
     assert f"/var/lib/flexhub/runtime/{marker['name']}/bin/python3.11" in text
     assert "FLEXHUB_CONFIG=/etc/flexhub/flexhub.toml" in text
     assert [p.name for p in shim.parent.iterdir()] == ["flexhub"]  # no temporary left
+    # --config-from wrote the ConfigMap's config where the shim reads it on the host
+    placed = host / "etc/flexhub/flexhub.toml"
+    assert placed.read_text() == configmap.read_text()
+    assert placed.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in placed.parent.iterdir()] == ["flexhub.toml"]
