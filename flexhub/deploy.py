@@ -33,6 +33,7 @@ from flexhub.config import DEFAULT_CONFIG_PATH, load_config
 from flexhub.errors import FlexhubError
 from flexhub.install import RUNTIME_MARKER, current_runtime, install, read_marker
 from flexhub.plugindir import Detection, detect_plugin_dir, write_record
+from flexhub.trust import trusted_path
 
 __all__ = ["DEFAULT_RUNTIME_DIR", "Deployment", "deploy", "prune_runtimes"]
 
@@ -176,8 +177,9 @@ def deploy(
     from flexhub.install import driver_dir_name
 
     dir_name, exe_name = driver_dir_name(driver)
+    on_host = trusted_path(found.path, host_root, missing_ok=True)  # host-side symlinks
     install(
-        _host(host_root, found.path),
+        _host(host_root, on_host),
         config=Path(config) if config else None,
         driver=driver,
         runtime=runtime,

@@ -14,9 +14,11 @@ trusted only as far as :mod:`flexhub.trust` allows:
 
 * **only the real kubelet counts.** A process is kubelet when its command line reads like
   kubelet's (``kubelet ...`` or ``hyperkube kubelet ...``) *and* it runs as root (every uid of
-  ``/proc/<pid>/status`` is 0) *and* its executable, resolved through ``/proc/<pid>/exe``, is
-  a regular file called ``kubelet`` or ``hyperkube`` that is trusted (root's, nothing on the
-  way writable by others) and is the very file the process runs (same device and inode).
+  ``/proc/<pid>/status`` is 0) *and* its executable, resolved through ``/proc/<pid>/exe``
+  inside the process's root (``/proc/<pid>/root``: the host's ``/`` for a kubelet on the
+  host), is a regular file called ``kubelet`` or ``hyperkube`` that is trusted (root's,
+  nothing on the way writable by others) and is the very file the process runs (same device
+  and inode).
   Any other process is ignored and named in the answer's detail: anybody can start a
   process whose ``argv[0]`` is ``kubelet``;
 * the **config file** of the real kubelet is read only when trusted; one that is not is a
@@ -107,12 +109,15 @@ def _read_at(dir_fd: int, name: str) -> bytes:
         os.close(fd)
 
 
-def _not_kubelet(dir_fd: int, argv: list[str], host_root: Path) -> str | None:
+def _not_kubelet(dir_fd: int, argv: list[str]) -> str | None:
     """Why the process (its ``/proc/<pid>`` open as ``dir_fd``) is not the real kubelet, or
-    ``None`` when it is.
+    ``None`` when it is. Its executable is checked inside the process's own root
+    (``/proc/<pid>/root``, through ``dir_fd``: the same process), which is the host's ``/``
+    for a kubelet on the host and the container's for a containerized one.
 
     :raises OSError: the process went away meanwhile.
     """
+    root = Path(f"/proc/self/fd/{dir_fd}/root")
     status = _read_at(dir_fd, "status").decode("utf-8", "replace")
     uids = next((line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")), [])
     strangers = [u for u in uids if u != "0"]
@@ -122,25 +127,23 @@ def _not_kubelet(dir_fd: int, argv: list[str], host_root: Path) -> str | None:
     if not link.startswith("/") or link.endswith(" (deleted)"):
         return f"runs {link}, which is gone"
     try:
-        resolved = trusted_path(link, host_root)
+        resolved = trusted_path(link, root)
     except UntrustedPath as exc:
         return exc.message
     runs = os.stat("exe", dir_fd=dir_fd)  # the file the process runs, in any namespace
     try:
-        seen = os.stat(_on_host(host_root, resolved))
+        seen = os.stat(_on_host(root, resolved))
     except OSError:
-        return f"runs {link}, which the host does not show"
+        return f"runs {link}, which its root does not show"
     if not stat.S_ISREG(seen.st_mode) or (seen.st_dev, seen.st_ino) != (runs.st_dev, runs.st_ino):
-        return f"runs a file that is not {resolved} on the host"
+        return f"runs a file that is not {resolved}"
     name = os.path.basename(resolved)
     if name not in _KUBELET_NAMES or (name == "hyperkube" and argv[1:2] != ["kubelet"]):
         return f"runs {resolved}, not kubelet"
     return None
 
 
-def kubelet_processes(
-    proc_root: Path, host_root: Path = Path("/")
-) -> tuple[list[tuple[int, list[str]]], list[str]]:
+def kubelet_processes(proc_root: Path) -> tuple[list[tuple[int, list[str]]], list[str]]:
     """``(pid, argv)`` of every real kubelet (module docstring), by pid; and, for each other
     process whose command line reads like kubelet's, ``"pid N: why not"``."""
     found: list[tuple[int, list[str]]] = []
@@ -159,7 +162,7 @@ def kubelet_processes(
             argv = [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0") if a]
             if not argv or not _looks_like_kubelet(argv):
                 continue
-            reason = _not_kubelet(dir_fd, argv, host_root)
+            reason = _not_kubelet(dir_fd, argv)
         except OSError:
             continue  # it ended
         finally:
@@ -228,7 +231,7 @@ def _kubelet_config(pid: int, config: str, host_root: Path) -> str | None:
 def _guess(explicit: str | None, proc_root: Path, host_root: Path) -> Detection:
     if explicit:
         return Detection(os.path.abspath(explicit), "explicit", "--plugin-dir")
-    kubelets, ignored = kubelet_processes(proc_root, host_root)
+    kubelets, ignored = kubelet_processes(proc_root)
     for pid, argv in kubelets:
         value = _flag_value(argv, _FLAG)
         if value:

@@ -71,9 +71,11 @@ def trusted_path(path: str, host_root: Path = Path("/"), *, missing_ok: bool = F
         try:
             info = os.lstat(_on_host(host_root, candidate))
         except FileNotFoundError:
-            if missing_ok:
-                return os.path.join(candidate, *parts)
-            raise UntrustedPath(f"{candidate} does not exist") from None
+            if not missing_ok:
+                raise UntrustedPath(f"{candidate} does not exist") from None
+            if ".." in parts:  # it would climb out of what is created
+                raise UntrustedPath(f"{path}: '..' below the missing {candidate}") from None
+            return os.path.join(candidate, *(p for p in parts if p != "."))
         except OSError as exc:
             raise UntrustedPath(f"{candidate}: {exc.strerror}") from None
         if stat.S_ISLNK(info.st_mode):

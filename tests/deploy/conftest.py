@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -96,25 +95,6 @@ def fake_host(tmp_path: Path) -> tuple[Path, str]:
         {HIDE.replace(" /usr/", f" {host}/usr/")}
     """
     return host, mounts
-
-
-@pytest.fixture
-def trusted_dir() -> Iterator[Path]:
-    """A directory that only root may write, as may only root every directory above it.
-
-    It lives in ``/run`` (root's, 0755), not in ``/tmp`` or ``/var/tmp``: those are 1777, and
-    flexhub counts a sticky directory that others may write as writable by others.
-    """
-    base = Path("/run")
-    for directory in (base, *base.parents):
-        info = os.stat(directory)
-        assert info.st_uid == 0 and not info.st_mode & 0o022, directory
-    path = Path(tempfile.mkdtemp(prefix="flexhub-trusted-", dir=base))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def fake_kubelet(directory: Path, name: str = "kubelet") -> Path:

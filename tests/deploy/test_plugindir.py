@@ -267,3 +267,20 @@ def test_install_refuses_a_plugin_directory_others_may_write(tmp_path: Path) -> 
     assert proc.returncode == 1
     assert "/tmp is writable by others (mode 1777)" in proc.stdout + proc.stderr
     assert not evil.exists() and not (tmp_path / "state").exists()
+
+
+@needs_root
+def test_dot_dot_below_a_missing_directory_is_refused(trusted_dir: Path) -> None:
+    """What kubelet reports is not normalised: a missing directory's '..' is not followed."""
+    from flexhub.trust import trusted_path
+
+    with pytest.raises(UntrustedPath) as refused:
+        trusted_path(f"{trusted_dir}/missing/../../../tmp/plugins", missing_ok=True)
+    assert "'..' below the missing" in refused.value.message
+    (trusted_dir / "bin").mkdir()
+    (trusted_dir / "up").symlink_to("/tmp")
+    assert (
+        trusted_path(f"{trusted_dir}/bin/../plugins", missing_ok=True) == f"{trusted_dir}/plugins"
+    )
+    with pytest.raises(UntrustedPath, match="/tmp is writable by others"):
+        trusted_path(f"{trusted_dir}/up/../run", missing_ok=True)  # '..' of /tmp is /
