@@ -8,6 +8,7 @@ executable, then renamed into place, so kubelet never runs a half-written driver
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
@@ -175,7 +176,8 @@ def install(
     driver_dir = plugin_dir / dir_name
     missing = [d for d in (driver_dir, *driver_dir.parents) if not os.path.lexists(d)]
     for directory in reversed(missing):  # 0755 at most, whatever the umask: kubelet runs here
-        os.mkdir(directory, 0o755)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o755)
     target = driver_dir / exe_name
     tmp = driver_dir / f".{exe_name}.{os.getpid()}.tmp"
     text = render_shim(python or sys.executable, config, runtime, marker)

@@ -284,3 +284,25 @@ def test_dot_dot_below_a_missing_directory_is_refused(trusted_dir: Path) -> None
     )
     with pytest.raises(UntrustedPath, match="/tmp is writable by others"):
         trusted_path(f"{trusted_dir}/up/../run", missing_ok=True)  # '..' of /tmp is /
+
+
+@needs_root
+def test_install_makes_missing_directories_0755_whatever_the_umask(
+    trusted_dir: Path, tmp_path: Path
+) -> None:
+    plugins = trusted_dir / "a" / "b" / "plugins"
+    config = tmp_path / "flexhub.toml"
+    config.write_text(f'state_dir = "{trusted_dir}/state"\n')
+    proc = subprocess.run(
+        [PYTHON, "-m", "flexhub", "install", "--plugin-dir", str(plugins), "--config", str(config)],
+        env=dict(KUBELET_ENV),
+        capture_output=True,
+        text=True,
+        check=False,
+        preexec_fn=lambda: os.umask(0),
+    )
+    assert proc.returncode == 0, proc.stderr
+    made = [trusted_dir / "a", trusted_dir / "a/b", plugins, plugins / "k8s~flexhub"]
+    assert {f"{d.stat().st_mode & 0o7777:04o}" for d in made} == {"0755"}
+    assert (trusted_dir / "state").stat().st_mode & 0o7777 == 0o700
+    detect_plugin_dir(str(plugins))  # what it made is root's alone
