@@ -9,6 +9,7 @@
     ├── NotSupported                status "Not supported" (never for an op any backend implements)
     ├── LockTimeout                 a node lock could not be taken within its bound
     ├── StateError                  the node's state journal cannot be used
+    ├── UntrustedPath               a path flexhub would run or believe is not root's alone
     ├── CommandError                an external command failed or timed out (args masked)
     │   └── CommandTimeout
     └── VolumeError                 the storage itself refuses: wrong filesystem, no device, ...
@@ -39,6 +40,7 @@ __all__ = [
     "NotSupported",
     "ReleaseDeferred",
     "StateError",
+    "UntrustedPath",
     "UsageError",
     "VolumeError",
     "forget_secrets",
@@ -111,6 +113,12 @@ class LockTimeout(FlexhubError):
 
 class StateError(FlexhubError):
     """The state journal cannot be read or written."""
+
+
+class UntrustedPath(FlexhubError):
+    """A path flexhub would execute, install into or believe (kubelet's executable and config,
+    the plugin directory, the install record) is writable by a user other than root, or
+    below a directory that is (:mod:`flexhub.admin.trust`); the message names that path."""
 
 
 class CommandError(FlexhubError):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -33,6 +35,28 @@ def _forget_call_secrets() -> Iterator[None]:
     """Secrets parsed in-process are remembered for the call (the process); not across tests."""
     yield
     forget_secrets()
+
+
+@pytest.fixture
+def trusted_dir() -> Iterator[Path]:
+    """A directory that only root may write, as may only root every directory above it.
+
+    It lives in ``/run`` (root's, 0755), not in ``/tmp`` or ``/var/tmp``: those are 1777, and
+    flexhub counts a sticky directory that others may write as writable by others.
+    """
+    base = Path("/run")
+    for directory in (base, *base.parents):
+        info = os.stat(directory)
+        assert info.st_uid == 0 and not info.st_mode & 0o022, directory
+    path = Path(tempfile.mkdtemp(prefix="flexhub-trusted-", dir=base))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        mounts = Path("/proc/self/mounts").read_text().split()
+        left = [m for m in mounts if m.startswith(f"{path}/")]
+        assert not left, f"still mounted, {path} is kept: {left}"  # rmtree would empty them
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -7,8 +7,11 @@ do, with every host path under ``host_root`` (the hostPath mount of ``/``):
    then a rename, so a half-copied runtime is never used);
 2. write the shim into the detected plugin directory (dot-file, rename): calls that start
    from now on use the new runtime, calls already running keep the one they started with;
-3. run the shim's ``init`` as kubelet would (inside the host's root) and fail if kubelet could
-   not parse it;
+   the directory must be root's alone (:mod:`flexhub.admin.plugindir`, :mod:`flexhub.admin.trust`);
+3. run the shim's ``init`` as kubelet would (inside the host's root), once the shim and the
+   interpreter it starts are checked to be root's alone, and fail if kubelet could not parse
+   it; then record the plugin directory in ``<state_dir>/installed-<vendor~name>.json``,
+   which ``doctor`` probes;
 4. remove runtimes older than the previous one (the newest other), unless a process still
    maps a file of them.
 
@@ -27,7 +30,9 @@ from pathlib import Path
 
 from flexhub import DRIVER_NAME
 from flexhub.admin.install import RUNTIME_MARKER, current_runtime, install, read_marker
-from flexhub.admin.plugindir import Detection, detect_plugin_dir
+from flexhub.admin.plugindir import Detection, detect_plugin_dir, write_record
+from flexhub.admin.trust import trusted_path
+from flexhub.config import DEFAULT_CONFIG_PATH, load_config
 from flexhub.errors import FlexhubError
 
 __all__ = ["DEFAULT_RUNTIME_DIR", "Deployment", "deploy", "place_config", "prune_runtimes"]
@@ -169,10 +174,13 @@ def run_in_host(host_root: Path, argv: list[str], timeout: float = 60) -> tuple[
 def verify(host_root: Path, driver: str) -> None:
     """Run ``<driver> init`` as kubelet would, inside the host's root.
 
+    :raises UntrustedPath: a user other than root may have written the driver or what it runs.
     :raises FlexhubError: the reply is not a Success that kubelet could parse.
     """
     from flexhub.admin.harness import ReplyError, parse_reply
+    from flexhub.admin.install import check_runnable
 
+    check_runnable(driver, host_root)
     code, output = run_in_host(host_root, [driver, "init"])
     try:
         reply = parse_reply(output)
@@ -211,14 +219,17 @@ def deploy(
     from flexhub.admin.install import driver_dir_name
 
     dir_name, exe_name = driver_dir_name(driver)
+    on_host = trusted_path(found.path, host_root, missing_ok=True)  # host-side symlinks
     install(
-        _host(host_root, found.path),
+        _host(host_root, on_host),
         config=Path(config) if config else None,
         driver=driver,
         runtime=runtime,
         marker=marker,
     )
     verify(host_root, f"{found.path.rstrip('/')}/{dir_name}/{exe_name}")
+    node_config = load_config(_host(host_root, config or str(DEFAULT_CONFIG_PATH)))
+    write_record(_host(host_root, str(node_config.state_dir)), driver, found)
     removed = prune_runtimes(host_root, runtime_dir, Path(runtime).name, proc_root)
     return Deployment(runtime, f"{found.path}/{dir_name}/{exe_name}", found, removed)
 

@@ -87,6 +87,7 @@ class Doctor:
         self.host_root = host_root
         self.proc_root = proc_root
         self.config: NodeConfig | None = None
+        self._plugin_dir_ok = False
 
     def host(self, path: str | Path) -> Path:
         return self.host_root / str(path).lstrip("/")
@@ -98,17 +99,18 @@ class Doctor:
         checks = [self.check_config()]
         plugin = self.check_plugin_dir()
         checks.append(plugin)
-        driver = self.check_driver()
-        checks.append(driver)
-        if driver.status != "fail":
-            checks.append(self.check_init())
+        if plugin.status == "ok":  # never a driver from a directory others may write
+            driver = self.check_driver()
+            checks.append(driver)
+            if driver.status != "fail":
+                checks.append(self.check_init())
         checks.extend(self.check_dirs())
         return checks
 
     def run(self) -> list[Check]:
         """Every check."""
         checks = self.probe()
-        if self._driver_path().is_file():
+        if self._plugin_dir_ok and self._driver_path().is_file():
             checks.append(self.check_shim_runtime())
         checks.extend(self.check_backends())
         checks.extend(self.check_journal())
@@ -128,27 +130,57 @@ class Doctor:
         return Check("config", "ok", f"{source}")
 
     def check_plugin_dir(self) -> Check:
-        from flexhub.admin.plugindir import detect_plugin_dir
+        """The directory given, else the one recorded at install (never a fresh guess: a
+        process that only looks like kubelet must not choose what the probe runs), checked
+        to be root's alone (:mod:`flexhub.admin.trust`)."""
+        from flexhub.admin.plugindir import Detection, read_record, record_path
+        from flexhub.admin.trust import trusted_path
+        from flexhub.errors import UntrustedPath
 
-        found = detect_plugin_dir(
-            self.plugin_dir, proc_root=self.proc_root, host_root=self.host_root
-        )
+        name = "plugin directory"
+        reinstall = "flexhub install (it records the plugin directory), or pass --plugin-dir"
+        if self.plugin_dir:
+            found: Detection | None = Detection(self.plugin_dir, "explicit", "--plugin-dir")
+        elif self.config is None:
+            return Check(name, "fail", "no install record without a usable config", reinstall)
+        else:
+            try:
+                found = read_record(self.config.state_dir, self.driver, self.host_root)
+            except FlexhubError as exc:
+                return Check(name, "fail", exc.message, reinstall)
+            if found is None:
+                where = record_path(self.config.state_dir, self.driver)
+                return Check(name, "fail", f"not installed: no record {where}", reinstall)
+        assert found is not None
         self.plugin_dir = found.path
         if not self.host(found.path).is_dir():
             return Check(
-                "plugin directory",
+                name,
                 "fail",
                 f"{found.describe()} does not exist",
                 "install the driver (flexhub install), or pass kubelet's --volume-plugin-dir",
             )
-        return Check("plugin directory", "ok", found.describe())
+        try:
+            trusted_path(found.path, self.host_root)
+        except UntrustedPath as exc:
+            return Check(
+                name,
+                "fail",
+                f"{found.describe()}: {exc.message}; its driver is not run",
+                "make it and every directory above it root's and not writable by others",
+            )
+        self._plugin_dir_ok = True
+        return Check(name, "ok", found.describe())
 
-    def _driver_path(self) -> Path:
+    def _driver_host_path(self) -> str:
         from flexhub.admin.install import driver_dir_name
 
         dir_name, exe_name = driver_dir_name(self.driver)
         assert self.plugin_dir is not None
-        return self.host(self.plugin_dir) / dir_name / exe_name
+        return f"{self.plugin_dir.rstrip('/')}/{dir_name}/{exe_name}"
+
+    def _driver_path(self) -> Path:
+        return self.host(self._driver_host_path())
 
     def check_driver(self) -> Check:
         path = self._driver_path()
@@ -159,6 +191,15 @@ class Doctor:
             return Check("driver", "fail", f"{path}: {exc.strerror}", fix)
         if not stat.S_ISREG(info.st_mode) or not info.st_mode & stat.S_IXUSR:
             return Check("driver", "fail", f"{path} is not an executable file", fix)
+        from flexhub.admin.install import check_runnable
+        from flexhub.errors import UntrustedPath
+
+        try:
+            check_runnable(self._driver_host_path(), self.host_root)
+        except UntrustedPath as exc:
+            return Check(
+                "driver", "fail", f"not run: {exc.message}", f"chown root, chmod go-w; {fix}"
+            )
         strays = sorted(
             p.name
             for p in path.parent.iterdir()
@@ -176,9 +217,14 @@ class Doctor:
     def check_init(self) -> Check:
         from flexhub.admin.deploy import run_in_host
         from flexhub.admin.harness import ReplyError, parse_reply
+        from flexhub.admin.install import check_runnable
+        from flexhub.errors import UntrustedPath
 
-        path = self._driver_path()
-        driver = "/" + str(path.relative_to(self.host_root))
+        path, driver = self._driver_path(), self._driver_host_path()
+        try:  # again, right before running it
+            check_runnable(driver, self.host_root)
+        except UntrustedPath as exc:
+            return Check("init", "fail", f"not run: {exc.message}", "reinstall the driver")
         try:
             returncode, output = run_in_host(self.host_root, [driver, "init"], timeout=30)
         except (OSError, subprocess.TimeoutExpired) as exc:

@@ -8,6 +8,7 @@ executable, then renamed into place, so kubelet never runs a half-written driver
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
@@ -19,6 +20,7 @@ from flexhub.errors import UsageError
 
 __all__ = [
     "RUNTIME_MARKER",
+    "check_runnable",
     "current_runtime",
     "driver_dir_name",
     "install",
@@ -95,6 +97,25 @@ def shim_python(text: str) -> str:
     return ""
 
 
+def check_runnable(driver: str, host_root: Path = Path("/")) -> None:
+    """Check, before flexhub runs the installed driver (host path ``driver``), that nobody but
+    root can have written it or what it runs: the driver and, for a flexhub shim, the
+    interpreter it starts (:mod:`flexhub.admin.trust`).
+
+    :raises UntrustedPath: naming the first path that is not root's alone.
+    """
+    from flexhub.admin.trust import trusted_path
+
+    resolved = trusted_path(driver, host_root)
+    try:
+        text = (host_root / resolved.lstrip("/")).read_text("utf-8", errors="replace")
+    except OSError:
+        return  # it will not run either
+    python = shim_python(text)
+    if python:
+        trusted_path(python, host_root, missing_ok=True)  # a missing one is not run
+
+
 def render_shim(
     python: str,
     config: Path | str | None,
@@ -153,7 +174,10 @@ def install(
         here = current_runtime()
         runtime = str(here) if here is not None else None
     driver_dir = plugin_dir / dir_name
-    driver_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    missing = [d for d in (driver_dir, *driver_dir.parents) if not os.path.lexists(d)]
+    for directory in reversed(missing):  # 0755 at most, whatever the umask: kubelet runs here
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o755)
     target = driver_dir / exe_name
     tmp = driver_dir / f".{exe_name}.{os.getpid()}.tmp"
     text = render_shim(python or sys.executable, config, runtime, marker)

@@ -116,15 +116,22 @@ def install(
     """Install the driver executable into kubelet's plugin directory (atomically).
 
     Without --plugin-dir the directory is detected: kubelet's command line, its config
-    file, then the distribution's default; the rule that decided is printed.
+    file, then the distribution's default; the rule that decided is printed. The directory
+    (and every one above it) must be root's and not writable by others; it is recorded in
+    the state directory, where `doctor` finds it.
     """
+    from flexhub.admin.install import driver_dir_name
     from flexhub.admin.install import install as do_install
-    from flexhub.admin.plugindir import detect_plugin_dir
+    from flexhub.admin.plugindir import detect_plugin_dir, write_record
+    from flexhub.config import DEFAULT_CONFIG_PATH, load_config
 
+    driver_dir_name(driver)  # a bad name is refused before anything else
     found = detect_plugin_dir(plugin_dir)
     if plugin_dir is None:
         typer.echo(f"plugin directory: {found.describe()}")
+    node_config = load_config(config or DEFAULT_CONFIG_PATH)  # the driver's, for the record
     path = do_install(Path(found.path), config=config, driver=driver)
+    write_record(node_config.state_dir, driver, found)
     typer.echo(str(path))
 
 

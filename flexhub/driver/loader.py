@@ -7,6 +7,7 @@ Only the backend a call names is imported. stevedore keeps an entry-point cache 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -40,6 +41,10 @@ def _prepare_cache(config: NodeConfig | None = None) -> None:
             config = load_config()
         except Exception:
             return
+    from flexhub.node.statedir import private_dir
+
+    with contextlib.suppress(OSError):  # stevedore would make it with the umask's mode
+        private_dir(config.state_dir, "cache")
     os.environ["XDG_CACHE_HOME"] = str(config.state_dir / "cache")
 
 

@@ -45,7 +45,12 @@ def start_logging(call: Call, config: Callable[[], NodeConfig]) -> None:
     _State.call = call
     try:
         cfg = config()
-        os.makedirs(cfg.log_dir, mode=0o700, exist_ok=True)
+        if cfg.log_dir.is_relative_to(cfg.state_dir):  # state_dir 0700 on this path too
+            from flexhub.node.statedir import private_dir
+
+            private_dir(cfg.state_dir, *cfg.log_dir.relative_to(cfg.state_dir).parts)
+        else:
+            os.makedirs(cfg.log_dir, mode=0o700, exist_ok=True)
     except Exception:
         return
     _State.path = str(cfg.log_dir / LOG_FILE)

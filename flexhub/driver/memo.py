@@ -67,9 +67,11 @@ class Memo:
         return stat.S_ISDIR(info.st_mode) and _trusted(info, self.uid)
 
     def _ensure_dir(self, directory: Path) -> bool:
-        try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-        except OSError:
+        from flexhub.node.statedir import private_dir
+
+        try:  # state_dir itself 0700 too, when this call is the first to make it
+            private_dir(self.root.parent, *directory.relative_to(self.root.parent).parts)
+        except (OSError, ValueError):
             return False
         return self._trusted_dir(directory.parent) and self._trusted_dir(directory)
 

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from flexhub.errors import StateError
 from flexhub.node.fastpath import pod_record_path
+from flexhub.node.statedir import private_dir
 
 __all__ = ["SCHEMA_VERSION", "DeferredRelease", "Journal", "PodRecord", "VolumeRecord"]
 
@@ -160,8 +161,7 @@ class Journal:
         directory = path.parent
         tmp = directory / f".{path.name}.{os.getpid()}.tmp"
         try:
-            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            directory.mkdir(mode=0o700, exist_ok=True)
+            private_dir(self.state_dir, *directory.relative_to(self.state_dir).parts)
             fd = os.open(
                 tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
             )

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from flexhub.errors import LockTimeout, StateError
+from flexhub.node.statedir import private_dir
 
 __all__ = ["lock", "lock_path"]
 
@@ -43,7 +44,7 @@ def _open(lock_dir: Path, path: Path, kind: str, key: str) -> int | None:
     """
     flags = os.O_CLOEXEC | os.O_NOFOLLOW
     try:
-        lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(lock_dir.parent, lock_dir.name)  # a missing state_dir 0700 too
         return os.open(path, flags | os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as exc:
         if exc.errno not in _NO_WRITE:

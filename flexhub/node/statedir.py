@@ -19,6 +19,7 @@ the state directory).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from flexhub.errors import StateError
 
-__all__ = ["PRIVATE_DIRS", "secure_state_dir"]
+__all__ = ["PRIVATE_DIRS", "private_dir", "secure_state_dir"]
 
 LOG = logging.getLogger(__name__)
 
@@ -43,18 +44,47 @@ def _tighten(path: Path, info: os.stat_result) -> None:
         LOG.warning("tightened %s from %04o to %04o", path, mode, mode & ~_OPEN)
 
 
+def private_dir(state_dir: Path, *names: str) -> Path:
+    """Make ``state_dir`` (0700) and ``state_dir/names[0]/names[1]/...`` (each 0700) where
+    missing, and return the last; missing parents of ``state_dir`` are made 0755.
+
+    Every place that creates the state directory or a directory under it (the memo and
+    stevedore's cache, the journal, the locks, a log directory inside it) goes through here,
+    so none of them makes one with the umask's mode (``mkdir(parents=True)`` and
+    ``os.makedirs`` give missing parents 0777 less the umask). Existing directories are left as
+    they are: :func:`secure_state_dir` tightens them.
+
+    :raises OSError: a directory cannot be made.
+    """
+    state_dir = Path(state_dir)
+    missing = []
+    parent = state_dir.parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o755)
+    path = state_dir
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    for name in names:
+        path = path / name
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    return path
+
+
 def secure_state_dir(state_dir: Path) -> None:
     """Create ``state_dir`` 0700 when missing and tighten it and its sub-directories.
 
     :raises StateError: the directory cannot be created or its mode cannot be changed.
     """
     try:
-        if not state_dir.exists():
-            state_dir.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-            state_dir.mkdir(mode=0o700, exist_ok=True)
+        private_dir(state_dir)
         _tighten(state_dir, os.stat(state_dir))
         for name in PRIVATE_DIRS:
-            (state_dir / name).mkdir(mode=0o700, exist_ok=True)
+            private_dir(state_dir, name)
         with os.scandir(state_dir) as entries:
             for entry in entries:
                 if entry.is_dir(follow_symlinks=False):

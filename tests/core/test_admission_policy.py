@@ -215,29 +215,33 @@ def test_flexhub_validate_command_fails_on_a_kubelet_key(tmp_path: Path) -> None
     ]
 
 
+NFS = {"backend": "nfs", "server": "s", "share": "/x"}
 INLINE_CASES = [
     ("no volumes", pod(), True, True),
     ("no flexVolume", pod(empty("a")), True, True),
     ("another driver", pod(flex("v", {"backend": "loopfile"}, "acme/fs")), True, True),
     ("inline loopfile", pod(empty("a"), flex("v", LOOPFILE)), False, False),
-    ("inline nfs", pod(flex("v", {"backend": "nfs", "server": "s", "share": "/x"})), False, True),
-    ("inline without options", pod(flex("v", None)), False, True),
+    ("inline nfs", pod(flex("v", NFS)), False, True),
+    ("inline nfs and loopfile", pod(flex("a", NFS), flex("b", LOOPFILE)), False, False),
+    ("inline without options", pod(flex("v", None)), False, False),
+    ("inline without a backend", pod(flex("v", {"server": "s"})), False, False),
     ("many volumes, one inline", pod(*MANY, flex("v", LOOPFILE)), False, False),
 ]
 
 
 @pytest.mark.parametrize(
-    ("name", "obj", "all_blocked", "loopfile_blocked"),
+    ("name", "obj", "by_default", "nfs_allowed"),
     INLINE_CASES,
     ids=[c[0] for c in INLINE_CASES],
 )
-def test_inline_volume_policy_blocks_the_chosen_backends(
-    name: str, obj: dict[str, Any], all_blocked: bool, loopfile_blocked: bool
+def test_inline_volume_policy_admits_only_the_allowed_backends(
+    name: str, obj: dict[str, Any], by_default: bool, nfs_allowed: bool
 ) -> None:
     spec = _policies()["flexhub-inline-volumes"]["spec"]
-    assert Policy(spec).admits(obj) is all_blocked
-    only_loopfile = Policy(spec, {"blockedBackends": "['loopfile', 'iscsi']"})
-    assert only_loopfile.admits(obj) is loopfile_blocked
+    assert [v["name"] for v in spec["variables"]] == ["driver", "allowedBackends"]
+    assert Policy(spec).admits(obj) is by_default  # no backend: no inline flexhub volume
+    only_nfs = Policy(spec, {"allowedBackends": "['nfs']"})
+    assert only_nfs.admits(obj) is nfs_allowed
 
 
 def test_a_bad_pod_is_rejected_even_among_other_volumes() -> None:

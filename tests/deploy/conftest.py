@@ -3,10 +3,16 @@ namespace in which no Python of this machine exists, and a fake host root."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -89,3 +95,42 @@ def fake_host(tmp_path: Path) -> tuple[Path, str]:
         {HIDE.replace(" /usr/", f" {host}/usr/")}
     """
     return host, mounts
+
+
+def fake_kubelet(directory: Path, name: str = "kubelet") -> Path:
+    """A root-owned 0755 executable called ``name`` in ``directory``: a copy of bash, so that
+    ``<it> -c 'sleep 60; :' kubelet --volume-plugin-dir=...`` stays up with that command line
+    and ``/proc/<pid>/exe`` names it."""
+    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    path = directory / name
+    shutil.copy2("/bin/bash", path)
+    path.chmod(0o755)
+    return path
+
+
+@contextmanager
+def running(
+    argv: list[str], executable: str | Path | None = None, cwd: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A process with ``argv`` as its command line (``/proc/<pid>/cmdline``), killed at the
+    end whatever happens. ``argv`` may start with ``setpriv ...``: the process that ends up
+    with the command line is then the one ``setpriv`` becomes (same pid). It leads its own
+    process group, and the whole group is killed, so that no child (bash's ``sleep``) is left
+    behind."""
+    proc = subprocess.Popen(argv, executable=executable, cwd=cwd, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def wait_for_cmdline(pid: int, argv0: str) -> None:
+    """Wait until ``pid``'s command line starts with ``argv0`` (after the execs)."""
+    want = argv0.encode() + b"\0"
+    for _ in range(100):
+        if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(want):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"pid {pid} never showed {argv0!r}")

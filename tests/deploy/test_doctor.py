@@ -1,5 +1,7 @@
 """`flexhub doctor` reports each failure it knows, on real state: real files, modes, mounts,
-processes and an installed driver; the exit status follows the failures."""
+processes and an installed driver; the exit status follows the failures. The plugin and state
+directories live in a directory only root may write (a doctor runs no driver from anywhere
+else); a planted driver proves, by the marker file it would write, that it never ran."""
 
 from __future__ import annotations
 
@@ -13,15 +15,21 @@ import pytest
 from flexhub.admin.install import install
 from flexhub.node.journal import Journal, PodRecord, VolumeRecord
 from tests.conftest import KUBELET_ENV, PYTHON, TEST_SITE, needs_root
+from tests.deploy.conftest import running, wait_for_cmdline
+
+pytestmark = needs_root  # root-owned trees, chown, setpriv
 
 
 def doctor(
-    node: dict[str, Path], *extra: str, site: bool = False
+    node: dict[str, Path], *extra: str, site: bool = False, plugin_dir: Path | None = None
 ) -> tuple[int, list[dict[str, str]]]:
     env = dict(KUBELET_ENV)
     if site:
         env["PYTHONPATH"] = str(TEST_SITE)
-    argv = [PYTHON, "-m", "flexhub", "doctor", "--json", "--plugin-dir", str(node["plugins"])]
+    argv = [PYTHON, "-m", "flexhub", "doctor", "--json"]
+    if plugin_dir is not None or "--no-plugin-dir" not in extra:
+        argv += ["--plugin-dir", str(plugin_dir or node["plugins"])]
+    extra = tuple(e for e in extra if e != "--no-plugin-dir")
     proc = subprocess.run(
         [*argv, "--config", str(node["config"]), *extra],
         env=env,
@@ -38,11 +46,134 @@ def status(checks: list[dict[str, str]], name: str) -> list[tuple[str, str]]:
 
 
 @pytest.fixture
-def node(node_tree: dict[str, Path]) -> dict[str, Path]:
+def node(node_tree: dict[str, Path], trusted_dir: Path) -> dict[str, Path]:
+    node_tree["state"] = trusted_dir / "state"
+    node_tree["plugins"] = trusted_dir / "plugins"
+    node_tree["config"].write_text(
+        f'state_dir = "{node_tree["state"]}"\nlog_dir = "{node_tree["log"]}"\n'
+        f'lock_timeout = 20\n[loopfile]\nroot = "{node_tree["loopfiles"]}"\n'
+    )
     for key in ("state", "log"):
         node_tree[key].mkdir(mode=0o700)
-    node_tree["plugins"].mkdir()
+    node_tree["plugins"].mkdir(mode=0o755)
     return node_tree
+
+
+def plant(directory: Path, marker: Path) -> Path:
+    """A driver that proves it ran: it writes ``id`` into ``marker``, and answers init."""
+    driver = directory / "k8s~flexhub" / "flexhub"
+    driver.parent.mkdir(parents=True, exist_ok=True)
+    driver.write_text(
+        f"#!/bin/sh\nid > {marker}\n"
+        """echo '{"status":"Success","capabilities":{"attach":false}}'\n"""
+    )
+    driver.chmod(0o755)
+    return driver
+
+
+def cli_install(node: dict[str, Path]) -> None:
+    subprocess.run(
+        [PYTHON, "-m", "flexhub", "install", "--plugin-dir", str(node["plugins"]),
+         "--config", str(node["config"])],
+        env=dict(KUBELET_ENV), check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_the_probe_checks_the_directory_recorded_at_install(node: dict[str, Path]) -> None:
+    code, checks = doctor(node, "--probe", "--no-plugin-dir")
+    assert code == 1
+    record = node["state"] / "installed-k8s~flexhub.json"
+    assert status(checks, "plugin directory") == [("fail", f"not installed: no record {record}")]
+    assert status(checks, "init") == []
+    cli_install(node)
+    code, checks = doctor(node, "--probe", "--no-plugin-dir")
+    assert code == 0, checks
+    ((state, detail),) = status(checks, "plugin directory")
+    assert state == "ok" and detail.startswith(f"{node['plugins']} (recorded at install: {record}")
+    assert status(checks, "init") == [("ok", "Success, capabilities as documented")]
+
+
+def test_the_probe_never_runs_a_driver_an_impostor_points_at(
+    node: dict[str, Path], tmp_path: Path
+) -> None:
+    """The issue's attack: nobody runs `exec -a kubelet ... --volume-plugin-dir=/tmp/evil`
+    with a planted driver there; the liveness probe (no --plugin-dir) must not run it."""
+    evil, marker = tmp_path / "evil", tmp_path / "ran"
+    plant(evil, marker)
+    evil.chmod(0o777)
+    script = f"exec -a kubelet bash -c 'sleep 60; :' kubelet --volume-plugin-dir={evil}"
+    nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    with running([*nobody, "bash", "-c", script]) as impostor:
+        wait_for_cmdline(impostor.pid, "kubelet")
+        code, no_record = doctor(node, "--probe", "--no-plugin-dir")
+        cli_install(node)
+        _, recorded = doctor(node, "--probe", "--no-plugin-dir")
+        _, given = doctor(node, "--probe", plugin_dir=evil)
+    assert not marker.exists(), marker.read_text()
+    assert code == 1 and "not installed" in status(no_record, "plugin directory")[0][1]
+    assert status(recorded, "plugin directory")[0][0] == "ok"
+    assert str(node["plugins"]) in status(recorded, "driver")[0][1]
+    ((state, detail),) = status(given, "plugin directory")
+    assert state == "fail" and "/tmp is writable by others (mode 1777)" in detail
+    assert status(given, "init") == [] and status(given, "driver") == []
+
+
+@pytest.mark.parametrize("weak", ["owned by nobody", "mode 0777", "driver dir 0777", "runtime"])
+def test_a_driver_others_may_have_written_is_not_run(
+    node: dict[str, Path], tmp_path: Path, weak: str
+) -> None:
+    marker = tmp_path / "ran"
+    if weak == "runtime":  # the shim is root's, the interpreter it starts is not
+        python = tmp_path / "python"
+        python.write_text(f"#!/bin/sh\nid > {marker}\n")
+        python.chmod(0o755)
+        driver = install(node["plugins"], config=node["config"], python=str(python))
+        offender = "/tmp is writable by others (mode 1777)"
+    else:
+        driver = plant(node["plugins"], marker)
+        if weak == "owned by nobody":
+            os.chown(driver, 65534, 65534)
+            offender = f"{driver} is owned by uid 65534, not root"
+        elif weak == "mode 0777":
+            driver.chmod(0o777)
+            offender = f"{driver} is writable by others (mode 0777)"
+        else:
+            driver.parent.chmod(0o777)
+            offender = f"{driver.parent} is writable by others (mode 0777)"
+    code, checks = doctor(node, "--probe")
+    assert not marker.exists(), marker.read_text()
+    assert code == 1
+    assert status(checks, "driver") == [("fail", f"not run: {offender}")]
+    assert status(checks, "init") == []
+
+
+@pytest.mark.parametrize("weak", ["mode 0666", "mode 0755", "owned by nobody", "points at /tmp"])
+def test_an_install_record_that_is_not_root_s_alone_is_refused(
+    node: dict[str, Path], tmp_path: Path, weak: str
+) -> None:
+    marker = tmp_path / "ran"
+    cli_install(node)
+    record = node["state"] / "installed-k8s~flexhub.json"
+    if weak == "mode 0666":
+        record.chmod(0o666)
+        expected = f"refusing the install record {record}: {record} is writable by others"
+    elif weak == "mode 0755":
+        record.chmod(0o755)
+        expected = f"{record}: mode 0755, not a 0644 or stricter file"
+    elif weak == "owned by nobody":
+        os.chown(record, 65534, 65534)
+        expected = f"refusing the install record {record}: {record} is owned by uid 65534"
+    else:
+        evil = tmp_path / "evil"
+        plant(evil, marker)
+        record.write_text(record.read_text().replace(str(node["plugins"]), str(evil)))
+        expected = f"{evil} (recorded at install: {record}"
+    code, checks = doctor(node, "--probe", "--no-plugin-dir")
+    assert not marker.exists()
+    assert code == 1
+    ((state, detail),) = status(checks, "plugin directory")
+    assert state == "fail" and expected in detail, detail
+    assert status(checks, "init") == []
 
 
 def test_a_healthy_node_passes_the_probe(node: dict[str, Path]) -> None:

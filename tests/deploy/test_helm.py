@@ -19,7 +19,7 @@ from flexhub.config import load_config
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "deploy"))
-import render_manifest  # type: ignore[import-not-found]  # noqa: E402
+import render_manifest  # type: ignore[import-not-found]
 
 CHART = render_manifest.CHART
 
@@ -104,7 +104,7 @@ def test_every_operator_value_lands_where_it_belongs(helm: Path) -> None:
         "serviceAccount.name=storage-nodes",
         "hostConfigPath=/etc/storage/flexhub.toml",
         "runtimeDir=/opt/flexhub-runtimes",
-        "nodeConfig=log_level = \"debug\"",
+        'nodeConfig=log_level = "debug"',
     )
     assert "ServiceAccount" not in docs
     pod = pod_of(docs)

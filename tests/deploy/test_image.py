@@ -10,11 +10,10 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.conftest import REPO, needs_root
-from tests.deploy.conftest import fake_host, in_namespace
+from tests.deploy.conftest import fake_host, fake_kubelet, in_namespace, running, wait_for_cmdline
 
 pytestmark = needs_root
 
@@ -57,7 +56,7 @@ def test_image_layout_is_deterministic_and_readable(runtime: Path, tmp_path: Pat
 
 
 def test_entrypoint_installs_and_upgrades_the_driver_on_the_host(
-    runtime: Path, tmp_path: Path
+    runtime: Path, tmp_path: Path, trusted_dir: Path
 ) -> None:
     layout = tmp_path / "layout"
     build_image.build_image(layout, runtime, "v1")
@@ -68,12 +67,14 @@ def test_entrypoint_installs_and_upgrades_the_driver_on_the_host(
         bundles[tag] = (tmp_path / f"bundle-{tag}" / "rootfs", config["process"]["args"])  # type: ignore[index]
     host, mounts = fake_host(tmp_path)
     (host / "var/lib/kubelet/volumeplugins").mkdir(parents=True)
-    kubelet = subprocess.Popen(
-        ["kubelet", "-c", "sleep 120; :", "kubelet", f"--volume-plugin-dir={PLUGINS}"],
-        executable="/bin/bash",
-    )
-    try:
-        time.sleep(0.3)
+    # the real kubelet, as far as the entrypoint can tell: root's process of a root-owned
+    # executable called kubelet, which the host shows at the same path (bind-mounted there)
+    exe = fake_kubelet(trusted_dir / "bin")
+    (host / str(trusted_dir).lstrip("/")).mkdir(parents=True)
+    mounts += f"\nmount --bind {trusted_dir} {host}{trusted_dir}\n"
+    argv = [str(exe), "-c", "sleep 120; :", "kubelet", f"--volume-plugin-dir={PLUGINS}"]
+    with running(argv) as kubelet:
+        wait_for_cmdline(kubelet.pid, str(exe))
         steps = []
         for tag, (rootfs, args) in bundles.items():
             for directory in ("host", "proc", "dev"):
@@ -90,9 +91,6 @@ def test_entrypoint_installs_and_upgrades_the_driver_on_the_host(
                 """
             )
         result = in_namespace(mounts + "\n".join(steps))
-    finally:
-        kubelet.kill()
-        kubelet.wait()
     assert result.returncode == 0, result.stdout + result.stderr
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
     v1, v2 = json.loads(lines["v1"]), json.loads(lines["v2"])

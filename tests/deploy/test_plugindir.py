@@ -1,16 +1,23 @@
-"""Plugin-directory detection, one test per rule, on fake /proc trees and config files, and
-through `flexhub install` against a real process that looks like kubelet."""
+"""Plugin-directory detection, one test per rule: kubelet's rules against real processes (a
+root-owned copy of bash called kubelet, in a directory only root may write), the others on fake
+/proc trees and host roots; and the impostors: a process of another user, an executable in a
+directory others may write, a plugin directory below one, through `flexhub install` too."""
 
 from __future__ import annotations
 
+import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from flexhub.admin.plugindir import DEFAULT_PLUGIN_DIR, detect_plugin_dir
-from tests.conftest import KUBELET_ENV, PYTHON
+from flexhub.errors import UntrustedPath
+from tests.conftest import KUBELET_ENV, PYTHON, needs_root
+from tests.deploy.conftest import fake_kubelet, running, wait_for_cmdline
+
+FLAG = "--volume-plugin-dir"
+NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
 
 
 def fake_process(proc: Path, pid: int, *argv: str) -> None:
@@ -36,50 +43,169 @@ def test_explicit_flag_wins(roots: tuple[Path, Path]) -> None:
     assert (found.path, found.rule) == ("/given", "explicit")
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["/usr/bin/kubelet", "--v=2", "--volume-plugin-dir=/var/lib/kubelet/volumeplugins"],
-        ["/usr/local/bin/kubelet", "--volume-plugin-dir", "/var/lib/kubelet/volumeplugins"],
-        ["/hyperkube", "kubelet", "--volume-plugin-dir=/var/lib/kubelet/volumeplugins"],
-    ],
-)
-def test_kubelet_command_line(roots: tuple[Path, Path], argv: list[str]) -> None:
-    proc, host = roots
-    fake_process(proc, 4242, *argv)
-    found = detect_plugin_dir(proc_root=proc, host_root=host)
-    assert found.path == "/var/lib/kubelet/volumeplugins"
-    assert found.rule == "kubelet command line"
-    assert "pid 4242" in found.detail
+def kubelet_argv(exe: Path, *flags: str) -> list[str]:
+    """A command line that reads like kubelet's, for a copy of bash: it stays up 60 s."""
+    return [str(exe), "-c", "sleep 60; :", "kubelet", *flags]
 
 
+def detect_on_this_node() -> tuple[str, str]:
+    found = detect_plugin_dir()
+    return found.path, found.rule
+
+
+@needs_root
+@pytest.mark.parametrize("form", ["--flag=value", "--flag value", "hyperkube kubelet"])
+def test_kubelet_command_line(trusted_dir: Path, form: str) -> None:
+    plugins = trusted_dir / "volumeplugins"
+    if form == "hyperkube kubelet":
+        exe = fake_kubelet(trusted_dir / "bin", "hyperkube")
+        (trusted_dir / "kubelet").write_text("sleep 60\n")  # the script bash runs, from cwd
+        argv = [str(exe), "kubelet", "--v=2", f"{FLAG}={plugins}"]
+    else:
+        exe = fake_kubelet(trusted_dir / "bin")
+        flags = [f"{FLAG}={plugins}"] if "=" in form else [FLAG, str(plugins)]
+        argv = kubelet_argv(exe, "--v=2", *flags)
+    with running(argv, cwd=trusted_dir) as kubelet:
+        wait_for_cmdline(kubelet.pid, argv[0])
+        found = detect_plugin_dir()
+    assert (found.path, found.rule) == (str(plugins), "kubelet command line")
+    assert f"pid {kubelet.pid}" in found.detail
+
+
+@needs_root
 @pytest.mark.parametrize(
     "text",
     [
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
-        "volumePluginDir: /etc/kubernetes/kubelet-plugins/volume/exec\n",
-        '{"kind": "KubeletConfiguration", "volumePluginDir": '
-        '"/etc/kubernetes/kubelet-plugins/volume/exec"}',
+        "volumePluginDir: {plugins}\n",
+        '{{"kind": "KubeletConfiguration", "volumePluginDir": "{plugins}"}}',
     ],
 )
-def test_kubelet_config_file(roots: tuple[Path, Path], text: str) -> None:
-    proc, host = roots
-    (host / "var/lib/kubelet").mkdir(parents=True)
-    (host / "var/lib/kubelet/config.yaml").write_text(text)
-    fake_process(proc, 900, "/usr/bin/kubelet", "--config=/var/lib/kubelet/config.yaml")
-    found = detect_plugin_dir(proc_root=proc, host_root=host)
-    assert found.path == "/etc/kubernetes/kubelet-plugins/volume/exec"
-    assert found.rule == "kubelet config"
+def test_kubelet_config_file(trusted_dir: Path, text: str) -> None:
+    plugins = trusted_dir / "etc/kubernetes/kubelet-plugins/volume/exec"
+    config = trusted_dir / "config.yaml"
+    config.write_text(text.format(plugins=plugins))
+    config.chmod(0o644)
+    argv = kubelet_argv(fake_kubelet(trusted_dir / "bin"), f"--config={config}")
+    with running(argv) as kubelet:
+        wait_for_cmdline(kubelet.pid, argv[0])
+        found = detect_plugin_dir()
+    assert (found.path, found.rule) == (str(plugins), "kubelet config")
+    assert str(config) in found.detail
+
+
+@needs_root
+def test_a_kubelet_config_that_others_may_write_is_refused(trusted_dir: Path) -> None:
+    config = trusted_dir / "conf" / "config.yaml"
+    config.parent.mkdir(mode=0o755)
+    config.write_text(f"volumePluginDir: {trusted_dir}/plugins\n")
+    argv = kubelet_argv(fake_kubelet(trusted_dir / "bin"), "--config", str(config))
+    for wide, offender in ((config, config), (config.parent, config.parent)):
+        wide.chmod(0o666 if wide == config else 0o777)
+        with running(argv) as kubelet:
+            wait_for_cmdline(kubelet.pid, argv[0])
+            with pytest.raises(UntrustedPath) as refused:
+                detect_plugin_dir()
+        wide.chmod(0o644 if wide == config else 0o755)
+        message = refused.value.message
+        assert "\n" not in message and str(config) in message
+        assert f"{offender} is writable by others" in message, message
 
 
 def test_config_without_the_key_falls_through(roots: tuple[Path, Path]) -> None:
     proc, host = roots
     (host / "etc").mkdir()
-    (host / "etc/kubelet.yaml").write_text("kind: KubeletConfiguration\nmaxPods: 10\n")
     (host / "etc/os-release").write_text('NAME="Flatcar"\nID=flatcar\n')
-    fake_process(proc, 900, "/usr/bin/kubelet", "--config", "/etc/kubelet.yaml")
     found = detect_plugin_dir(proc_root=proc, host_root=host)
     assert (found.path, found.rule) == ("/var/lib/kubelet/volumeplugins", "distribution default")
+
+
+@needs_root
+@pytest.mark.parametrize("where", ["trusted", "/tmp"])
+def test_an_unprivileged_process_called_kubelet_is_not_kubelet(
+    trusted_dir: Path, tmp_path: Path, where: str
+) -> None:
+    """The impostor of the issue: `exec -a kubelet` by nobody, naming a plugin directory;
+    as nobody, even the real (root-owned) kubelet executable is not kubelet."""
+    evil = trusted_dir / "evil" if where == "trusted" else tmp_path / "evil"
+    script = f"exec -a kubelet bash -c 'sleep 60; :' kubelet {FLAG}={evil}"
+    with running([*NOBODY, "bash", "-c", script]) as impostor:
+        wait_for_cmdline(impostor.pid, "kubelet")
+        assert detect_on_this_node()[1] != "kubelet command line"
+    real = fake_kubelet(trusted_dir / "bin")
+    with running([*NOBODY, *kubelet_argv(real, f"{FLAG}={evil}")]) as impostor:
+        wait_for_cmdline(impostor.pid, str(real))
+        found = detect_plugin_dir()
+    assert found.rule != "kubelet command line" and found.path != str(evil)
+    assert f"pid {impostor.pid}: runs as uid 65534" in found.detail
+
+
+@needs_root
+@pytest.mark.parametrize("weak", ["directory 0777", "directory 1777", "executable 0775"])
+def test_a_root_owned_kubelet_that_others_may_replace_is_not_kubelet(
+    trusted_dir: Path, weak: str
+) -> None:
+    exe = fake_kubelet(trusted_dir / "bin")
+    if weak.startswith("directory"):
+        exe.parent.chmod(int(weak.split()[1], 8))
+    else:
+        exe.chmod(0o775)
+    offender = exe.parent if weak.startswith("directory") else exe
+    argv = kubelet_argv(exe, f"{FLAG}={trusted_dir}/plugins")
+    with running(argv) as kubelet:
+        wait_for_cmdline(kubelet.pid, argv[0])
+        found = detect_plugin_dir()
+    assert found.rule != "kubelet command line"
+    assert f"pid {kubelet.pid}: {offender} is writable by others" in found.detail
+
+
+@needs_root
+@pytest.mark.parametrize("parent_mode", [0o777, 0o775, 0o1777])
+def test_a_plugin_directory_below_a_directory_others_may_write_is_refused(
+    trusted_dir: Path, parent_mode: int
+) -> None:
+    parent = trusted_dir / "open"
+    parent.mkdir(mode=0o755)
+    parent.chmod(parent_mode)
+    plugins = parent / "kubernetes" / "volumeplugins"
+    argv = kubelet_argv(fake_kubelet(trusted_dir / "bin"), f"{FLAG}={plugins}")
+    with running(argv) as kubelet:
+        wait_for_cmdline(kubelet.pid, argv[0])
+        with pytest.raises(UntrustedPath) as refused:
+            detect_plugin_dir()
+    message = refused.value.message
+    assert "\n" not in message
+    assert message.startswith(f"refusing the plugin directory {plugins} (kubelet command line")
+    assert f"{parent} is writable by others (mode {parent_mode:04o})" in message
+
+
+@needs_root
+def test_a_plugin_directory_through_a_symlink_to_tmp_or_owned_by_a_user_is_refused(
+    trusted_dir: Path, tmp_path: Path
+) -> None:
+    (trusted_dir / "link").symlink_to(tmp_path)
+    with pytest.raises(UntrustedPath) as refused:
+        detect_plugin_dir(f"{trusted_dir}/link/plugins")
+    assert "/tmp is writable by others (mode 1777)" in refused.value.message
+    owned = trusted_dir / "owned"
+    owned.mkdir(mode=0o755)
+    os.chown(owned, 65534, 65534)
+    with pytest.raises(UntrustedPath) as refused:
+        detect_plugin_dir(f"{owned}/plugins")
+    assert f"{owned} is owned by uid 65534, not root" in refused.value.message
+
+
+def test_a_distribution_default_below_a_wide_directory_is_refused(
+    roots: tuple[Path, Path],
+) -> None:
+    proc, host = roots
+    (host / "etc").mkdir()
+    (host / "etc/os-release").write_text("ID=flatcar\n")
+    (host / "var/lib").mkdir(parents=True)
+    (host / "var").chmod(0o775)
+    with pytest.raises(UntrustedPath) as refused:
+        detect_plugin_dir(proc_root=proc, host_root=host)
+    assert "/var is writable by others (mode 0775)" in refused.value.message
 
 
 @pytest.mark.parametrize(
@@ -101,28 +227,82 @@ def test_distribution_defaults(roots: tuple[Path, Path], distribution: str, expe
     )
 
 
-def test_install_without_plugin_dir_follows_the_running_kubelet(tmp_path: Path) -> None:
-    plugins = tmp_path / "volumeplugins"
-    # a real process whose command line reads like kubelet's
-    fake = subprocess.Popen(
-        ["kubelet", "-c", "sleep 60; :", "kubelet", f"--volume-plugin-dir={plugins}"],
-        executable="/bin/bash",
-    )
-    try:
-        for _ in range(50):
-            if Path(f"/proc/{fake.pid}/cmdline").read_bytes().startswith(b"kubelet\0"):
-                break
-            time.sleep(0.05)
+@needs_root
+def test_install_without_plugin_dir_follows_the_running_kubelet(
+    trusted_dir: Path, tmp_path: Path
+) -> None:
+    plugins = trusted_dir / "volumeplugins"
+    config = tmp_path / "flexhub.toml"
+    config.write_text(f'state_dir = "{trusted_dir}/state"\nlog_dir = "{tmp_path}/log"\n')
+    argv = kubelet_argv(fake_kubelet(trusted_dir / "bin"), f"{FLAG}={plugins}")
+    with running(argv) as kubelet:
+        wait_for_cmdline(kubelet.pid, argv[0])
         proc = subprocess.run(
-            [PYTHON, "-m", "flexhub", "install", "--config", str(tmp_path / "none.toml")],
+            [PYTHON, "-m", "flexhub", "install", "--config", str(config)],
             env=dict(KUBELET_ENV),
             capture_output=True,
             text=True,
             check=False,
         )
-    finally:
-        fake.kill()
-        fake.wait()
     assert proc.returncode == 0, proc.stderr
-    assert f"plugin directory: {plugins} (kubelet command line: pid {fake.pid}" in proc.stdout
+    assert f"plugin directory: {plugins} (kubelet command line: pid {kubelet.pid}" in proc.stdout
     assert (plugins / "k8s~flexhub" / "flexhub").is_file()
+    record = trusted_dir / "state" / "installed-k8s~flexhub.json"
+    assert f'"plugin_dir": "{plugins}"' in record.read_text()
+    assert record.stat().st_mode & 0o7777 == 0o644
+
+
+@needs_root
+def test_install_refuses_a_plugin_directory_others_may_write(tmp_path: Path) -> None:
+    evil = tmp_path / "evil"
+    config = tmp_path / "flexhub.toml"
+    config.write_text(f'state_dir = "{tmp_path}/state"\n')
+    proc = subprocess.run(
+        [PYTHON, "-m", "flexhub", "install", "--plugin-dir", str(evil), "--config", str(config)],
+        env=dict(KUBELET_ENV),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "/tmp is writable by others (mode 1777)" in proc.stdout + proc.stderr
+    assert not evil.exists() and not (tmp_path / "state").exists()
+
+
+@needs_root
+def test_dot_dot_below_a_missing_directory_is_refused(trusted_dir: Path) -> None:
+    """What kubelet reports is not normalised: a missing directory's '..' is not followed."""
+    from flexhub.admin.trust import trusted_path
+
+    with pytest.raises(UntrustedPath) as refused:
+        trusted_path(f"{trusted_dir}/missing/../../../tmp/plugins", missing_ok=True)
+    assert "'..' below the missing" in refused.value.message
+    (trusted_dir / "bin").mkdir()
+    (trusted_dir / "up").symlink_to("/tmp")
+    assert (
+        trusted_path(f"{trusted_dir}/bin/../plugins", missing_ok=True) == f"{trusted_dir}/plugins"
+    )
+    with pytest.raises(UntrustedPath, match="/tmp is writable by others"):
+        trusted_path(f"{trusted_dir}/up/../run", missing_ok=True)  # '..' of /tmp is /
+
+
+@needs_root
+def test_install_makes_missing_directories_0755_whatever_the_umask(
+    trusted_dir: Path, tmp_path: Path
+) -> None:
+    plugins = trusted_dir / "a" / "b" / "plugins"
+    config = tmp_path / "flexhub.toml"
+    config.write_text(f'state_dir = "{trusted_dir}/state"\n')
+    proc = subprocess.run(
+        [PYTHON, "-m", "flexhub", "install", "--plugin-dir", str(plugins), "--config", str(config)],
+        env=dict(KUBELET_ENV),
+        capture_output=True,
+        text=True,
+        check=False,
+        preexec_fn=lambda: os.umask(0),
+    )
+    assert proc.returncode == 0, proc.stderr
+    made = [trusted_dir / "a", trusted_dir / "a/b", plugins, plugins / "k8s~flexhub"]
+    assert {f"{d.stat().st_mode & 0o7777:04o}" for d in made} == {"0755"}
+    assert (trusted_dir / "state").stat().st_mode & 0o7777 == 0o700
+    detect_plugin_dir(str(plugins))  # what it made is root's alone

@@ -20,8 +20,9 @@ pytestmark = needs_root
 
 
 @pytest.fixture
-def node(tmp_path: Path, runtime: Path) -> Iterator[dict[str, Path]]:
-    tree = {name: tmp_path / name for name in ("plugins", "state", "log", "loop", "kubelet")}
+def node(tmp_path: Path, runtime: Path, trusted_dir: Path) -> Iterator[dict[str, Path]]:
+    tree = {name: tmp_path / name for name in ("state", "log", "loop", "kubelet")}
+    tree["plugins"] = trusted_dir / "plugins"  # install refuses one below /tmp
     config = tmp_path / "flexhub.toml"
     config.write_text(
         f'state_dir = "{tree["state"]}"\nlog_dir = "{tree["log"]}"\n'

@@ -106,7 +106,9 @@ def test_pinned_release_is_one_constant() -> None:
 # -- loopfile on this host --------------------------------------------------------------------
 
 
-def loopfile_env(tmp_path: Path) -> dict[str, str]:
+def loopfile_env(tmp_path: Path, workdir: Path) -> dict[str, str]:
+    """The harness's kubelet root and plugin directory go to ``workdir``, which only root may
+    write (``flexhub install`` refuses a plugin directory below /tmp); the rest to tmp_path."""
     config = tmp_path / "flexhub.toml"
     config.write_text(
         f'state_dir = "{tmp_path}/state"\nlog_dir = "{tmp_path}/log"\n'
@@ -115,7 +117,7 @@ def loopfile_env(tmp_path: Path) -> dict[str, str]:
     return _env(
         sys.executable,
         str(config),
-        str(tmp_path),
+        str(workdir),
         options={"backend": "loopfile", "file": "kh.img", "size": "1Gi"},
         inline_options={"backend": "loopfile", "file": "kh-inline.img", "size": "1Gi"},
         fstype="xfs",  # online ext4 growth needs CAP_SYS_RESOURCE, which this host lacks
@@ -139,38 +141,39 @@ def run_host(binary: Path, env: Mapping[str, str], run: str | None = None) -> tu
     return result.returncode, result.stdout
 
 
-def leftovers(tmp_path: Path) -> list[str]:
-    """Mounts under tmp_path and loop devices backed by a file under it."""
+def leftovers(*roots: Path) -> list[str]:
+    """Mounts under the roots and loop devices backed by a file under them."""
     found = []
+    prefixes = tuple(f"{root}/" for root in roots)
     for line in Path("/proc/self/mounts").read_text().splitlines():
         mountpoint = line.split()[1]
-        if mountpoint.startswith(f"{tmp_path}/"):
+        if mountpoint.startswith(prefixes):
             found.append(mountpoint)
     loops = subprocess.run(["losetup", "-nO", "NAME,BACK-FILE"], capture_output=True, text=True)
     for line in loops.stdout.splitlines():
         name, _, backing = line.strip().partition(" ")
-        if backing.strip().startswith(f"{tmp_path}/"):
+        if backing.strip().startswith(prefixes):
             found.append(name)
     return found
 
 
-def scrub(tmp_path: Path) -> None:
+def scrub(*roots: Path) -> None:
     """Undo whatever a (deliberately) broken run left: unmount, detach the loop devices."""
-    for item in reversed(leftovers(tmp_path)):
+    for item in reversed(leftovers(*roots)):
         if item.startswith("/dev/loop"):
             subprocess.run(["losetup", "-d", item], check=False)
         else:
             subprocess.run(["umount", "-l", item], check=False)
 
 
-def test_loopfile(harness: Path, tmp_path: Path) -> None:
+def test_loopfile(harness: Path, tmp_path: Path, trusted_dir: Path) -> None:
     """Every harness test passes for loopfile (xfs) with the real kubelet code."""
     try:
-        rc, output = run_host(harness, loopfile_env(tmp_path))
+        rc, output = run_host(harness, loopfile_env(tmp_path, trusted_dir))
         assert rc == 0, output
-        assert leftovers(tmp_path) == [], output
+        assert leftovers(tmp_path, trusted_dir) == [], output
     finally:
-        scrub(tmp_path)
+        scrub(tmp_path, trusted_dir)
     print(_summary(output))
 
 
@@ -194,14 +197,14 @@ BROKEN = [
 
 @pytest.mark.parametrize(("mode", "test", "says"), BROKEN, ids=[b[0] for b in BROKEN])
 def test_broken_driver_is_caught(
-    harness: Path, tmp_path: Path, mode: str, test: str, says: str
+    harness: Path, tmp_path: Path, trusted_dir: Path, mode: str, test: str, says: str
 ) -> None:
     """The check fails against a driver broken in exactly that way (loopfile on this host)."""
-    env = {**loopfile_env(tmp_path), "FLEXHUB_KH_BREAK": mode}
+    env = {**loopfile_env(tmp_path, trusted_dir), "FLEXHUB_KH_BREAK": mode}
     try:
         rc, output = run_host(harness, env, run=test)
     finally:
-        scrub(tmp_path)
+        scrub(tmp_path, trusted_dir)
     assert rc != 0, f"the harness passed a driver broken as {mode!r}:\n{output}"
     assert says in output, f"broken as {mode!r}, but the failure is not the expected one:\n{output}"
 

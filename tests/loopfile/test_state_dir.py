@@ -36,3 +36,27 @@ def test_unmount_with_a_read_only_state_dir_unmounts_and_detaches(
     assert loops_of(image) == []  # the loop device too (its ownership marker stays)
     log = (node_tree["log"] / "flexhub.log").read_text()
     assert "cannot remove the marker of" in log
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {**VOL, "size": "lots"},  # refused by the schema, before the node services
+        {**VOL, "file": "../escape.img"},  # refused by the backend
+        {**VOL, "fsType": "nosuchfs"},  # a failing mkfs, after the node services
+    ],
+)
+def test_a_first_mount_that_fails_leaves_state_dir_private(
+    kube: Kubelet, node_tree: dict[str, Path], options: dict[str, str]
+) -> None:
+    state = node_tree["state"]
+    assert not state.exists()
+    reply = mount(kube, kube.new_pod_uid(), options)
+    assert reply.status == "Failure", reply.reply
+    assert state.is_dir()  # the call made it (the memo and the locks live there)
+    modes = {
+        str(p.relative_to(state.parent)): f"{p.stat().st_mode & 0o7777:04o}"
+        for p in [state, *state.iterdir()]
+        if p.is_dir()
+    }
+    assert set(modes.values()) == {"0700"}, modes
