@@ -593,6 +593,8 @@ def _undo_block(
             return
         node.journal.delete_volume(volume_id)
         _remove_dir(staging)
+        if progress.attachment is not None:
+            backend.discard(progress.attachment)  # e.g. the file this call's attach created
     except (FlexhubError, OSError) as exc:
         LOG.error("rollback of the mount of %s on %s failed: %s", volume_id, target, exc)
 
