@@ -186,6 +186,21 @@ def test_files_planted_by_another_user_or_outside_are_not_counted(
     assert refused.status == "Failure" and "1.00 TiB" in refused.message, refused.reply
 
 
+def test_leftover_of_a_killed_creation_does_not_block_its_retry(
+    rkube: Kubelet, small_root: Path
+) -> None:
+    """A creation killed midway leaves its temporary file (here 250 MiB, as big as the file):
+    the retry removes it and is not refused for the room the leftover seemed to promise."""
+    leftover = area(small_root, "team-a") / ".data.img.0123abcd.flexhub-new"
+    leftover.parent.mkdir(parents=True)
+    with open(leftover, "wb") as f:
+        f.truncate(250 * MiB)
+    uid, reply = mount(rkube, "team-a", "250Mi")
+    assert reply.ok, reply.reply
+    assert not leftover.exists()
+    assert rkube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
+
+
 def test_refused_mount_on_a_missing_root_creates_nothing(
     kubelet: Kubelet, node_tree: dict[str, Path]
 ) -> None:

@@ -76,8 +76,8 @@ DEFAULT_ROOT = "/var/lib/flexhub/loopfiles"
 BLOCK = 4096
 
 _ID_PREFIX = "loopfile:"
-#: Suffix of a file being created (its name starts with "." so no PV can name it).
-_NEW_SUFFIX = ".flexhub-new"
+#: Suffix of a file being created (no ``file`` option may end with it).
+_NEW_SUFFIX = _room.NEW_SUFFIX
 _ATTEMPTS = 5
 _BUSY = "Device or resource busy"
 #: What losetup (util-linux 2.2x-2.4x) and libmount say when no free device node is usable.
@@ -179,6 +179,9 @@ class LoopfileBackend(BlockBackend):
             raise InvalidOptions(
                 f"option 'file' must not contain empty, '.' or '..' segments: {text}"
             )
+        if text.endswith(_NEW_SUFFIX):
+            # the name of a file being created, which the root's account does not count
+            raise InvalidOptions(f"option 'file' must not end with {_NEW_SUFFIX}: {text}")
         return text
 
     def _base(self, volume: Volume) -> Path:
@@ -549,6 +552,7 @@ class LoopfileBackend(BlockBackend):
             )
         size = _round_up(size)
         with self._room_lock():
+            self._remove_leftovers(path)
             # Checked before anything is made: a refusal creates nothing.
             self._check_room(path, size, self._preallocate(volume.options))
             made = self._make_parents(path)
@@ -561,6 +565,17 @@ class LoopfileBackend(BlockBackend):
             st = os.stat(path)
             self._created[str(path)] = _Created((st.st_dev, st.st_ino), size, tuple(made))
         return created
+
+    @staticmethod
+    def _remove_leftovers(path: Path) -> None:
+        """Remove what a creation of ``path`` that was killed left (the volume lock is held:
+        none is in progress), before its blocks are counted."""
+        if not path.parent.is_dir():
+            return
+        for stale in path.parent.glob(f".{path.name}.*{_NEW_SUFFIX}"):
+            with contextlib.suppress(OSError):
+                stale.unlink()
+                LOG.info("removed %s, left by an interrupted creation", stale)
 
     def _make_parents(self, path: Path) -> list[Path]:
         """Create the missing directories above ``path`` (0700).
@@ -596,11 +611,6 @@ class LoopfileBackend(BlockBackend):
         real_parent = path.parent.resolve()
         if real_parent != path.parent or not real_parent.is_relative_to(base):
             raise InvalidOptions(f"option 'file' escapes the loopfile root: {path}")
-        # Leftovers of a creation that crashed (the volume lock is held: none is in progress).
-        for stale in path.parent.glob(f".{path.name}.*{_NEW_SUFFIX}"):
-            with contextlib.suppress(OSError):
-                stale.unlink()
-                LOG.info("removed %s, left by an interrupted creation", stale)
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{_NEW_SUFFIX}")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(tmp, flags, 0o600)

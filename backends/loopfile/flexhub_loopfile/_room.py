@@ -36,13 +36,17 @@ from pathlib import Path
 
 from flexhub.backend import VolumeError
 
-__all__ = ["MAX_DEPTH", "MAX_ENTRIES", "Room", "check", "human", "measure"]
+__all__ = ["MAX_DEPTH", "MAX_ENTRIES", "NEW_SUFFIX", "Room", "check", "human", "measure"]
 
 #: Directory levels scanned below the root: ``namespaces/<namespace>/`` and the at most 128
 #: segments of a 255-character ``file`` option.
 MAX_DEPTH = 2 + 128
 #: Directory entries scanned at most before refusing.
 MAX_ENTRIES = 100_000
+#: Suffix of a file being created (``.<name>.<random>.flexhub-new``). Creations hold the lock
+#: on the account, so one that the scan meets is the leftover of a killed call: it promises
+#: nothing (its blocks, if any, are simply not free).
+NEW_SUFFIX = ".flexhub-new"
 
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
@@ -120,11 +124,13 @@ def measure(root: Path, where: Path, exclude: tuple[int, int] | None = None) -> 
                         and st.st_uid == 0
                         and st.st_dev == device
                         and st.st_ino not in seen
+                        and not entry.name.endswith(NEW_SUFFIX)
                     ):
                         seen.add(st.st_ino)
                         if (st.st_dev, st.st_ino) != exclude:
                             promised += st.st_size
-                        occupied += st.st_blocks * 512
+                        # blocks past the end (xfs preallocates ahead) hold nothing promised
+                        occupied += min(st.st_blocks * 512, st.st_size)
         except OSError:
             continue  # a directory gone (or unreadable) meanwhile
     return Room(promised, occupied, vfs.f_bavail * vfs.f_frsize)
