@@ -194,6 +194,17 @@ def test_legacy_refuse_fails_and_moves_nothing(tree: Tree) -> None:
     assert not (tree.loopfiles / "namespaces" / "team-a" / "shared" / "db.img").exists()
 
 
+def test_legacy_file_smaller_than_size_is_refused_before_adoption(tree: Tree) -> None:
+    """A PV asking for more than the pre-isolation file holds: refused naming both sizes, and
+    the file stays where it was (a refusal moves nothing either)."""
+    legacy = _legacy_file(tree)
+    size = legacy.stat().st_size
+    reply = tree.mount(tree.kube.new_pod_uid(), {**VOL, "size": f"{2 * size}"}, "team-a")
+    assert reply.status == "Failure" and "option 'size' asks for" in reply.message, reply.reply
+    assert legacy.is_file() and legacy.stat().st_size == size
+    assert not (tree.loopfiles / "namespaces" / "team-a").exists()
+
+
 def test_expandfs_grows_the_namespaced_file(tree: Tree) -> None:
     """expandfs carries no namespace: it grows the file journalled for the pod directory."""
     uid = tree.kube.new_pod_uid()

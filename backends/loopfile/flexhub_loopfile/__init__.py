@@ -313,9 +313,12 @@ class LoopfileBackend(BlockBackend):
                 f"option 'size' is required: {volume.options.get('file')} does not exist yet"
             )
         if volume.pod is not None and size is not None:
-            # also when the volume is staged already (its mount then never reaches attach)
-            with contextlib.suppress(FileNotFoundError):
-                self._check_size(path, os.stat(path).st_size, size, note=False)
+            # also when the volume is staged already (its mount then never reaches attach),
+            # and before a pre-isolation file is adopted
+            existing = path if path.exists() else self._legacy(volume, path)
+            if existing is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    self._check_size(existing, os.stat(existing).st_size, size, note=False)
 
     def volume_id(self, volume: Volume) -> str:
         """``loopfile:<resolved path>``: two PVs naming the same file are one volume.
