@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from flexhub_loopfile import LoopfileBackend, _room
 
+from flexhub.backend import Volume, VolumeError
 from flexhub.harness import DriverReply, Kubelet
 from tests.conftest import needs_root
 from tests.loopfile.test_driver_e2e import loops_of, mounts_under
@@ -213,3 +216,45 @@ def test_refused_mount_on_a_missing_root_creates_nothing(
     assert reply is not None and reply.status == "Failure", reply and reply.reply
     assert "EiB" in reply.message or "TiB" in reply.message, reply.message
     assert not root.exists()
+
+
+def test_two_namespaces_racing_for_the_last_room_get_it_once(
+    rkube: Kubelet, small_root: Path
+) -> None:
+    """Two 200 MiB mounts at once on a ~276 MiB root: the account is checked and the file
+    made under one lock, so exactly one of them is accepted."""
+    replies: dict[str, DriverReply] = {}
+
+    def run(namespace: str) -> None:
+        replies[namespace] = mount(rkube, namespace, "200Mi")[1]
+
+    threads = [threading.Thread(target=run, args=(ns,)) for ns in ("team-a", "team-b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(r.status for r in replies.values()) == ["Failure", "Success"], replies
+    made = [ns for ns in ("team-a", "team-b") if (area(small_root, ns) / "data.img").exists()]
+    assert len(made) == 1 and replies[made[0]].ok
+
+
+def test_a_root_too_large_to_scan_is_refused(
+    backend: LoopfileBackend, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More entries than the scan's bound: a clear refusal, and no file made."""
+    monkeypatch.setattr(_room, "MAX_ENTRIES", 100)
+    crowd = root / "crowd"
+    crowd.mkdir(parents=True)
+    for i in range(150):
+        (crowd / f"f{i}").touch()
+    with pytest.raises(VolumeError, match="more than 100 entries"):
+        backend.attach(Volume(options={"backend": "loopfile", "file": "a.img", "size": "16Mi"}))
+    assert not (root / "a.img").exists()
+
+
+def test_human_units() -> None:
+    assert _room.human(200 * MiB) == "200.0 MiB"
+    assert _room.human(3 * MiB // 2) == "1.5 MiB"
+    assert _room.human(3 << 29) == "1.50 GiB"
+    assert _room.human(1 << 40) == "1.00 TiB"
+    assert _room.human(1 << 60) == "1.00 EiB"
