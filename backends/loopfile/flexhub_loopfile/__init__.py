@@ -509,8 +509,9 @@ class LoopfileBackend(BlockBackend):
         if current < wanted:
             raise VolumeError(
                 f"{path} is {_room.human(current)} but option 'size' asks for "
-                f"{_room.human(wanted)}: refusing to mount it at another size (grow the "
-                "mounted volume with a PVC expansion, or name a new file)"
+                f"{_room.human(wanted)}: refusing to mount it at another size (mount it with "
+                f"a 'size' of at most {_room.human(current)}, or none, and expand its PVC; "
+                "or name a new file)"
             )
         if current > wanted and note:
             LOG.info(
