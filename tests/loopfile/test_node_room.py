@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,7 +51,14 @@ def small_root(node_tree: dict[str, Path], tmp_path: Path) -> Iterator[Path]:
     root.mkdir(mode=0o700)
     subprocess.run(["mount", "-o", "loop", str(image), str(root)], check=True)
     yield root
-    subprocess.run(["umount", str(root)], check=False)
+    # the volumes' loop devices let go of their files asynchronously: wait for it a little
+    for _ in range(50):
+        if subprocess.run(["umount", str(root)], check=False, capture_output=True).returncode:
+            time.sleep(0.1)
+        else:
+            break
+    else:
+        subprocess.run(["umount", "-l", str(root)], check=False)
     for loop in loops_of(image):
         subprocess.run(["losetup", "-d", loop], check=False)
 

@@ -377,3 +377,16 @@ def test_attach_tells_the_core_what_it_knows_about_blankness(
     written = backend.attach(vol(file="a.img"))
     assert written.blank is False  # data extents: never formatted without a signature
     backend.detach(written)
+
+
+def test_file_deeper_than_the_account_sees_is_refused(backend: LoopfileBackend, root: Path) -> None:
+    """A symlink in the root can make a short ``file`` resolve deeper than the account's scan
+    goes: refused, nothing made."""
+    deep = root
+    for _ in range(140):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    (root / "short").symlink_to(deep)
+    with pytest.raises(InvalidOptions, match="too deep"):
+        backend.attach(vol(file="short/x.img", size="16Mi"))
+    assert not (deep / "x.img").exists()

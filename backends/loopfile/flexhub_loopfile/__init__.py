@@ -555,6 +555,9 @@ class LoopfileBackend(BlockBackend):
                 f"option 'size' is required: {volume.options.get('file')} does not exist yet"
             )
         size = _round_up(size)
+        if len(path.relative_to(self._root()).parts) > _room.MAX_DEPTH + 1:
+            # reachable only through symlinks in the root; the account would not see it
+            raise InvalidOptions(f"option 'file' is too deep under the loopfile root: {path}")
         with self._room_lock():
             self._remove_leftovers(path)
             # Checked before anything is made: a refusal creates nothing.
