@@ -242,6 +242,17 @@ class BlockBackend(Backend):
         .. versionchanged:: 0.2 may raise :class:`ReleaseDeferred`.
         """
 
+    def discard(self, attachment: Attachment) -> None:
+        """Undo what :meth:`attach` created for a ``mount`` that then failed.
+
+        Called only by the rollback of the very call whose attach returned ``attachment``,
+        after :meth:`detach` released it and no pod uses the volume; never by ``unmount``.
+        Remove only what that attach created and nothing else has used since (loopfile: the
+        backing file it made). Default: nothing.
+
+        .. versionadded:: 0.2
+        """
+
     #: Whether :meth:`release` is implemented (the backend reports its attach's progress).
     releases_partial: ClassVar[bool] = False
 

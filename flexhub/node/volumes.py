@@ -593,6 +593,8 @@ def _undo_block(
             return
         node.journal.delete_volume(volume_id)
         _remove_dir(staging)
+        if progress.attachment is not None:
+            backend.discard(progress.attachment)  # e.g. the file this call's attach created
     except (FlexhubError, OSError) as exc:
         LOG.error("rollback of the mount of %s on %s failed: %s", volume_id, target, exc)
 
@@ -912,9 +914,10 @@ def _staged_volume_id(node: Node, target: Path, volume: Volume) -> str | None:
     """The volume id journalled for the pod directory ``target``, if it is a block volume.
 
     ``expandfs`` carries the PV's options but no pod, so a backend whose volume id depends on
-    the pod (loopfile's namespace areas) is found through the pod directory's record.
+    the pod (loopfile's namespace areas) is found through the pod directory's record, kept
+    under the resolved path (:func:`pod_dir`; an older flexhub's, under the path as given).
     """
-    record = node.journal.get_pod(_abs(target))
+    record = node.journal.get_pod(pod_dir(target)) or node.journal.get_pod(_abs(target))
     if record is None or record.staging is None:
         return None
     if volume.backend and record.backend != volume.backend:

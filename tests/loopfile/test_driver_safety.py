@@ -162,3 +162,22 @@ def test_symlinked_kubelet_root_unmount_really_unmounts(
     # before: "Success" while the bind, the staging mount and the loop device stayed
     assert _resolved_mounts(linked) == [] and mounts_under(node_tree["state"]) == []
     assert loops_of(node_tree["loopfiles"] / "namespaces" / "default" / "u.img") == []
+
+
+def test_symlinked_kubelet_root_expandfs_grows_the_volume(
+    linked: Kubelet, node_tree: dict[str, Path]
+) -> None:
+    """expandfs names the pod directory through the symlink, as kubelet does: the pod record
+    (kept under the resolved path) is found and the xfs filesystem really grows."""
+    uid = linked.new_pod_uid()
+    user = {"backend": "loopfile", "file": "grow.img", "size": "400Mi"}
+    assert mount(linked, uid, user, fs_type="xfs").ok
+    target = linked.pod_dir(uid, "pv-1")
+    before = _df(target)
+    options = Kubelet.base_options(user, pv="pv-1", fs_type="xfs")
+    reply = linked.expandfs(uid, "pv-1", options, 800 * MiB, 400 * MiB)
+    assert reply.ok, reply.reply
+    assert _df(target) > before + 300 * MiB, (before, _df(target))
+    image = node_tree["loopfiles"] / "namespaces" / "default" / "grow.img"
+    assert image.stat().st_size == 800 * MiB
+    assert linked.unmount(uid, "pv-1").ok  # type: ignore[union-attr]

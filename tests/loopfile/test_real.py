@@ -95,9 +95,9 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
 
 def test_preallocate_without_room(backend: LoopfileBackend, small_fs: Path) -> None:
     backend.node.config.backends["loopfile"]["root"] = str(small_fs / "root")  # type: ignore[index]
-    with pytest.raises(VolumeError, match=r"not enough room for .*needs 67108864 bytes"):
+    with pytest.raises(VolumeError, match=r"not enough room for .*preallocating 64.0 MiB"):
         backend.attach(vol(file="big.img", size="64Mi", preallocate="true"))
-    assert os.listdir(small_fs / "root") == []  # the partial file is gone
+    assert os.listdir(small_fs) == []  # nothing made, not even the root
     assert os.statvfs(small_fs).f_bfree * os.statvfs(small_fs).f_frsize > 15 * MiB
 
 
@@ -140,11 +140,13 @@ def test_two_files_two_devices(backend: LoopfileBackend) -> None:
     assert a.device != b.device
 
 
-def test_existing_file_not_grown_by_attach(backend: LoopfileBackend, root: Path) -> None:
-    make_file(root / "small.img", 16 * MiB)
-    att = backend.attach(vol(file="small.img", size="1Gi"))
-    assert os.stat(root / "small.img").st_size == 16 * MiB
-    assert device_of(att).size() == 16 * MiB
+def test_existing_file_smaller_than_size_is_refused(backend: LoopfileBackend, root: Path) -> None:
+    """Never attached at another size than the PV asks for (issue 19): refused, unchanged."""
+    path = make_file(root / "small.img", 16 * MiB)
+    with pytest.raises(VolumeError, match=r"is 16\.0 MiB but option 'size' asks for 1\.00 GiB"):
+        backend.attach(vol(file="small.img", size="1Gi"))
+    assert os.stat(path).st_size == 16 * MiB
+    assert _loop.find_for_file(path) is None
 
 
 def test_empty_file_refused(backend: LoopfileBackend, root: Path) -> None:
@@ -375,3 +377,16 @@ def test_attach_tells_the_core_what_it_knows_about_blankness(
     written = backend.attach(vol(file="a.img"))
     assert written.blank is False  # data extents: never formatted without a signature
     backend.detach(written)
+
+
+def test_file_deeper_than_the_account_sees_is_refused(backend: LoopfileBackend, root: Path) -> None:
+    """A symlink in the root can make a short ``file`` resolve deeper than the account's scan
+    goes: refused, nothing made."""
+    deep = root
+    for _ in range(140):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    (root / "short").symlink_to(deep)
+    with pytest.raises(InvalidOptions, match="too deep"):
+        backend.attach(vol(file="short/x.img", size="16Mi"))
+    assert not (deep / "x.img").exists()

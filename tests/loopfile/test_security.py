@@ -194,6 +194,17 @@ def test_legacy_refuse_fails_and_moves_nothing(tree: Tree) -> None:
     assert not (tree.loopfiles / "namespaces" / "team-a" / "shared" / "db.img").exists()
 
 
+def test_legacy_file_smaller_than_size_is_refused_before_adoption(tree: Tree) -> None:
+    """A PV asking for more than the pre-isolation file holds: refused naming both sizes, and
+    the file stays where it was (a refusal moves nothing either)."""
+    legacy = _legacy_file(tree)
+    size = legacy.stat().st_size
+    reply = tree.mount(tree.kube.new_pod_uid(), {**VOL, "size": f"{2 * size}"}, "team-a")
+    assert reply.status == "Failure" and "option 'size' asks for" in reply.message, reply.reply
+    assert legacy.is_file() and legacy.stat().st_size == size
+    assert not (tree.loopfiles / "namespaces" / "team-a").exists()
+
+
 def test_expandfs_grows_the_namespaced_file(tree: Tree) -> None:
     """expandfs carries no namespace: it grows the file journalled for the pod directory."""
     uid = tree.kube.new_pod_uid()
@@ -260,11 +271,10 @@ def small_root(tree: Tree) -> Iterator[Path]:
 def test_new_file_larger_than_free_space_is_refused(tree: Tree, small_root: Path) -> None:
     """A 1 GiB file on a 128 MiB filesystem: Failure naming both sizes, nothing created."""
     user = {"backend": "loopfile", "file": "big.img", "size": "1Gi"}
-    free = os.statvfs(small_root).f_bavail * os.statvfs(small_root).f_frsize
     reply = tree.mount(tree.kube.new_pod_uid(), user, "team-a", fs_type="xfs")
     assert reply.status == "Failure", reply.reply
-    assert "1073741824 bytes" in reply.message and f"{free} bytes free" in reply.message
-    assert not any(p.is_file() for p in small_root.rglob("*"))
+    assert "(1.00 GiB)" in reply.message and "128.0 MiB free" in reply.message, reply.message
+    assert list(small_root.iterdir()) == []
 
 
 def test_stated_overcommit_allows_a_sparse_file(tree: Tree, small_root: Path) -> None:
@@ -277,7 +287,7 @@ def test_stated_overcommit_allows_a_sparse_file(tree: Tree, small_root: Path) ->
     tree.unmount(uid)
     full = {**user, "file": "full.img", "preallocate": "true"}
     reply = tree.mount(tree.kube.new_pod_uid(), full, "team-a", fs_type="xfs")
-    assert reply.status == "Failure" and "bytes free" in reply.message, reply.reply
+    assert reply.status == "Failure" and "preallocating 1.00 GiB" in reply.message, reply.reply
 
 
 # -- 4. the state directory is root's alone ---------------------------------------------------

@@ -11,20 +11,27 @@ leaves the root and anything that is not a regular file (device nodes, directori
 refused before anything is created, so a PV author cannot turn ``/etc/shadow`` or a host disk
 into a volume. By default (``[loopfile] isolation = "namespace"``) ``file`` is resolved in the
 pod namespace's own area, ``<root>/namespaces/<namespace>/``, so one namespace never reaches
-another's files; see :mod:`flexhub_loopfile._tenancy` for that, the migration of older files,
-and ``overcommit`` (a new file larger than the free space is refused).
+another's files; see :mod:`flexhub_loopfile._tenancy` for that and the migration of older
+files, and :mod:`flexhub_loopfile._room` for ``overcommit``: a new file, or a growth, that
+would make the root's files together promise more than its filesystem holds is refused,
+before anything is created.
 
 Life cycle (the core takes the volume lock, formats, stages, binds and counts users):
 
 * :meth:`LoopfileBackend.attach` creates the file when missing (sparse, or fully allocated
-  with ``preallocate: "true"``; it appears atomically, already at its size), then reuses the
+  with ``preallocate: "true"``; it appears atomically, already at its size). An existing file
+  smaller than ``size`` is refused with both sizes (never mounted at another size than the PV
+  asks for); a larger one (grown by ``expandfs`` since) is mounted at its size, logged. Then
+  it reuses the
   loop device already mapping that file or attaches a new one with ``losetup``
   (``--direct-io=on`` when the kernel and filesystem allow it). Missing ``/dev/loopN`` nodes
   are created.
 * :meth:`LoopfileBackend.detach` detaches the device only if flexhub attached it: see
   :mod:`flexhub_loopfile._loop` for the ownership markers kept under
   ``<state_dir>/loopfile/created``. A device somebody else set up is left attached. The file
-  always stays.
+  always stays, except through :meth:`LoopfileBackend.discard`: the rollback of a mount that
+  failed removes the file its own attach created (and the directories made for it), if it is
+  still that inode, at that size, with one link and no loop device.
 * :meth:`LoopfileBackend.expand` grows the file, refreshes the loop device's capacity
   (``losetup -c``) and checks it; the core then grows the filesystem. The file never
   shrinks: when it is already at least the new size (``size: 10Gi`` on a PV of ``10G``), the
@@ -42,6 +49,7 @@ import os
 import secrets
 import stat
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from flexhub.backend import (
@@ -50,11 +58,12 @@ from flexhub.backend import (
     CommandError,
     FlexhubError,
     InvalidOptions,
+    Node,
     NodeRequirements,
     Volume,
     VolumeError,
 )
-from flexhub_loopfile import _loop, _tenancy
+from flexhub_loopfile import _loop, _room, _tenancy
 from flexhub_loopfile._quantity import parse_quantity
 
 __all__ = ["DEFAULT_ROOT", "LoopfileBackend"]
@@ -67,8 +76,8 @@ DEFAULT_ROOT = "/var/lib/flexhub/loopfiles"
 BLOCK = 4096
 
 _ID_PREFIX = "loopfile:"
-#: Suffix of a file being created (its name starts with "." so no PV can name it).
-_NEW_SUFFIX = ".flexhub-new"
+#: Suffix of a file being created (no ``file`` option may end with it).
+_NEW_SUFFIX = _room.NEW_SUFFIX
 _ATTEMPTS = 5
 _BUSY = "Device or resource busy"
 #: What losetup (util-linux 2.2x-2.4x) and libmount say when no free device node is usable.
@@ -109,8 +118,23 @@ def _free_bytes(directory: Path) -> int:
     return vfs.f_bavail * vfs.f_frsize
 
 
+@dataclass(frozen=True)
+class _Created:
+    """A backing file an attach of this instance created (for :meth:`LoopfileBackend.discard`)."""
+
+    identity: tuple[int, int]
+    size: int
+    directories: tuple[Path, ...]
+
+
 class LoopfileBackend(BlockBackend):
     """Block volumes backed by files under the node's loopfile root."""
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        #: Files (by path) that an attach of this very call created: only they may be
+        #: discarded by the rollback of a failed mount.
+        self._created: dict[str, _Created] = {}
 
     schema_package = "flexhub_loopfile"
     node_requirements = NodeRequirements(
@@ -155,6 +179,9 @@ class LoopfileBackend(BlockBackend):
             raise InvalidOptions(
                 f"option 'file' must not contain empty, '.' or '..' segments: {text}"
             )
+        if text.endswith(_NEW_SUFFIX):
+            # the name of a file being created, which the root's account does not count
+            raise InvalidOptions(f"option 'file' must not end with {_NEW_SUFFIX}: {text}")
         return text
 
     def _base(self, volume: Volume) -> Path:
@@ -285,6 +312,13 @@ class LoopfileBackend(BlockBackend):
             raise InvalidOptions(
                 f"option 'size' is required: {volume.options.get('file')} does not exist yet"
             )
+        if volume.pod is not None and size is not None:
+            # also when the volume is staged already (its mount then never reaches attach),
+            # and before a pre-isolation file is adopted
+            existing = path if path.exists() else self._legacy(volume, path)
+            if existing is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    self._check_size(existing, os.stat(existing).st_size, size, note=False)
 
     def volume_id(self, volume: Volume) -> str:
         """``loopfile:<resolved path>``: two PVs naming the same file are one volume.
@@ -299,6 +333,14 @@ class LoopfileBackend(BlockBackend):
         self._adopt(volume, path)
         self.node.record_progress(file=str(path))
         created = self._ensure_file(path, volume)
+        try:
+            return self._attach_file(path, created)
+        except BaseException:
+            if created:
+                self._discard_file(path)
+            raise
+
+    def _attach_file(self, path: Path, created: bool) -> Attachment:
         data = None if created else _has_data(path)
         markers = self._markers()
         # A file this call just created (a new inode, renamed into place) cannot back any
@@ -333,6 +375,43 @@ class LoopfileBackend(BlockBackend):
             loop = dev.path if dev is not None else ""
         if loop:
             self.detach(Attachment(loop, {"loop": loop, "file": file}))
+
+    def discard(self, attachment: Attachment) -> None:
+        """A mount failed after this call's attach created the file: remove it (see
+        :meth:`_discard_file`), so that a later mount creates it again at its ``size``."""
+        file = attachment.details.get("file", "")
+        if file:
+            self._discard_file(Path(file))
+
+    def _discard_file(self, path: Path) -> None:
+        """Remove ``path`` and the directories made for it, if this instance's attach created
+        them and nothing else has used the file since: same inode, one link, the size it was
+        made at, and no loop device mapping it. Anything else keeps the file (logged)."""
+        created = self._created.pop(str(path), None)
+        if created is None:
+            return
+        with self._room_lock():  # no creation beside it may be using its directories
+            try:
+                st = os.lstat(path)
+            except OSError:
+                return
+            if (
+                not stat.S_ISREG(st.st_mode)
+                or (st.st_dev, st.st_ino) != created.identity
+                or st.st_nlink != 1
+                or st.st_size != created.size
+                or any(dev.backing_identity() == created.identity for dev in _loop.devices())
+            ):
+                LOG.warning("keeping %s: it changed or is in use since this call made it", path)
+                return
+            try:
+                path.unlink()
+                self._fsync_dir(path.parent)
+            except OSError as exc:
+                LOG.warning("cannot remove %s, made by this failed mount: %s", path, exc)
+                return
+            self._remove_dirs(list(created.directories))
+        LOG.info("removed %s: this mount created it and failed", path)
 
     def detach(self, attachment: Attachment) -> None:
         """Detach the loop device if flexhub attached it; leave anybody else's alone."""
@@ -375,7 +454,10 @@ class LoopfileBackend(BlockBackend):
         current = st.st_size
         target = max(_round_up(new_size), current)  # the file never shrinks
         if target > current:
-            self._grow(path, current, target, self._preallocate(volume.options))
+            preallocate = self._preallocate(volume.options)
+            with self._room_lock():
+                self._check_room(path, target, preallocate)
+                self._grow(path, current, target, preallocate)
         else:
             # e.g. size 10Gi and a PV of 10G: the core still grows the filesystem to the device
             LOG.info("%s is already %d bytes (asked for %d)", path, current, new_size)
@@ -400,15 +482,43 @@ class LoopfileBackend(BlockBackend):
             raise VolumeError(f"the staged volume is {path}, not option 'file' {text}")
         return path
 
+    def _room_lock(self) -> contextlib.AbstractContextManager[None]:
+        """The node's lock on the loopfile root's account: held from the check of a new size
+        to the file having it, so two volumes never both take the last room."""
+        return self.node.lock("loopfile-room", str(self._root()))
+
     def _check_room(self, path: Path, size: int, preallocate: bool) -> None:
-        """Refuse a new file larger than the free space (times ``[loopfile] overcommit``)."""
-        free = _free_bytes(path.parent)
-        ratio = 1.0 if preallocate else _tenancy.overcommit(self.node.settings)
-        if size > free * ratio:
-            allowed = f" (overcommit {ratio:g}: {int(free * ratio)} bytes)" if ratio > 1 else ""
+        """Refuse ``path`` at ``size`` bytes when the root's files would promise more than its
+        filesystem holds (times ``[loopfile] overcommit``): see :mod:`flexhub_loopfile._room`.
+        """
+        _room.check(
+            self._root(),
+            path,
+            size,
+            ratio=_tenancy.overcommit(self.node.settings),
+            preallocate=preallocate,
+        )
+
+    @staticmethod
+    def _check_size(path: Path, current: int, size: int, *, note: bool = True) -> None:
+        """An existing file must be at least ``size`` (a larger one is logged if ``note``).
+
+        :raises VolumeError: the file is smaller than option ``size``.
+        """
+        wanted = _round_up(size)
+        if current < wanted:
             raise VolumeError(
-                f"not enough room for {path}: it needs {size} bytes and the loopfile root's "
-                f"filesystem has {free} bytes free{allowed}"
+                f"{path} is {_room.human(current)} but option 'size' asks for "
+                f"{_room.human(wanted)}: refusing to mount it at another size (mount it with "
+                f"a 'size' of at most {_room.human(current)}, or none, and expand its PVC; "
+                "or name a new file)"
+            )
+        if current > wanted and note:
+            LOG.info(
+                "%s is %d bytes, larger than option 'size' (%d): not shrunk, mounted at its size",
+                path,
+                current,
+                wanted,
             )
 
     @staticmethod
@@ -435,6 +545,9 @@ class LoopfileBackend(BlockBackend):
                 raise InvalidOptions(f"option 'file' is not a regular file: {path}")
             if st.st_size == 0:
                 raise VolumeError(f"backing file {path} is empty")
+            size = self._size(volume)
+            if size is not None:
+                self._check_size(path, st.st_size, size)
             return False
         size = self._size(volume)
         if size is None:
@@ -442,20 +555,69 @@ class LoopfileBackend(BlockBackend):
                 f"option 'size' is required: {volume.options.get('file')} does not exist yet"
             )
         size = _round_up(size)
-        root = self._root()
-        base = self._base(volume)
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # Re-check now that the directories exist: nothing may have sneaked a symlink in.
-        real_parent = path.parent.resolve()
-        if real_parent != path.parent or not real_parent.is_relative_to(base):
-            raise InvalidOptions(f"option 'file' escapes the loopfile root: {path}")
-        self._check_room(path, size, self._preallocate(volume.options))
-        # Leftovers of a creation that crashed (the volume lock is held: none is in progress).
+        if len(path.relative_to(self._root()).parts) > _room.MAX_DEPTH + 1:
+            # reachable only through symlinks in the root; the account would not see it
+            raise InvalidOptions(f"option 'file' is too deep under the loopfile root: {path}")
+        with self._room_lock():
+            self._remove_leftovers(path)
+            # Checked before anything is made: a refusal creates nothing.
+            self._check_room(path, size, self._preallocate(volume.options))
+            made = self._make_parents(path)
+            try:
+                created = self._create(path, volume, size)
+            except BaseException:
+                self._remove_dirs(made)
+                raise
+        if created:
+            st = os.stat(path)
+            self._created[str(path)] = _Created((st.st_dev, st.st_ino), size, tuple(made))
+        return created
+
+    @staticmethod
+    def _remove_leftovers(path: Path) -> None:
+        """Remove what a creation of ``path`` that was killed left (the volume lock is held:
+        none is in progress), before its blocks are counted."""
+        if not path.parent.is_dir():
+            return
         for stale in path.parent.glob(f".{path.name}.*{_NEW_SUFFIX}"):
             with contextlib.suppress(OSError):
                 stale.unlink()
                 LOG.info("removed %s, left by an interrupted creation", stale)
+
+    def _make_parents(self, path: Path) -> list[Path]:
+        """Create the missing directories above ``path`` (0700).
+
+        :returns: those this call made, deepest first.
+        """
+        missing: list[Path] = []
+        for directory in path.parents:
+            if os.path.lexists(directory):
+                break
+            missing.append(directory)
+        made: list[Path] = []
+        for directory in reversed(missing):
+            try:
+                directory.mkdir(mode=0o700)
+            except FileExistsError:
+                continue
+            made.insert(0, directory)
+        return made
+
+    @staticmethod
+    def _remove_dirs(made: list[Path]) -> None:
+        for directory in made:  # deepest first; only while empty
+            try:
+                directory.rmdir()
+            except OSError:
+                break
+
+    def _create(self, path: Path, volume: Volume, size: int) -> bool:
+        """Make the file at ``size`` in its (existing) directory; ``False`` if it appeared."""
+        base = self._base(volume)
+        # Re-check now that the directories exist: nothing may have sneaked a symlink in.
+        real_parent = path.parent.resolve()
+        if real_parent != path.parent or not real_parent.is_relative_to(base):
+            raise InvalidOptions(f"option 'file' escapes the loopfile root: {path}")
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{_NEW_SUFFIX}")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(tmp, flags, 0o600)
@@ -476,8 +638,8 @@ class LoopfileBackend(BlockBackend):
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise VolumeError(
-                    f"not enough room on the node for {path}: need {size} bytes, "
-                    f"{_free_bytes(path.parent)} free"
+                    f"not enough room on the node for {path}: need {_room.human(size)}, "
+                    f"{_room.human(_free_bytes(path.parent))} free"
                 ) from None
             raise VolumeError(f"cannot create {path}: {exc.strerror or exc}") from None
         finally:
@@ -516,7 +678,8 @@ class LoopfileBackend(BlockBackend):
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise VolumeError(
                         f"not enough room on the node to grow {path}: need "
-                        f"{target - current} more bytes, {_free_bytes(path.parent)} free"
+                        f"{_room.human(target - current)} more, "
+                        f"{_room.human(_free_bytes(path.parent))} free"
                     ) from None
                 raise VolumeError(f"cannot grow {path}: {exc.strerror or exc}") from None
         finally:

@@ -12,8 +12,8 @@ what a namespaced mount does when its area has no such file but the old location
 one namespace can claim it), ``"refuse"`` fails the mount and tells the operator where to
 move it.
 
-``[loopfile] overcommit`` (a number >= 1, default 1) is how many times the free space of the
-root's filesystem a new sparse file may be; preallocated files never overcommit.
+``[loopfile] overcommit`` (a number >= 1, default 1) is how many times what the root's
+filesystem can hold the root's files may promise together (:mod:`flexhub_loopfile._room`).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def legacy_mode(settings: Mapping[str, Any]) -> str:
 
 
 def overcommit(settings: Mapping[str, Any]) -> float:
-    """The allowed ratio of a new sparse file's size to the root filesystem's free space."""
+    """The allowed ratio of what the root's files promise to what its filesystem holds."""
     value = settings.get("overcommit", 1)
     if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value < 1e6:
         raise FlexhubError("node config: [loopfile] overcommit must be a number >= 1")

@@ -1,0 +1,109 @@
+"""A loopfile's ``size`` is never ignored once the file exists (issue 19, finding 6).
+
+Through the installed driver with real loop devices: a file the failing mount created is
+removed by its rollback; an existing file smaller than ``size`` is refused with both sizes
+named (never mounted at its old size); a larger one mounts and says so in the log.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from flexhub.harness import Kubelet
+from tests.conftest import needs_root
+from tests.loopfile.test_driver_e2e import kube, loops_of, mount, mounts_under  # noqa: F401
+
+pytestmark = [needs_root, pytest.mark.root]
+
+MiB = 1024 * 1024
+
+
+def fs_size(target: Path) -> int:
+    st = os.statvfs(target)
+    return st.f_blocks * st.f_frsize
+
+
+def image(node_tree: dict[str, Path], name: str = "x.img") -> Path:
+    return node_tree["loopfiles"] / "namespaces" / "default" / name
+
+
+def test_failed_first_mount_removes_the_file_it_created(
+    kube: Kubelet,  # noqa: F811
+    node_tree: dict[str, Path],
+) -> None:
+    """xfs below 300 MB cannot be made: the file this call created goes with the rollback,
+    and the fixed PV (512Mi) then gets a 512 MiB filesystem."""
+    small = {"backend": "loopfile", "file": "x.img", "size": "256Mi"}
+    reply = mount(kube, kube.new_pod_uid(), small, fs_type="xfs")
+    assert reply.status == "Failure", reply.reply
+    assert not node_tree["loopfiles"].exists()  # nor the directories it made for the file
+    assert loops_of(node_tree["loopfiles"]) == [] and mounts_under(node_tree["state"]) == []
+    uid = kube.new_pod_uid()
+    reply = mount(kube, uid, {**small, "size": "512Mi"}, fs_type="xfs")
+    assert reply.ok, reply.reply
+    assert image(node_tree).stat().st_size == 512 * MiB
+    assert fs_size(kube.pod_dir(uid, "pv-1")) > 400 * MiB  # xfs keeps its log out of f_blocks
+    assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
+
+
+def test_failed_mount_keeps_a_file_it_did_not_create(
+    kube: Kubelet,  # noqa: F811
+    node_tree: dict[str, Path],
+) -> None:
+    """An existing ext4 file asked for as xfs fails, and the file (with its data) stays."""
+    user = {"backend": "loopfile", "file": "x.img", "size": "64Mi"}
+    uid = kube.new_pod_uid()
+    assert mount(kube, uid, user).ok
+    (kube.pod_dir(uid, "pv-1") / "keep").write_text("data")
+    assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
+    reply = mount(kube, kube.new_pod_uid(), user, fs_type="xfs")
+    assert reply.status == "Failure", reply.reply
+    assert image(node_tree).stat().st_size == 64 * MiB
+    uid = kube.new_pod_uid()
+    assert mount(kube, uid, user).ok
+    assert (kube.pod_dir(uid, "pv-1") / "keep").read_text() == "data"
+    assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
+
+
+def test_smaller_file_than_size_is_refused_naming_both(
+    kube: Kubelet,  # noqa: F811
+    node_tree: dict[str, Path],
+) -> None:
+    """A 256 MiB file and a PV of 512Mi: Failure naming both sizes, the file unchanged; the
+    same while the 256 MiB volume is staged for another pod (which never calls attach)."""
+    user = {"backend": "loopfile", "file": "x.img", "size": "256Mi"}
+    bigger = {**user, "size": "512Mi"}
+    uid = kube.new_pod_uid()
+    assert mount(kube, uid, user).ok
+    for staged in (True, False):
+        reply = mount(kube, kube.new_pod_uid(), bigger)
+        assert reply.status == "Failure", reply.reply
+        assert "256.0 MiB" in reply.message and "512.0 MiB" in reply.message, reply.message
+        assert image(node_tree).stat().st_size == 256 * MiB
+        if staged:
+            assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
+    assert loops_of(node_tree["loopfiles"]) == [] and mounts_under(node_tree["state"]) == []
+    reply = mount(kube, kube.new_pod_uid(), bigger, read_only=True)
+    assert reply.status == "Failure" and "512.0 MiB" in reply.message, reply.reply
+
+
+def test_larger_file_than_size_mounts_and_says_so(
+    kube: Kubelet,  # noqa: F811
+    node_tree: dict[str, Path],
+) -> None:
+    """A PV of 256Mi on a 512 MiB file (e.g. grown by expandfs since): mounted at 512 MiB,
+    the shrink it would ask for is logged as not done."""
+    user = {"backend": "loopfile", "file": "x.img", "size": "512Mi"}
+    uid = kube.new_pod_uid()
+    assert mount(kube, uid, user).ok
+    assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
+    uid = kube.new_pod_uid()
+    reply = mount(kube, uid, {**user, "size": "256Mi"})
+    assert reply.ok, reply.reply
+    assert fs_size(kube.pod_dir(uid, "pv-1")) > 450 * MiB
+    log = (node_tree["log"] / "flexhub.log").read_text()
+    assert "larger than option 'size'" in log and "not shrunk" in log
+    assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
