@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from flexhub_loopfile import LoopfileBackend, _room
 
+from flexhub.admin.harness import DriverReply, Kubelet
 from flexhub.backend import Volume, VolumeError
-from flexhub.harness import DriverReply, Kubelet
 from tests.conftest import needs_root
 from tests.loopfile.test_driver_e2e import loops_of, mounts_under
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flexhub.harness import Kubelet
+from flexhub.admin.harness import Kubelet
 from tests.conftest import needs_root
 from tests.loopfile.test_driver_e2e import kube, loops_of, mount, mounts_under  # noqa: F401
 
