@@ -28,6 +28,9 @@ MANIFEST = REPO / "deploy" / "kubernetes" / "flexhub.yaml"
 HELM_VERSION = "v3.22.0"
 CACHE = Path(os.environ.get("FLEXHUB_CI_CACHE", "/var/cache/flexhub-ci"))
 RELEASE, NAMESPACE = "flexhub", "flexhub-system"
+#: The cluster version rendered for (a helm built by ``go install`` has no default of its own
+#: newer than 1.20, which the chart's kubeVersion refuses).
+KUBE_VERSION = "1.34.0"
 HEADER = """\
 # flexhub on every node, as plain manifests: GENERATED from the Helm chart
 # (deploy/helm/flexhub) by `python3 deploy/render_manifest.py`; do not edit, change the chart.
@@ -58,6 +61,7 @@ def helm_binary(build: bool = True) -> Path:
 def render(helm: Path, *values: str) -> str:
     """``helm template`` of the chart, with ``--set`` ``values``."""
     argv = [str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    argv += ["--kube-version", KUBE_VERSION]
     for value in values:
         argv += ["--set", value]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)

@@ -19,8 +19,8 @@ DEPLOY = REPO / "deploy"
 def test_daemonset_matches_the_image_and_reaches_every_node() -> None:
     docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "flexhub.yaml").read_text()))
     kinds = [d["kind"] for d in docs]
-    assert kinds == ["Namespace", "ServiceAccount", "DaemonSet"]
-    pod = docs[2]["spec"]["template"]["spec"]
+    assert kinds == ["Namespace", "ServiceAccount", "ConfigMap", "DaemonSet"]
+    pod = docs[3]["spec"]["template"]["spec"]
     assert pod["hostPID"] is True
     assert {"operator": "Exists"} in pod["tolerations"]
     (container,) = pod["containers"]
@@ -29,7 +29,8 @@ def test_daemonset_matches_the_image_and_reaches_every_node() -> None:
     probe = container["livenessProbe"]["exec"]["command"]
     assert probe[: len(build_image.ENTRYPOINT)] == build_image.ENTRYPOINT
     assert probe[len(build_image.ENTRYPOINT) :][:3] == ["doctor", "--probe", "--host-root"]
-    assert {"name": "host", "mountPath": "/host"} in container["volumeMounts"]
+    host = {"name": "host", "mountPath": "/host", "mountPropagation": "HostToContainer"}
+    assert host in container["volumeMounts"]
     assert {"name": "host", "hostPath": {"path": "/", "type": "Directory"}} in pod["volumes"]
 
 
