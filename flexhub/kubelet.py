@@ -172,6 +172,14 @@ def _config() -> NodeConfig:
     return _CONFIG[0]
 
 
+def check_node_sections(config: NodeConfig) -> None:
+    """Refuse a table of the node config that names no installed backend (a typo)."""
+    if config.backends:
+        from flexhub.settings import check_sections, known_backend_names
+
+        check_sections(config, known_backend_names(config))
+
+
 def op_init(args: list[str], call: Call) -> Reply:
     _expect(args, 0, "init")
     return Reply(extra={"capabilities": dict(CAPABILITIES)})
@@ -217,7 +225,11 @@ def _validated(
     if target is not None:
         check_pod_uid(target, options)
     config = _config()
+    check_node_sections(config)
     backend_cls = load_backend(options.get("backend"), config)
+    from flexhub.settings import check_backend_table
+
+    check_backend_table(config, call.backend, backend_cls)
     validate_options(backend_cls, options, Memo(config.state_dir))
     volume = Volume.from_options(options, with_pod=with_pod)
     from flexhub.node import Node
@@ -294,6 +306,7 @@ def op_unmount(args: list[str], call: Call) -> Reply:
     target = _directory(args[0], "mount directory")
     call.target = str(target)
     config = _config()
+    check_node_sections(config)  # a table naming no backend fails it as it fails every call
     from flexhub.fastpath import nothing_to_unmount
 
     # kubelet serialises the operations on one pod volume directory, so no mount of this

@@ -159,6 +159,7 @@ def _remember(memo: Memo) -> None:
             "fingerprint": environment_fingerprint(ordered),
             "files": list(ordered),
             "backends": {n: v[0] for n, v in sorted(targets.items()) if len(v) == 1},
+            "names": sorted(targets),
         },
     )
 

@@ -100,6 +100,21 @@ class Memo:
         except ValueError:
             return None
 
+    def backend_names(self) -> list[str] | None:
+        """Every backend name the current backends memo lists, or ``None`` (no memo, or one
+        written before a distribution was installed, upgraded or removed)."""
+        data = self.read_json(self.backends_file)
+        if not isinstance(data, dict):
+            return None
+        files, names = data.get("files"), data.get("names")
+        if not isinstance(files, list) or not isinstance(names, list):
+            return None
+        if not all(isinstance(n, str) for n in names):
+            return None
+        if data.get("fingerprint") != environment_fingerprint(tuple(str(f) for f in files)):
+            return None
+        return list(names)
+
     def write_json(self, path: Path, value: object) -> None:
         """Write ``value`` to ``path`` atomically (0600); a failure only loses the memo."""
         if not self._ensure_dir(path.parent):

@@ -59,6 +59,7 @@ from flexhub.backend import (
     CommandTimeout,
     FilesystemBackend,
     FlexhubError,
+    NodeConfig,
     NodeRequirements,
     Volume,
     VolumeError,
@@ -103,6 +104,13 @@ def _holds(entry: _Entry, plan: Plan) -> bool:
     )
 
 
+def _seconds(settings: Mapping[str, Any], key: str, default: float) -> float:
+    value: Any = settings.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise FlexhubError(f"node config: [cifs] {key} must be a positive number")
+    return float(value)
+
+
 class CifsBackend(FilesystemBackend):
     """SMB/CIFS shares mounted straight onto pod directories."""
 
@@ -115,11 +123,21 @@ class CifsBackend(FilesystemBackend):
 
     # --------------------------------------------------------------------------- settings
 
+    settings_keys = frozenset(
+        {"mount_timeout", "unmount_timeout", "force_unmount_timeout", "stat_timeout"}
+    )
+
+    @classmethod
+    def check_settings(
+        cls, name: str, settings: Mapping[str, Any], config: NodeConfig | None = None
+    ) -> None:
+        """``[cifs]``: known keys, each a positive number of seconds."""
+        super().check_settings(name, settings, config)
+        for key in sorted(cls.settings_keys):
+            _seconds(settings, key, 1.0)
+
     def _seconds(self, key: str, default: float) -> float:
-        value: Any = self.node.settings.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise FlexhubError(f"node config: [cifs] {key} must be a positive number")
-        return float(value)
+        return _seconds(self.node.settings, key, default)
 
     @property
     def mount_timeout(self) -> float:
