@@ -23,6 +23,7 @@ __all__ = [
     "driver_dir_name",
     "install",
     "render_shim",
+    "shim_config",
     "shim_python",
     "uninstall",
 ]
@@ -93,6 +94,16 @@ def shim_python(text: str) -> str:
         if line.startswith("PY="):
             return shlex.split(line[3:])[0] if line[3:] else ""
     return ""
+
+
+def shim_config(text: str) -> str | None:
+    """The node config a shim written by :func:`render_shim` exports, or ``None`` (none: the
+    driver reads ``FLEXHUB_CONFIG`` from kubelet's environment, or the default)."""
+    for line in text.splitlines():
+        if line.startswith("FLEXHUB_CONFIG="):
+            words = shlex.split(line[len("FLEXHUB_CONFIG=") :])
+            return words[0] if words else None
+    return None
 
 
 def render_shim(

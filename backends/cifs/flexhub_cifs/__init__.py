@@ -264,6 +264,9 @@ class CifsBackend(FilesystemBackend):
         except CommandError as exc:
             self._cleanup(target)
             output = exc.output or str(exc)
+            lacking = self.node.kernel_lacks("cifs", output)
+            if lacking:
+                raise VolumeError(f"mount of CIFS share {source} failed: {lacking}") from None
             hint = ""
             if "error(13)" in output:
                 hint = " (the server refused the Secret's username/password/domain, or the share)"

@@ -272,6 +272,9 @@ class NfsBackend(FilesystemBackend):
         except CommandError as exc:
             self._cleanup(target)
             output = exc.output or str(exc)
+            lacking = self.node.kernel_lacks("nfs", output)
+            if lacking:
+                raise VolumeError(f"mount of NFS export {source} failed: {lacking}") from None
             missing = "No such file or directory" in output
             if missing and source == plan.source and plan.sub_path and not plan.create_sub_path:
                 raise VolumeError(
