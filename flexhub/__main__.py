@@ -1,7 +1,19 @@
-"""Entry point: kubelet operations go to the lean dispatcher, anything else to the admin CLI."""
+"""Entry point: who is calling, kubelet or a person?
+
+The rule (the README's "kubelet's calls and people's commands"):
+
+1. no argument: the help (kubelet always names an operation);
+2. a kubelet operation (``init``, ``mount``, ...): the kubelet protocol, one JSON reply;
+3. an admin command (``validate``, ``doctor``, ...) or an option (``--help``): the human CLI;
+4. any other word: with a terminal on stdin, stdout or stderr, a person typed it: the CLI's
+   "unknown command, did you mean ...?" on stderr, exit 2, nothing logged. Without one it is
+   kubelet (kubelet gives a driver no terminal: stdin is ``/dev/null``, stdout and stderr one
+   pipe), calling an operation of a later version: ``{"status": "Not supported"}`` as always.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -9,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     from flexhub.kubelet import OPERATIONS, serve
 
-    if not args or args[0] in OPERATIONS or not _looks_human(args[0]):
+    if args and (args[0] in OPERATIONS or not (_looks_human(args[0]) or _at_terminal())):
         return serve(args)
     from flexhub.cli import run
 
@@ -17,10 +29,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _looks_human(word: str) -> bool:
-    """Admin commands and ``--help``; anything else is an operation kubelet may add later."""
+    """Admin commands and options (``--help``, ``--version``)."""
     from flexhub.cli import COMMANDS
 
     return word in COMMANDS or word.startswith("-")
+
+
+def _at_terminal() -> bool:
+    """Whether a person is at a terminal: any of stdin, stdout and stderr is one."""
+    return any(os.isatty(fd) for fd in (0, 1, 2))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ __all__ = [
     "RUNTIME_MARKER",
     "current_runtime",
     "driver_dir_name",
+    "driver_path",
     "install",
+    "mounted_volumes",
     "render_shim",
     "shim_config",
     "shim_python",
@@ -184,6 +186,40 @@ def install(
     finally:
         os.close(fd)
     return target
+
+
+def driver_path(plugin_dir: Path, driver: str = DRIVER_NAME) -> Path:
+    """Where :func:`install` writes the driver executable."""
+    dir_name, exe_name = driver_dir_name(driver)
+    return plugin_dir / dir_name / exe_name
+
+
+def mounted_volumes(driver: Path, config: Path | None = None) -> list[str]:
+    """What flexhub has mounted on this node, from the journal of the node config ``config``
+    (default: the one the installed ``driver`` exports, else ``FLEXHUB_CONFIG``): each
+    mounted pod directory, and each staged volume no pod directory accounts for.
+
+    :raises FlexhubError: the config cannot be read.
+    """
+    from flexhub.config import load_config
+    from flexhub.state import node_state
+
+    if config is None:
+        try:
+            baked = shim_config(driver.read_text("utf-8", errors="replace"))
+        except OSError:
+            baked = None
+        config = Path(baked) if baked is not None else None
+    state = node_state(load_config(config))
+    pods = [p for p in state["pods"] if p["mounted"]]
+    shown = [f"{p['target']} ({p['volume_id']})" for p in pods]
+    used = {p["volume_id"] for p in pods}
+    shown += [
+        f"{v['staging']} ({v['volume_id']})"
+        for v in state["volumes"]
+        if v["mounted"] and v["volume_id"] not in used
+    ]
+    return shown
 
 
 def uninstall(plugin_dir: Path, driver: str = DRIVER_NAME) -> bool:

@@ -19,7 +19,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_backend_table",
-    "check_keys", "check_sections", "did_you_mean", "known_backend_names"]
+    "check_keys",
+    "check_sections",
+    "did_you_mean",
+    "known_backend_names",
+]
 
 
 def did_you_mean(word: str, choices: Iterable[str], *, fmt: str = "{}") -> str:

@@ -151,10 +151,13 @@ def test_unknown_operation_is_not_supported(op: str) -> None:
     assert reply.returncode == 1
 
 
-def test_no_operation_is_a_failure() -> None:
-    reply = run_flexhub([])
-    assert reply.status == "Failure"
-    assert reply.returncode == 1
+def test_no_operation_prints_the_help() -> None:
+    """kubelet always names an operation; ``flexhub`` alone is a person asking for help."""
+    proc = subprocess.run(
+        [PYTHON, "-m", "flexhub"], stdin=subprocess.DEVNULL, capture_output=True, check=False
+    )
+    assert proc.stdout.startswith(b"Usage: flexhub")
+    assert proc.returncode == 0
 
 
 @pytest.mark.parametrize(
