@@ -115,6 +115,37 @@ class Memo:
             return None
         return list(names)
 
+    def remember_backends(self, *, create: bool = True) -> list[str]:
+        """Scan the backends' entry points, write the backends memo, return every name.
+
+        :param create: whether to make the memo directory (and the state directory) when
+            missing; without, the memo is written only into an existing one.
+        """
+        from importlib.metadata import entry_points
+
+        from flexhub import ENTRY_POINT_GROUP
+
+        files: set[str] = set()
+        targets: dict[str, list[str]] = {}
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            targets.setdefault(ep.name, []).append(ep.value)
+            path = getattr(ep.dist, "_path", None)
+            if path is not None:
+                files.update((str(path), os.path.join(str(path), "entry_points.txt")))
+        ordered = tuple(sorted(files))
+        if not create and not self._trusted_dir(self.root):
+            return sorted(targets)
+        self.write_json(
+            self.backends_file,
+            {
+                "fingerprint": environment_fingerprint(ordered),
+                "files": list(ordered),
+                "backends": {n: v[0] for n, v in sorted(targets.items()) if len(v) == 1},
+                "names": sorted(targets),
+            },
+        )
+        return sorted(targets)
+
     def write_json(self, path: Path, value: object) -> None:
         """Write ``value`` to ``path`` atomically (0600); a failure only loses the memo."""
         if not self._ensure_dir(path.parent):

@@ -77,17 +77,13 @@ def check_keys(
 
 def known_backend_names(config: NodeConfig) -> list[str]:
     """The installed backends' names: from the node's memo when it is current (no scan), else
-    from the entry points."""
+    from the entry points (rewriting an existing memo, never making one: a bad config must
+    leave a new node's state directory uncreated)."""
     from flexhub.memo import Memo
 
-    names = Memo(config.state_dir).backend_names()
-    if names is not None:
-        return names
-    from importlib.metadata import entry_points
-
-    from flexhub import ENTRY_POINT_GROUP
-
-    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    memo = Memo(config.state_dir)
+    names = memo.backend_names()
+    return names if names is not None else memo.remember_backends(create=False)
 
 
 def check_backend_table(config: NodeConfig, name: str, backend: Any) -> None:

@@ -149,12 +149,21 @@ def test_a_typo_in_a_backend_table_fails_its_mount(tmp_path: Path, table: str, n
     target = tmp_path / "pod"
     target.mkdir()
     options = go_json(Kubelet.mount_options(LOOP, pv="pv-1", pod_uid="uid-1", namespace="ns1"))
-    reply = run_flexhub(["mount", str(target), options], config)
-    assert reply.status == "Failure", reply.reply
-    assert needle in reply.message and str(config) in reply.message, reply.message
-    assert not os.path.ismount(target)
-    assert not root.exists()
-    assert not list(Path("/var/lib/flexhub/loopfiles").glob("**/data.img"))
+    stray = Path("/var/lib/flexhub/loopfiles/namespaces/ns1/data.img")  # the default root's
+    assert not stray.exists()
+    try:
+        reply = run_flexhub(["mount", str(target), options], config)
+        assert reply.status == "Failure", reply.reply
+        assert needle in reply.message and str(config) in reply.message, reply.message
+        assert not os.path.ismount(target)
+        assert not root.exists() and not stray.exists()
+    finally:  # only a driver that ignored the typo gets here with something to undo
+        if os.path.ismount(target):
+            config.write_text(
+                f"state_dir = '{tmp_path / 'state'}'\nlog_dir = '{tmp_path / 'log'}'\n"
+            )
+            run_flexhub(["unmount", str(target)], config)
+        stray.unlink(missing_ok=True)
 
 
 def test_a_backend_without_declared_settings_keeps_any_key(tmp_path: Path) -> None:
