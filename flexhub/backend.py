@@ -182,6 +182,16 @@ class Backend(abc.ABC):
         Raise :class:`InvalidOptions`.
         """
 
+    @classmethod
+    def secret_needed(cls, options: Mapping[str, str]) -> str:
+        """Why a volume with these options needs a Secret (``secretRef`` in the manifest),
+        or ``""`` when it does not. ``flexhub validate`` reports a missing ``secretRef``
+        with this reason; calls check the secrets themselves in :meth:`check`.
+
+        .. versionadded:: 0.2
+        """
+        return ""
+
     def check(self, volume: Volume) -> None:  # noqa: B027 - optional hook
         """Check what depends on this node or on the call (paths on the node, secrets).
 

@@ -86,26 +86,26 @@ def schema(name: Annotated[str, typer.Argument(help="backend name, e.g. loopfile
 
 @app.command()
 def validate(
-    file: Annotated[
-        Path, typer.Argument(help="PV/Pod YAML manifest or options JSON ('-' = stdin)")
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="manifests (YAML or JSON, several documents each), directories of them "
+            "(*.yaml, *.yml, *.json), or an options JSON object; '-' = stdin"
+        ),
     ],
     driver: Annotated[str, typer.Option(help="flexVolume.driver to check")] = DRIVER_NAME,
 ) -> None:
-    """Validate every flexhub flexVolume in a manifest, with kubelet users' messages."""
-    from flexhub.manifest import validate_file
+    """Report every problem of every flexhub volume (and flexhub StorageClass) in manifests,
+    in the manifest's terms. Exit 1 when any has one; files without flexhub volumes are fine."""
+    from flexhub.manifest import validate_paths
 
-    results = validate_file(file, driver)
-    if not results:
-        typer.echo(f"{file}: no flexVolume with driver {driver} found")
-        raise typer.Exit(1)
-    failed = False
-    for where, error in results:
-        if error:
-            failed = True
-            typer.echo(f"{where}: {error}")
-        else:
-            typer.echo(f"{where}: ok")
-    raise typer.Exit(1 if failed else 0)
+    reports, empty = validate_paths(files, driver)
+    for report in reports:
+        for line in report.lines():
+            typer.echo(line)
+    for path in empty:
+        typer.echo(f"{path}: no flexVolume with driver {driver}")
+    raise typer.Exit(0 if all(r.ok for r in reports) else 1)
 
 
 @app.command()

@@ -121,6 +121,11 @@ class CifsBackend(FilesystemBackend):
         hint="install the CIFS client (cifs-utils on Debian/Ubuntu and RHEL/Fedora)",
     )
 
+    @classmethod
+    def secret_needed(cls, options: Mapping[str, str]) -> str:
+        """Always: the username and password come only from the PV's Secret."""
+        return "cifs takes the username and password only from a Secret"
+
     # --------------------------------------------------------------------------- settings
 
     settings_keys = frozenset(

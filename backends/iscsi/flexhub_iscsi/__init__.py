@@ -149,6 +149,16 @@ class IscsiBackend(BlockBackend):
     settings_keys = frozenset(SETTINGS_KEYS)
 
     @classmethod
+    def secret_needed(cls, options: Mapping[str, str]) -> str:
+        """CHAP (``chapAuthSession`` or ``chapAuthDiscovery``) takes its credentials from the
+        PV's Secret."""
+        flags = [f for f in ("chapAuthSession", "chapAuthDiscovery") if options.get(f) == "true"]
+        if not flags:
+            return ""
+        verb = "takes" if len(flags) == 1 else "take"
+        return f"{' and '.join(flags)} {verb} the CHAP credentials from a Secret"
+
+    @classmethod
     def check_settings(
         cls, name: str, settings: Mapping[str, Any], config: NodeConfig | None = None
     ) -> None:
