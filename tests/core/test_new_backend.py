@@ -8,6 +8,7 @@ import contextlib
 import errno
 import importlib
 import os
+import site
 import subprocess
 import sys
 import tomllib
@@ -205,6 +206,15 @@ def installed_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     base = getattr(sys, "_base_executable", sys.executable)
     run(base, "-m", "venv", "--system-site-packages", venv, cwd=tmp_path)
     python = venv / "bin" / "python"
+    # --system-site-packages sees the base interpreter's packages; when the suite runs from
+    # a venv, flexhub's dependencies (and pytest) are in that venv's site instead: add it the
+    # way site adds the system's (its .pth files too), after the new venv's own.
+    outer = [p for p in site.getsitepackages() if os.path.isdir(p)]
+    inner = run(
+        python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=tmp_path
+    )
+    lines = [f"import site; site.addsitedir({p!r})" for p in outer if p != inner.strip()]
+    (Path(inner.strip()) / "zz_outer_site.pth").write_text("\n".join(lines) + "\n")
     # The venv's own setuptools is the one ensurepip bundles (65.5 with Python 3.11: no
     # bdist_wheel without the wheel package); the packages need setuptools >= 68 to build.
     run(python, "-m", "pip", "install", "-q", "--upgrade", "setuptools>=68", "wheel", cwd=tmp_path)

@@ -426,5 +426,11 @@ def test_stevedore_cache_lives_in_state_dir_without_home(node_tree: dict[str, Pa
     # kubelet gives drivers no HOME; stevedore must not fall back to ~ or create "./~"
     reply = run_flexhub(["attach", opts(ECHO), "node-1"], node_tree["config"])
     assert reply.ok, reply.reply
-    assert (node_tree["state"] / "cache" / "python-entrypoints").is_dir()
+    cache = node_tree["state"] / "cache" / "python-entrypoints"
+    if PYTHON.startswith("/tmp"):
+        # stevedore writes no cache at all for an interpreter under /tmp (its rule for
+        # ansible's temporary Pythons), so a venv there leaves none, anywhere
+        assert not cache.exists()
+    else:
+        assert cache.is_dir()
     assert not Path("/~").exists()

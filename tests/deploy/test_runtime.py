@@ -165,3 +165,15 @@ def test_daemonset_installs_and_upgrades_atomically(runtime: Path, tmp_path: Pat
     assert f"/var/lib/flexhub/runtime/{marker['name']}/bin/python3.11" in text
     assert "FLEXHUB_CONFIG=/etc/flexhub/flexhub.toml" in text
     assert [p.name for p in shim.parent.iterdir()] == ["flexhub"]  # no temporary left
+
+
+def test_the_runtime_and_its_flexhub_agree_on_the_version(runtime: Path) -> None:
+    import flexhub
+
+    marker = json.loads((runtime / "flexhub-runtime.json").read_text())
+    assert marker["version"] == flexhub.__version__
+    assert marker["name"].startswith(f"flexhub-{flexhub.__version__}-")
+    proc = subprocess.run(
+        [str(runtime / "bin" / "flexhub"), "--version"], capture_output=True, text=True, check=False
+    )
+    assert proc.stdout == f"flexhub {flexhub.__version__}\n", proc.stderr
