@@ -268,11 +268,14 @@ def uninstall(
 def demo(
     keep: Annotated[bool, typer.Option(help="keep the temporary tree for inspection")] = False,
     fs_type: Annotated[str, typer.Option(help="filesystem: xfs, ext4 or ext3")] = "xfs",
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="show each call's arguments and reply")
+    ] = False,
 ) -> None:
     """Replay kubelet's calls for a loopfile volume, for real (needs root)."""
     from flexhub.demo import run_demo
 
-    raise typer.Exit(run_demo(keep=keep, fs_type=fs_type))
+    raise typer.Exit(run_demo(keep=keep, fs_type=fs_type, verbose=verbose))
 
 
 @app.command("new-backend")
