@@ -21,7 +21,7 @@ import pytest
 
 from flexhub.backend import Node, Volume, VolumeError
 from flexhub.config import NodeConfig
-from flexhub.errors import InvalidOptions
+from flexhub.errors import FlexhubError, InvalidOptions
 from flexhub.node.mounts import MountTable
 from flexhub.testing.lint import lint_schema
 from flexhub.validation import validate_options
@@ -85,6 +85,26 @@ def generated_module(demo: Path) -> Iterator[ModuleType]:
     finally:
         sys.path.remove(str(demo))
         sys.modules.pop("flexhub_demo", None)
+
+
+def test_generated_backend_declares_its_settings(demo: Path) -> None:
+    with generated_module(demo) as module:
+        backend = module.DemoBackend
+        assert backend.settings_keys == {"root"}
+        backend.check_settings("demo", {"root": "/srv/demo"})
+        with pytest.raises(
+            FlexhubError, match=r"unknown setting 'rot' in \[demo\] \(did you mean root\?\)"
+        ):
+            backend.check_settings("demo", {"rot": "/srv/demo"})
+
+
+def test_generated_readme_installs_the_test_extra_and_keeps_the_venv_under_sudo(
+    demo: Path,
+) -> None:
+    text = (demo / "README.md").read_text()
+    assert "pip install -e '.[test]'" in text
+    assert 'sudo "$(command -v python3)" -m pytest' in text
+    assert "sudo python3" not in text
 
 
 def test_generated_schema_lints_clean_and_validates(demo: Path) -> None:
