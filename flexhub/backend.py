@@ -46,6 +46,7 @@ from flexhub.errors import (
     redact,
 )
 from flexhub.node import Node
+from flexhub.node.kernel import missing_filesystem as kernel_lacks
 from flexhub.node.runner import CommandRunner, Result
 from flexhub.volume import PodInfo, Secret, Secrets, Volume
 
@@ -73,6 +74,7 @@ __all__ = [
     "StateError",
     "Volume",
     "VolumeError",
+    "kernel_lacks",
     "redact",
 ]
 

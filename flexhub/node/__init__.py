@@ -106,17 +106,6 @@ class Node:
             secrets=secrets,
         )
 
-    def kernel_lacks(self, fs_type: str, output: str) -> str:
-        """For a failed mount of ``fs_type`` whose command printed ``output``: the message
-        naming a kernel without that filesystem (``"the running kernel has no nfs module;
-        modprobe nfs"``), or ``""`` when that is not why it failed.
-
-        .. versionadded:: 0.2
-        """
-        from flexhub.node.kernel import missing_filesystem
-
-        return missing_filesystem(fs_type, output)
-
     def is_corrupted(self, path: Path, timeout: float = 5.0) -> bool:
         """Whether ``path`` is a stale or broken mount point: ``stat`` or ``statvfs`` fails
         with a stale-mount error, or hangs past ``timeout`` seconds."""

@@ -35,7 +35,10 @@ def kernel_knows(fs_type: str, proc: Path = Path("/proc")) -> bool:
 
 def missing_filesystem(fs_type: str, output: str, proc: Path = Path("/proc")) -> str:
     """The message for a failed mount whose ``output`` says the kernel lacks ``fs_type``, or
-    ``""`` when that is not the cause."""
+    ``""`` when that is not the cause (backends: ``flexhub.backend.kernel_lacks``).
+
+    .. versionadded:: 0.2
+    """
     if not any(text in output for text in NO_FILESYSTEM) or kernel_knows(fs_type, proc):
         return ""
     return missing_module_message(fs_type)

@@ -63,6 +63,7 @@ from flexhub.backend import (
     NodeRequirements,
     Volume,
     VolumeError,
+    kernel_lacks,
 )
 from flexhub_cifs import _subpath
 from flexhub_cifs._credentials import collect_leftovers, credentials_file
@@ -269,7 +270,7 @@ class CifsBackend(FilesystemBackend):
         except CommandError as exc:
             self._cleanup(target)
             output = exc.output or str(exc)
-            lacking = self.node.kernel_lacks("cifs", output)
+            lacking = kernel_lacks("cifs", output)
             if lacking:
                 raise VolumeError(f"mount of CIFS share {source} failed: {lacking}") from None
             hint = ""

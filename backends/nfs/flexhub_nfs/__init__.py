@@ -81,6 +81,7 @@ from flexhub.backend import (
     NodeRequirements,
     Volume,
     VolumeError,
+    kernel_lacks,
 )
 from flexhub_nfs import _subpath
 from flexhub_nfs._options import Plan, build_plan
@@ -272,7 +273,7 @@ class NfsBackend(FilesystemBackend):
         except CommandError as exc:
             self._cleanup(target)
             output = exc.output or str(exc)
-            lacking = self.node.kernel_lacks("nfs", output)
+            lacking = kernel_lacks("nfs", output)
             if lacking:
                 raise VolumeError(f"mount of NFS export {source} failed: {lacking}") from None
             missing = "No such file or directory" in output
