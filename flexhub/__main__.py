@@ -3,7 +3,9 @@
 The rule (the README's "kubelet's calls and people's commands"):
 
 1. no argument: the help (kubelet always names an operation);
-2. a kubelet operation (``init``, ``mount``, ...): the kubelet protocol, one JSON reply;
+2. a kubelet operation (``init``, ``mount``, ...): the kubelet protocol, one JSON reply
+   (``flexhub mount --help`` at a terminal prints the operation's arguments instead: kubelet
+   never passes an option);
 3. an admin command (``validate``, ``doctor``, ...) or an option (``--help``): the human CLI;
 4. any other word: with a terminal on stdin, stdout or stderr, a person typed it: the CLI's
    "unknown command, did you mean ...?" on stderr, exit 2, nothing logged. Without one it is
@@ -21,6 +23,14 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     from flexhub.kubelet import OPERATIONS, serve
 
+    if args[:1] and args[0] in OPERATIONS and set(args[1:2]) & {"-h", "--help"} and _at_terminal():
+        from flexhub.kubelet import USAGE
+
+        print(
+            f"Usage: flexhub {USAGE[args[0]]}\n\n  A kubelet (FlexVolume) call, answered with one "
+            "JSON object.\n  People's commands: flexhub --help"
+        )
+        return 0
     if args and (args[0] in OPERATIONS or not (_looks_human(args[0]) or _at_terminal())):
         return serve(args)
     from flexhub.cli import run

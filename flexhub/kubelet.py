@@ -55,6 +55,23 @@ MAX_VALUE_CHARS = 64 * 1024
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
+#: Each operation's arguments, as kubelet passes them (its usage line).
+USAGE: Mapping[str, str] = {
+    "init": "init",
+    "getvolumename": "getvolumename <json>",
+    "attach": "attach <json> <nodeName>",
+    "isattached": "isattached <json> <nodeName>",
+    "detach": "detach <pvOrVolumeName> <nodeName>",
+    "waitforattach": "waitforattach <devicePath> <json>",
+    "mountdevice": "mountdevice <deviceMountPath> <devicePath> <json>",
+    "unmountdevice": "unmountdevice <deviceMountPath>",
+    "mount": "mount <podVolumeDir> <json>",
+    "unmount": "unmount <podVolumeDir>",
+    "expandvolume": "expandvolume <json> <deviceMountPath> <newSize> <oldSize>",
+    "expandfs": "expandfs <json> <devicePath> <podVolumeDir> <newSize> <oldSize>",
+}
+
+
 Handler = Callable[[list[str], Call], Reply]
 
 
@@ -181,14 +198,14 @@ def check_node_sections(config: NodeConfig) -> None:
 
 
 def op_init(args: list[str], call: Call) -> Reply:
-    _expect(args, 0, "init")
+    _expect(args, 0, USAGE["init"])
     return Reply(extra={"capabilities": dict(CAPABILITIES)})
 
 
 def op_getvolumename(args: list[str], call: Call) -> Reply:
     # kubelet ignores the name and uses spec.Name(); after a kubelet restart the options hold
     # no user keys at all, so they are parsed but not validated against a backend schema.
-    _expect(args, 1, "getvolumename <json>")
+    _expect(args, 1, USAGE["getvolumename"])
     options = parse_options(args[0], call)
     return Reply(extra={"volumeName": options.get("kubernetes.io/pvOrVolumeName", "")})
 
@@ -243,26 +260,26 @@ def _validated(
 
 def op_attach(args: list[str], call: Call) -> Reply:
     # attach: false — kubelet and the controller never send this; node work happens in mount.
-    _expect(args, 2, "attach <json> <nodeName>")
+    _expect(args, 2, USAGE["attach"])
     _validated(args[0], call, with_pod=False)
     return Reply(extra={"device": ""})
 
 
 def op_isattached(args: list[str], call: Call) -> Reply:
-    _expect(args, 2, "isattached <json> <nodeName>")
+    _expect(args, 2, USAGE["isattached"])
     parse_options(args[0], call)
     return Reply(extra={"attached": True})
 
 
 def op_detach(args: list[str], call: Call) -> Reply:
     # Receives only the PV name; devices are released by the last unmount on the node.
-    _expect(args, 2, "detach <pvOrVolumeName> <nodeName>")
+    _expect(args, 2, USAGE["detach"])
     call.volume = args[0]
     return Reply()
 
 
 def op_waitforattach(args: list[str], call: Call) -> Reply:
-    _expect(args, 2, "waitforattach <devicePath> <json>")
+    _expect(args, 2, USAGE["waitforattach"])
     parse_options(args[1], call)
     return Reply(extra={"device": args[0]})
 
@@ -270,20 +287,20 @@ def op_waitforattach(args: list[str], call: Call) -> Reply:
 def op_mountdevice(args: list[str], call: Call) -> Reply:
     # With attach: false there is no device stage; mount does everything, so this is a no-op
     # that never lets kubelet's default format a device.
-    _expect(args, 3, "mountdevice <deviceMountPath> <devicePath> <json>")
+    _expect(args, 3, USAGE["mountdevice"])
     _directory(args[0], "deviceMountPath")
     _validated(args[2], call, with_pod=False)
     return Reply()
 
 
 def op_unmountdevice(args: list[str], call: Call) -> Reply:
-    _expect(args, 1, "unmountdevice <deviceMountPath>")
+    _expect(args, 1, USAGE["unmountdevice"])
     call.target = str(_directory(args[0], "deviceMountPath"))
     return Reply()
 
 
 def op_mount(args: list[str], call: Call) -> Reply:
-    _expect(args, 2, "mount <podVolumeDir> <json>")
+    _expect(args, 2, USAGE["mount"])
     target = _directory(args[0], "mount directory")
     call.target = str(target)
     volume, backend, node = _validated(args[1], call, with_pod=True, target=target)
@@ -302,7 +319,7 @@ def op_mount(args: list[str], call: Call) -> Reply:
 
 
 def op_unmount(args: list[str], call: Call) -> Reply:
-    _expect(args, 1, "unmount <podVolumeDir>")
+    _expect(args, 1, USAGE["unmount"])
     target = _directory(args[0], "mount directory")
     call.target = str(target)
     config = _config()
@@ -326,7 +343,7 @@ def op_unmount(args: list[str], call: Call) -> Reply:
 
 def op_expandvolume(args: list[str], call: Call) -> Reply:
     # Controller side; upstream never runs it. The node grows the filesystem in expandfs.
-    _expect(args, 4, "expandvolume <json> <deviceMountPath> <newSize> <oldSize>")
+    _expect(args, 4, USAGE["expandvolume"])
     parse_options(args[0], call)
     _size(args[2], "newSize")
     _size(args[3], "oldSize")
@@ -334,7 +351,7 @@ def op_expandvolume(args: list[str], call: Call) -> Reply:
 
 
 def op_expandfs(args: list[str], call: Call) -> Reply:
-    _expect(args, 5, "expandfs <json> <devicePath> <podVolumeDir> <newSize> <oldSize>")
+    _expect(args, 5, USAGE["expandfs"])
     target = _directory(args[2], "mount directory")
     call.target = str(target)
     new_size = _size(args[3], "newSize")

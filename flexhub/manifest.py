@@ -10,6 +10,7 @@ need. Files with no flexhub volume are fine (exit 0): ``validate`` runs over who
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator, Mapping
@@ -69,13 +70,15 @@ def manifest_files(paths: list[Path]) -> list[Path]:
         if str(path) == "-" or path.is_file():
             files.append(path)
         elif path.is_dir():
-            files.extend(
-                p
-                for p in sorted(path.rglob("*"))
-                if p.suffix in SUFFIXES
-                and p.is_file()
-                and not any(part.startswith(".") for part in p.relative_to(path).parts)
-            )
+            found = []
+            for top, dirs, names in os.walk(path):  # symlinked directories are not followed
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                found += [
+                    Path(top) / n
+                    for n in names
+                    if not n.startswith(".") and Path(n).suffix in SUFFIXES
+                ]
+            files.extend(p for p in sorted(found) if p.is_file())
         elif path.exists():
             raise FlexhubError(f"{path}: not a file or directory")
         else:

@@ -188,3 +188,13 @@ def test_backends_hides_import_tracebacks_unless_debug(node: dict[str, object]) 
     assert "Traceback" not in out + err
     code, out, err = in_terminal(["--debug", "backends"], env, stderr_pipe=True)
     assert "Traceback" in err and "libfrobnicate" in err
+
+
+def test_an_operations_help_at_a_terminal(node: dict[str, object]) -> None:
+    env = node["env"]
+    assert isinstance(env, dict)
+    code, out, _ = in_terminal(["mount", "--help"], env)
+    assert code == 0
+    assert out.startswith("Usage: flexhub mount <podVolumeDir> <json>\n")
+    proc = piped(["mount", "--help"], env)  # kubelet never passes an option: as today
+    assert json.loads(proc.stdout)["status"] == "Failure"
