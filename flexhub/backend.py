@@ -31,6 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
 
+from flexhub.config import NodeConfig
 from flexhub.errors import (
     BackendError,
     CommandError,
@@ -45,8 +46,10 @@ from flexhub.errors import (
     redact,
 )
 from flexhub.node import Node
+from flexhub.node.kernel import missing_filesystem as kernel_lacks
 from flexhub.node.mounts import MountEntry
 from flexhub.node.runner import CommandRunner, Result
+from flexhub.settings import check_keys
 from flexhub.volume import PodInfo, Secret, Secrets, Volume
 
 __all__ = [
@@ -63,6 +66,7 @@ __all__ = [
     "LockTimeout",
     "MountEntry",
     "Node",
+    "NodeConfig",
     "NodeRequirements",
     "NotSupported",
     "PodInfo",
@@ -73,6 +77,8 @@ __all__ = [
     "StateError",
     "Volume",
     "VolumeError",
+    "check_keys",
+    "kernel_lacks",
     "redact",
 ]
 
@@ -127,6 +133,14 @@ class Backend(abc.ABC):
     schema_file: ClassVar[str] = "schema.json"
     #: What the backend needs on the node (``flexhub doctor`` checks it).
     node_requirements: ClassVar[NodeRequirements] = NodeRequirements()
+    #: The keys of this backend's table of the node config (``[<name>]``): any other key there
+    #: fails every volume call of this backend, naming it. ``None`` (the default, for
+    #: backends written before 0.2) declares nothing: the table is not checked, and
+    #: ``flexhub doctor`` warns when it is not empty. Declare ``frozenset()`` for a backend
+    #: that reads no settings.
+    #:
+    #: .. versionadded:: 0.2
+    settings_keys: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -146,6 +160,25 @@ class Backend(abc.ABC):
             raise BackendError(f"backend schema {package}/{cls.schema_file} is not an object")
         return loaded
 
+    @classmethod
+    def check_settings(
+        cls, name: str, settings: Mapping[str, Any], config: NodeConfig | None = None
+    ) -> None:
+        """Check this backend's table ``[name]`` of the node config.
+
+        The default refuses keys outside :attr:`settings_keys` (when declared). Override it to
+        check values too, calling ``super().check_settings(...)`` first. Runs on every volume
+        call that sets up storage (not ``init`` nor ``unmount``) and in ``flexhub doctor``.
+
+        :raises FlexhubError: one line naming the table, the key and what is wrong.
+
+        .. versionadded:: 0.2
+        """
+        if cls.settings_keys is not None:
+            from flexhub.settings import check_keys
+
+            check_keys(config, name, settings, cls.settings_keys)
+
     @classmethod  # noqa: B027 - an optional hook
     def check_options(cls, volume: Volume) -> None:
         """Check rules on the options alone that a schema cannot express (contradictions,
@@ -154,6 +187,16 @@ class Backend(abc.ABC):
         Runs on every call after schema validation, and in ``flexhub validate``.
         Raise :class:`InvalidOptions`.
         """
+
+    @classmethod
+    def secret_needed(cls, options: Mapping[str, str]) -> str:
+        """Why a volume with these options needs a Secret (``secretRef`` in the manifest),
+        or ``""`` when it does not. ``flexhub validate`` reports a missing ``secretRef``
+        with this reason; calls check the secrets themselves in :meth:`check`.
+
+        .. versionadded:: 0.2
+        """
+        return ""
 
     def check(self, volume: Volume) -> None:  # noqa: B027 - optional hook
         """Check what depends on this node or on the call (paths on the node, secrets).

@@ -144,6 +144,11 @@ def load_config(path: Path | None = None) -> NodeConfig:
                 raise FlexhubError(f"node config {path}: log_level must be one of {_LEVELS}")
             kwargs[key] = value
         else:
-            raise FlexhubError(f"node config {path}: unknown setting {key!r}")
+            from flexhub.settings import did_you_mean
+
+            known = ("state_dir", "log_dir", "log_level", *_NUMBERS)
+            raise FlexhubError(
+                f"node config {path}: unknown setting {key[:80]!r}{did_you_mean(key, known)}"
+            )
     kwargs["backends"] = backends
     return NodeConfig(**kwargs)

@@ -1,7 +1,8 @@
 """Install the running relocatable runtime onto a node and point kubelet's driver at it.
 
-What the DaemonSet's entrypoint (``flexhub daemonset``) and ``flexhub install --runtime-dir``
-do, with every host path under ``host_root`` (the hostPath mount of ``/``):
+What the DaemonSet's entrypoint (``flexhub daemonset``, whose ``--runtime-dir`` names where
+runtimes live on the host) does, with every host path under ``host_root`` (the hostPath mount
+of ``/``):
 
 1. copy this runtime to ``<runtime_dir>/<name>`` (a new name per build: a dot-named copy,
    then a rename, so a half-copied runtime is never used);

@@ -87,6 +87,7 @@ class Doctor:
         self.host_root = host_root
         self.proc_root = proc_root
         self.config: NodeConfig | None = None
+        self._config_used: str | None = None
         self._plugin_dir_ok = False
 
     def host(self, path: str | Path) -> Path:
@@ -96,8 +97,10 @@ class Doctor:
 
     def probe(self) -> list[Check]:
         """The liveness checks: cheap, and each one is a reason to restart the installer."""
-        checks = [self.check_config()]
+        checks = self.check_config()  # first: the plugin directory's record is in state_dir
         plugin = self.check_plugin_dir()
+        if plugin.status == "ok" and self._shim_config() not in (None, self._config_used):
+            checks = self.check_config()  # the installed driver's own, now that it is known
         checks.append(plugin)
         if plugin.status == "ok":  # never a driver from a directory others may write
             driver = self.check_driver()
@@ -118,16 +121,59 @@ class Doctor:
 
     # -- checks ---------------------------------------------------------------------------------
 
-    def check_config(self) -> Check:
-        from flexhub.config import config_path
+    def _shim_config(self) -> str | None:
+        """The config path baked into the installed driver (``None``: no driver, its
+        directory not known yet, or it exports none)."""
+        from flexhub.admin.install import shim_config
 
+        if self.plugin_dir is None:
+            return None
         try:
-            self.config = load_config(self.host(self.config_path or config_path()))
+            return shim_config(self._driver_path().read_text("utf-8", errors="replace"))
+        except OSError:
+            return None
+
+    def check_config(self) -> list[Check]:
+        """The node config the installed driver reads (the one its shim exports), checked as
+        a volume call checks it: values, top-level keys, and every table naming a backend."""
+        from flexhub.config import DEFAULT_CONFIG_PATH, config_path
+
+        checks = []
+        used = self._shim_config()
+        if used is None and self.plugin_dir is not None and self._driver_path().is_file():
+            used = str(DEFAULT_CONFIG_PATH)  # kubelet runs the driver without FLEXHUB_CONFIG
+        asked = self.config_path or (None if used else config_path())
+        if asked is not None and used is not None and str(asked) != used:
+            checks.append(
+                Check(
+                    "config",
+                    "warn",
+                    f"the installed driver reads {used}, not {asked}: checking {used}",
+                    f"flexhub install --config {asked}, or edit {used}",
+                )
+            )
+        path = Path(used) if used is not None else Path(asked or config_path())
+        self._config_used = str(path)
+        try:
+            self.config = load_config(self.host(path))
         except FlexhubError as exc:
             self.config = None
-            return Check("config", "fail", exc.message, "fix the file, or remove it for defaults")
-        source = self.config.source or "defaults (no file)"
-        return Check("config", "ok", f"{source}")
+            checks.append(
+                Check("config", "fail", exc.message, "fix the file, or remove it for defaults")
+            )
+            return checks
+        if self.config.backends:
+            from flexhub.driver.loader import installed_backends
+            from flexhub.settings import check_sections
+
+            try:
+                check_sections(self.config, installed_backends())
+            except FlexhubError as exc:
+                checks.append(Check("config", "fail", exc.message, "rename or remove the table"))
+                return checks
+        source = path if self.config.source is not None else f"{path}: no file, defaults"
+        checks.append(Check("config", "ok", f"{source}"))
+        return checks
 
     def check_plugin_dir(self) -> Check:
         """The directory given, else the one recorded at install (never a fresh guess: a
@@ -350,42 +396,63 @@ class Doctor:
             if info.error:
                 checks.append(Check(name, "fail", info.error, f"reinstall {info.distribution}"))
                 continue
-            needs = load_backend(info.name).node_requirements
+            backend = load_backend(info.name)
+            settings = self._check_settings(info.name, backend)
+            if settings is not None:
+                checks.append(settings)
+            needs = backend.node_requirements
             missing = [c for c in needs.commands if not self._has_command(c)]
             modules = [m for m in needs.kernel_modules if not self._has_module(m)]
             daemons = [d for d in needs.daemons if not self._running(d)]
             problems = [f"command {c} not found" for c in missing]
-            problems += [f"kernel module {m} not available" for m in modules]
+            problems += [f"the running kernel has no {m} module" for m in modules]
             problems += [f"{d} is not running" for d in daemons]
             if problems:
-                fix = needs.hint or "install the backend's node packages"
-                checks.append(Check(name, "fail", "; ".join(problems), fix))
+                fixes = [needs.hint or "install the backend's node packages"] if missing else []
+                fixes += [
+                    f"modprobe {m} (or install the modules of kernel {os.uname().release})"
+                    for m in modules
+                ]
+                if daemons or not fixes:
+                    fixes.append(needs.hint or f"start {', '.join(daemons)}")
+                checks.append(Check(name, "fail", "; ".join(problems), "; ".join(fixes)))
             else:
                 checks.append(
                     Check(name, "ok", f"{info.distribution} {info.version}, node tools present")
                 )
         return checks
 
+    def _check_settings(self, name: str, backend: Any) -> Check | None:
+        """The backend's table of the node config, as its volume calls check it."""
+        if self.config is None:
+            return None
+        from flexhub.settings import check_backend_table
+
+        table = self.config.backend_table(name)
+        where = f"[{name}] of {self.config.source}"
+        try:
+            check_backend_table(self.config, name, backend)
+        except FlexhubError as exc:
+            return Check(f"settings {name}", "fail", exc.message, f"fix {where}")
+        if backend.settings_keys is None and table:
+            return Check(
+                f"settings {name}",
+                "warn",
+                f"backend {name} declares no settings keys: the keys of {where} are not checked",
+                "check them against the backend's documentation",
+            )
+        if table:
+            return Check(f"settings {name}", "ok", f"{where}: {', '.join(sorted(table))}")
+        return None
+
     def _has_command(self, command: str) -> bool:
         return any(os.access(self.host(f"/{d}/{command}"), os.X_OK) for d in TOOL_DIRS)
 
     def _has_module(self, module: str) -> bool:
         """Loaded, built in, or loadable from the running kernel's module tree."""
-        if self.host(f"/sys/module/{module}").is_dir():
-            return True
-        release = os.uname().release
-        tree = self.host(f"/lib/modules/{release}")
-        wanted = module.replace("-", "_")
-        for index in ("modules.builtin", "modules.dep"):
-            try:
-                text = (tree / index).read_text("utf-8", errors="replace")
-            except OSError:
-                continue
-            for line in text.splitlines():
-                stem = os.path.basename(line.split(":", 1)[0]).split(".ko", 1)[0]
-                if stem.replace("-", "_") == wanted:
-                    return True
-        return False
+        from flexhub.node.kernel import has_module
+
+        return has_module(module, self.host_root)
 
     def _running(self, name: str) -> bool:
         try:

@@ -23,8 +23,11 @@ __all__ = [
     "check_runnable",
     "current_runtime",
     "driver_dir_name",
+    "driver_path",
     "install",
+    "mounted_volumes",
     "render_shim",
+    "shim_config",
     "shim_python",
     "uninstall",
 ]
@@ -116,6 +119,16 @@ def check_runnable(driver: str, host_root: Path = Path("/")) -> None:
         trusted_path(python, host_root, missing_ok=True)  # a missing one is not run
 
 
+def shim_config(text: str) -> str | None:
+    """The node config a shim written by :func:`render_shim` exports, or ``None`` (none: the
+    driver reads ``FLEXHUB_CONFIG`` from kubelet's environment, or the default)."""
+    for line in text.splitlines():
+        if line.startswith("FLEXHUB_CONFIG="):
+            words = shlex.split(line[len("FLEXHUB_CONFIG=") :])
+            return words[0] if words else None
+    return None
+
+
 def render_shim(
     python: str,
     config: Path | str | None,
@@ -197,6 +210,40 @@ def install(
     finally:
         os.close(fd)
     return target
+
+
+def driver_path(plugin_dir: Path, driver: str = DRIVER_NAME) -> Path:
+    """Where :func:`install` writes the driver executable."""
+    dir_name, exe_name = driver_dir_name(driver)
+    return plugin_dir / dir_name / exe_name
+
+
+def mounted_volumes(driver: Path, config: Path | None = None) -> list[str]:
+    """What flexhub has mounted on this node, from the journal of the node config ``config``
+    (default: the one the installed ``driver`` exports, else ``FLEXHUB_CONFIG``): each
+    mounted pod directory, and each staged volume no pod directory accounts for.
+
+    :raises FlexhubError: the config cannot be read.
+    """
+    from flexhub.admin.state import node_state
+    from flexhub.config import load_config
+
+    if config is None:
+        try:
+            baked = shim_config(driver.read_text("utf-8", errors="replace"))
+        except OSError:
+            baked = None
+        config = Path(baked) if baked is not None else None
+    state = node_state(load_config(config))
+    pods = [p for p in state["pods"] if p["mounted"]]
+    shown = [f"{p['target']} ({p['volume_id']})" for p in pods]
+    used = {p["volume_id"] for p in pods}
+    shown += [
+        f"{v['staging']} ({v['volume_id']})"
+        for v in state["volumes"]
+        if v["mounted"] and v["volume_id"] not in used
+    ]
+    return shown
 
 
 def uninstall(plugin_dir: Path, driver: str = DRIVER_NAME) -> bool:

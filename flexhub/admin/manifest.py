@@ -1,22 +1,99 @@
-"""``flexhub validate``: find flexhub volumes in manifests and validate their options."""
+"""``flexhub validate``: find flexhub volumes (and StorageClasses) in manifests and report
+every problem of each, in the manifest's own terms (``spec.flexVolume.options.flie``).
+
+kubelet stops at the first error of a call; a person fixing a manifest wants them all. For
+each flexVolume of the driver: the keys a manifest must not set, every schema error, then
+(when the schema passes) the backend's own option rules, and a ``secretRef`` the options
+need. Files with no flexhub volume are fine (exit 0): ``validate`` runs over whole trees.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flexhub.errors import FlexhubError
 
-__all__ = ["flex_volumes", "kubelet_key_error", "options_as_kubelet_sends", "validate_file"]
+__all__ = [
+    "Report",
+    "flex_volumes",
+    "kubelet_key_error",
+    "manifest_files",
+    "options_as_kubelet_sends",
+    "validate_file",
+    "validate_paths",
+]
+
+#: File names ``validate DIRECTORY`` reads.
+SUFFIXES = (".yaml", ".yml", ".json")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass
+class Report:
+    """What ``validate`` found about one volume, StorageClass or file."""
+
+    where: str
+    problems: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def lines(self) -> list[str]:
+        if self.ok:
+            return [f"{self.where}: ok" + (f" ({self.note})" if self.note else "")]
+        count = len(self.problems)
+        if count == 1:
+            return [f"{self.where}: {self.problems[0]}"]
+        return [f"{self.where}: {count} problems", *(f"  {p}" for p in self.problems)]
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def manifest_files(paths: list[Path]) -> list[Path]:
+    """The files to read: each file as given, each directory's ``*.yaml|yml|json`` (sorted,
+    recursively, dot-names skipped).
+
+    :raises FlexhubError: a path that does not exist.
+    """
+    files: list[Path] = []
+    for path in paths:
+        if str(path) == "-" or path.is_file():
+            files.append(path)
+        elif path.is_dir():
+            found = []
+            for top, dirs, names in os.walk(path):  # symlinked directories are not followed
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                found += [
+                    Path(top) / n
+                    for n in names
+                    if not n.startswith(".") and Path(n).suffix in SUFFIXES
+                ]
+            files.extend(p for p in sorted(found) if p.is_file())
+        elif path.exists():
+            raise FlexhubError(f"{path}: not a file or directory")
+        else:
+            raise FlexhubError(f"{path}: No such file or directory")
+    return files
 
 
 def _load_documents(path: Path) -> list[Any]:
-    text = sys.stdin.read() if str(path) == "-" else path.read_text("utf-8")
-    stripped = text.lstrip()
-    if stripped.startswith("{"):
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text("utf-8")
+    except UnicodeDecodeError:
+        raise FlexhubError(f"{path}: not UTF-8 text") from None
+    except OSError as exc:
+        raise FlexhubError(f"{path}: {exc.strerror}") from None
+    if text.lstrip().startswith("{"):
         try:
             return [json.loads(text)]
         except ValueError:
@@ -26,38 +103,54 @@ def _load_documents(path: Path) -> list[Any]:
     try:
         return [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
-        raise FlexhubError(f"{path}: not valid YAML or JSON: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "parse error"
+        raise FlexhubError(f"{path}: not valid YAML or JSON{where}: {problem}") from None
 
 
-def flex_volumes(doc: Any, driver: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """Yield ``(where, flexVolume)`` for every flexVolume of ``driver`` in a manifest."""
+# --- finding volumes ---------------------------------------------------------------------------
+
+
+def flex_volumes(doc: Any, driver: str) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """Yield ``(where, path, flexVolume)`` for every flexVolume of ``driver`` in a manifest;
+    ``path`` is the flexVolume's place in the object (``spec.volumes[0].flexVolume``)."""
+    yield from _flex_volumes(doc, driver, "")
+
+
+def _flex_volumes(doc: Any, driver: str, base: str) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
     if not isinstance(doc, dict):
         return
-    kind = doc.get("kind", "")
-    name = (doc.get("metadata") or {}).get("name", "?")
-    if kind == "List":
-        for item in doc.get("items") or []:
-            yield from flex_volumes(item, driver)
+    kind = doc.get("kind", "") or "object"
+    metadata = doc.get("metadata")
+    name = metadata.get("name", "?") if isinstance(metadata, dict) else "?"
+    if kind == "List" or kind.endswith("List"):
+        for i, item in enumerate(doc.get("items") or []):
+            yield from _flex_volumes(item, driver, f"{base}items[{i}].")
         return
-    spec = doc.get("spec") or {}
+    spec = doc.get("spec")
     if not isinstance(spec, dict):
         return
     flex = spec.get("flexVolume")
     if isinstance(flex, dict) and flex.get("driver") == driver:
-        yield f"{kind or 'object'}/{name}", flex
-    pod_specs = [spec]
-    template = spec.get("template") or (spec.get("jobTemplate") or {}).get("spec", {}).get(
-        "template"
-    )
-    if isinstance(template, dict):
-        pod_specs.append(template.get("spec") or {})
-    for pod_spec in pod_specs:
-        for volume in pod_spec.get("volumes") or []:
+        yield f"{kind}/{name}", f"{base}spec.flexVolume", flex
+    pod_specs = [("spec", spec)]
+    template = spec.get("template")
+    if isinstance(template, dict) and isinstance(template.get("spec"), dict):
+        pod_specs.append(("spec.template.spec", template["spec"]))
+    job = spec.get("jobTemplate")
+    if isinstance(job, dict) and isinstance(job.get("spec"), dict):
+        inner = job["spec"].get("template")
+        if isinstance(inner, dict) and isinstance(inner.get("spec"), dict):
+            pod_specs.append(("spec.jobTemplate.spec.template.spec", inner["spec"]))
+    for where, pod_spec in pod_specs:
+        for i, volume in enumerate(pod_spec.get("volumes") or []):
             if not isinstance(volume, dict):
                 continue
             flex = volume.get("flexVolume")
             if isinstance(flex, dict) and flex.get("driver") == driver:
-                yield f"{kind or 'object'}/{name} volume {volume.get('name', '?')}", flex
+                path = f"{base}{where}.volumes[{i}].flexVolume"
+                yield f"{kind}/{name} volume {volume.get('name', '?')}", path, flex
 
 
 def options_as_kubelet_sends(flex: Mapping[str, Any], volume_name: str = "") -> dict[str, Any]:
@@ -80,47 +173,245 @@ def kubelet_key_error(flex: Mapping[str, Any]) -> str:
     readwrite, secrets, fsGroup), so such an option would lie to flexhub about the pod. The
     admission policy in ``deploy/admission-policy.yaml`` rejects the same volumes.
     """
-    user = flex.get("options") or {}
-    if not isinstance(user, dict):
-        return ""
-    keys = sorted(k for k in user if isinstance(k, str) and k.startswith("kubernetes.io/"))
+    keys = _kubelet_keys(flex)
     if not keys:
         return ""
-    return (
-        f"option {keys[0][:80]!r} is kubelet's: a volume's options must not set "
-        "kubernetes.io/ keys (kubelet merges the options last, over its own)"
-    )
+    return f"option {keys[0][:80]!r} is kubelet's: {_KUBELET_KEY_REASON}"
 
 
-def validate_options_object(options: Any) -> str:
-    """Validate one options object; return the error text or ``""``."""
-    from flexhub.driver.call import Call
-    from flexhub.driver.kubelet import parse_options
-    from flexhub.driver.loader import load_backend
-    from flexhub.driver.validation import validate_options
+_KUBELET_KEY_REASON = (
+    "a volume's options must not set kubernetes.io/ keys (kubelet merges the options last, "
+    "over its own)"
+)
+
+
+def _kubelet_keys(flex: Mapping[str, Any]) -> list[str]:
+    user = flex.get("options") or {}
+    if not isinstance(user, dict):
+        return []
+    return sorted(k for k in user if isinstance(k, str) and k.startswith("kubernetes.io/"))
+
+
+# --- checking ----------------------------------------------------------------------------------
+
+
+def option_path(base: str, key: str) -> str:
+    """Where option ``key`` of the options object comes from in the manifest (``base`` is
+    the flexVolume's path; ``""`` for a bare options object)."""
+    shown = key[:80]
+    if not base:
+        name = shown if _IDENTIFIER.fullmatch(shown) else json.dumps(shown)
+        return f"options.{name}" if _IDENTIFIER.fullmatch(shown) else f"options[{name}]"
+    if key == "kubernetes.io/fsType":
+        return f"{base}.fsType"
+    if key == "kubernetes.io/readwrite":
+        return f"{base}.readOnly"
+    if not key:
+        return f"{base}.options"
+    if _IDENTIFIER.fullmatch(shown):
+        return f"{base}.options.{shown}"
+    return f"{base}.options[{json.dumps(shown)}]"
+
+
+def _option_rule(message: str, base: str) -> str:
+    """A backend rule's message, its leading ``option 'x'`` turned into the manifest path."""
+    for pattern in (r"invalid options?: ", r""):
+        match = re.match(pattern + r"options? '([^']+)'[: ]\s*", message)
+        if match:
+            return f"{option_path(base, match.group(1))}: {message[match.end() :]}"
+    return f"{base}.options: {message.removeprefix('invalid options: ')}"
+
+
+def check_options_object(options: Mapping[str, Any], base: str, *, has_secret: bool) -> list[str]:
+    """Every problem of one options object (``base`` names it in the manifest)."""
+    from flexhub.driver.loader import installed_backends, load_backend
+    from flexhub.driver.validation import schema_problems
+    from flexhub.settings import did_you_mean
     from flexhub.volume import Volume
 
+    problems = []
+    strings: dict[str, str] = {}
+    for key, value in options.items():
+        if not isinstance(value, str):
+            kind = "a number" if isinstance(value, int | float) else type(value).__name__
+            if isinstance(value, bool):
+                kind = "a boolean"
+            problems.append(
+                f"{option_path(base, str(key))}: must be a string, not {kind} (quote it)"
+            )
+        else:
+            strings[str(key)] = value
+    name = strings.get("backend", "")
+    installed = installed_backends()
+    if not name:
+        if "backend" not in options:
+            listed = ", ".join(installed) or "(none)"
+            problems.append(f"{option_path(base, 'backend')}: required (installed: {listed})")
+        return problems
+    if name not in installed:
+        hint = did_you_mean(name, installed).strip(" ()")
+        problems.append(
+            f"{option_path(base, 'backend')}: unknown backend {name[:80]!r}"
+            + (f", {hint}" if hint else f" (installed: {', '.join(installed) or '(none)'})")
+        )
+        return problems
     try:
-        parsed = parse_options(json.dumps(options), Call("validate"))
-        backend = load_backend(parsed.get("backend"))
-        validate_options(backend, parsed)
-        backend.check_options(Volume.from_options(parsed))
+        backend = load_backend(name)
+        found = schema_problems(backend, strings, name)
     except FlexhubError as exc:
-        return exc.message
-    return ""
+        return [*problems, f"{option_path(base, 'backend')}: {exc.message}"]
+    found = [(k, t) for k, t in found if not (t == "required" and k in options)]  # not a string
+    problems += [f"{option_path(base, key)}: {text}" for key, text in found]
+    if not problems:
+        try:
+            backend.check_options(Volume.from_options(strings))
+        except FlexhubError as exc:
+            problems.append(_option_rule(exc.message, base))
+    reason = backend.secret_needed(strings)
+    if reason and not has_secret:
+        problems.append(f"{base}.secretRef: required: {reason}")
+    return problems
+
+
+def _size_note(flex: Mapping[str, Any], doc: Mapping[str, Any]) -> str:
+    """A loopfile-style ``size`` in human units, and whether it matches the PV's capacity."""
+    options = flex.get("options")
+    if not isinstance(options, dict) or not isinstance(options.get("size"), str):
+        return ""
+    size = _bytes(options["size"])
+    if size is None:
+        return ""
+    note = f"size {human_size(size)}"
+    spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+    capacity = spec.get("capacity") if isinstance(spec, dict) else None
+    if isinstance(capacity, dict) and isinstance(capacity.get("storage"), str):
+        claimed = _bytes(capacity["storage"])
+        if claimed is not None and claimed != size:
+            note += f", but spec.capacity.storage is {human_size(claimed)}"
+    return note
+
+
+_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+}
+
+
+def _bytes(text: str) -> int | None:
+    match = re.fullmatch(r"([0-9]+)(|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)", text.strip())
+    return int(match.group(1)) * _UNITS[match.group(2)] if match else None
+
+
+def human_size(size: int) -> str:
+    """``1610612736`` → ``1.5 GiB``; below 1 KiB, bytes."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024 or unit == "PiB":
+            text = f"{value:.1f}".removesuffix(".0") if unit != "B" else f"{size}"
+            return f"{text} {unit}"
+        value /= 1024
+    return f"{size} B"  # pragma: no cover
+
+
+def _storage_class(doc: Mapping[str, Any], driver: str) -> Report | None:
+    """A StorageClass provisioned by flexhub: only ``parameters.backend`` is checked yet."""
+    provisioner = doc.get("provisioner")
+    if doc.get("kind") != "StorageClass" or not isinstance(provisioner, str):
+        return None
+    if provisioner != driver and "flexhub" not in provisioner:
+        return None
+    metadata = doc.get("metadata")
+    name = metadata.get("name", "?") if isinstance(metadata, dict) else "?"
+    report = Report(f"StorageClass/{name}")
+    parameters = doc.get("parameters") or {}
+    backend = parameters.get("backend") if isinstance(parameters, dict) else None
+    if backend is None:
+        report.note = "no provisioner parameters to check yet"
+        return report
+    from flexhub.driver.loader import installed_backends
+    from flexhub.settings import did_you_mean
+
+    installed = installed_backends()
+    if backend not in installed:
+        hint = did_you_mean(str(backend), installed).strip(" ()")
+        report.problems.append(
+            f"parameters.backend: unknown backend {str(backend)[:80]!r}"
+            + (f", {hint}" if hint else f" (installed: {', '.join(installed) or '(none)'})")
+        )
+    else:
+        report.note = f"backend {backend} installed; no other parameters are checked yet"
+    return report
+
+
+def validate_documents(path: Path, driver: str, *, named: bool = False) -> list[Report]:
+    """Every report of one file (a file that cannot be read is one report of its own);
+    ``named``: each report starts with the file's name."""
+    prefix = f"{path}: " if named and str(path) != "-" else ""
+    try:
+        docs = _load_documents(path)
+    except FlexhubError as exc:
+        return [Report(str(path), [exc.message.removeprefix(f"{path}: ")])]
+    reports: list[Report] = []
+    for doc in docs:
+        if isinstance(doc, dict) and "kind" not in doc and "apiVersion" not in doc:
+            # a bare options object, as kubelet sends it (secrets would be its own keys)
+            report = Report(str(path) if str(path) != "-" else "options")
+            report.problems = check_options_object(doc, "", has_secret=True)
+            reports.append(report)
+            continue
+        sc = _storage_class(doc, driver) if isinstance(doc, dict) else None
+        if sc is not None:
+            sc.where = prefix + sc.where
+            reports.append(sc)
+        for where, base, flex in flex_volumes(doc, driver):
+            report = Report(prefix + where)
+            keys = _kubelet_keys(flex)
+            report.problems += [
+                f"{option_path(base, k)}: kubelet's key: {_KUBELET_KEY_REASON}" for k in keys
+            ]
+            user = flex.get("options")
+            if user is not None and not isinstance(user, dict):
+                report.problems.append(f"{base}.options: must be a map of strings")
+                user = {}
+            options = dict(user or {})
+            for key in keys:
+                options.pop(key, None)
+            fs_type = flex.get("fsType")
+            if fs_type:
+                options["kubernetes.io/fsType"] = fs_type
+            options["kubernetes.io/readwrite"] = "ro" if flex.get("readOnly") else "rw"
+            report.problems += check_options_object(
+                options, base, has_secret=isinstance(flex.get("secretRef"), dict)
+            )
+            if report.ok and isinstance(doc, dict):
+                report.note = _size_note(flex, doc)
+            reports.append(report)
+    return reports
+
+
+def validate_paths(paths: list[Path], driver: str) -> tuple[list[Report], list[Path]]:
+    """Reports of every flexhub volume in ``paths``, and the files that hold none."""
+    reports: list[Report] = []
+    empty: list[Path] = []
+    files = manifest_files(paths)
+    named = len(files) > 1 or any(p.is_dir() for p in paths)
+    for path in files:
+        found = validate_documents(path, driver, named=named)
+        if not found:
+            empty.append(path)
+        reports.extend(found)
+    return reports, empty
 
 
 def validate_file(path: Path, driver: str) -> list[tuple[str, str]]:
-    """Validate every flexhub volume in ``path``; returns ``(where, error or "")`` pairs."""
-    results: list[tuple[str, str]] = []
-    for doc in _load_documents(path):
-        if isinstance(doc, dict) and "kind" not in doc and "apiVersion" not in doc:
-            results.append((f"{path}", validate_options_object(doc)))
-            continue
-        for where, flex in flex_volumes(doc, driver):
-            name = where.rsplit(" ", 1)[-1] if " volume " in where else where.split("/", 1)[-1]
-            error = kubelet_key_error(flex) or validate_options_object(
-                options_as_kubelet_sends(flex, name)
-            )
-            results.append((where, error))
-    return results
+    """``(where, problems joined by "; " or "")`` for every flexhub volume in ``path``."""
+    return [(r.where, "; ".join(r.problems)) for r in validate_documents(path, driver)]

@@ -22,7 +22,32 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"flexhub {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print flexhub's version and exit.",
+            is_eager=True,
+            callback=_print_version,
+        ),
+    ] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks and log records on stderr.")
+    ] = False,
+) -> None:
+    """flexhub: one FlexVolume driver for many kinds of storage."""
 
 
 @app.command()
@@ -61,26 +86,26 @@ def schema(name: Annotated[str, typer.Argument(help="backend name, e.g. loopfile
 
 @app.command()
 def validate(
-    file: Annotated[
-        Path, typer.Argument(help="PV/Pod YAML manifest or options JSON ('-' = stdin)")
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="manifests (YAML or JSON, several documents each), directories of them "
+            "(*.yaml, *.yml, *.json), or an options JSON object; '-' = stdin"
+        ),
     ],
     driver: Annotated[str, typer.Option(help="flexVolume.driver to check")] = DRIVER_NAME,
 ) -> None:
-    """Validate every flexhub flexVolume in a manifest, with kubelet users' messages."""
-    from flexhub.admin.manifest import validate_file
+    """Report every problem of every flexhub volume (and flexhub StorageClass) in manifests,
+    in the manifest's terms. Exit 1 when any has one; files without flexhub volumes are fine."""
+    from flexhub.admin.manifest import validate_paths
 
-    results = validate_file(file, driver)
-    if not results:
-        typer.echo(f"{file}: no flexVolume with driver {driver} found")
-        raise typer.Exit(1)
-    failed = False
-    for where, error in results:
-        if error:
-            failed = True
-            typer.echo(f"{where}: {error}")
-        else:
-            typer.echo(f"{where}: ok")
-    raise typer.Exit(1 if failed else 0)
+    reports, empty = validate_paths(files, driver)
+    for report in reports:
+        for line in report.lines():
+            typer.echo(line)
+    for path in empty:
+        typer.echo(f"{path}: no flexVolume with driver {driver}")
+    raise typer.Exit(0 if all(r.ok for r in reports) else 1)
 
 
 @app.command()
@@ -126,6 +151,8 @@ def install(
     from flexhub.config import DEFAULT_CONFIG_PATH, load_config
 
     driver_dir_name(driver)  # a bad name is refused before anything else
+    if config is not None:
+        _check_config_file(config)
     found = detect_plugin_dir(plugin_dir)
     if plugin_dir is None:
         typer.echo(f"plugin directory: {found.describe()}")
@@ -133,6 +160,18 @@ def install(
     path = do_install(Path(found.path), config=config, driver=driver)
     write_record(node_config.state_dir, driver, found)
     typer.echo(str(path))
+
+
+def _check_config_file(path: Path) -> None:
+    """Refuse a node config the driver could not use: missing, unreadable or wrong."""
+    from flexhub.config import load_config
+    from flexhub.driver.loader import installed_backends
+    from flexhub.settings import check_sections
+
+    if not path.is_file():
+        raise FlexhubError(f"--config {path}: no such file")
+    config = load_config(path)
+    check_sections(config, installed_backends())
 
 
 @app.command()
@@ -213,10 +252,33 @@ def doctor(
 def uninstall(
     plugin_dir: Annotated[Path, typer.Option("--plugin-dir", help="kubelet's --volume-plugin-dir")],
     driver: Annotated[str, typer.Option(help="driver name vendor/name")] = DRIVER_NAME,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="node config (default: the one the installed driver reads)"),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="remove the driver even while volumes are mounted")
+    ] = False,
 ) -> None:
-    """Remove the driver executable from a kubelet plugin directory."""
+    """Remove the driver executable from a kubelet plugin directory.
+
+    Refused while the node's journal shows flexhub volumes mounted (kubelet could not unmount
+    them without the driver), unless --force.
+    """
+    from flexhub.admin.install import driver_path, mounted_volumes
     from flexhub.admin.install import uninstall as do_uninstall
 
+    if not force:
+        mounted = mounted_volumes(driver_path(plugin_dir, driver), config)
+        if mounted:
+            shown = ", ".join(mounted[:5]) + (
+                f" and {len(mounted) - 5} more" if len(mounted) > 5 else ""
+            )
+            raise FlexhubError(
+                f"{len(mounted)} flexhub volume(s) still mounted on this node ({shown}): "
+                "without the driver kubelet cannot unmount them; drain the node first, "
+                "or pass --force"
+            )
     removed = do_uninstall(plugin_dir, driver=driver)
     typer.echo("removed" if removed else "nothing to remove")
 
@@ -225,11 +287,14 @@ def uninstall(
 def demo(
     keep: Annotated[bool, typer.Option(help="keep the temporary tree for inspection")] = False,
     fs_type: Annotated[str, typer.Option(help="filesystem: xfs, ext4 or ext3")] = "xfs",
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="show each call's arguments and reply")
+    ] = False,
 ) -> None:
     """Replay kubelet's calls for a loopfile volume, for real (needs root)."""
     from flexhub.admin.demo import run_demo
 
-    raise typer.Exit(run_demo(keep=keep, fs_type=fs_type))
+    raise typer.Exit(run_demo(keep=keep, fs_type=fs_type, verbose=verbose))
 
 
 @app.command("new-backend")
@@ -251,6 +316,7 @@ fence_app = typer.Typer(
     help="iSCSI fencing (SCSI-3 persistent reservations): this node's key, and taking over "
     "a LUN whose holder died.",
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(fence_app, name="fence")
 
@@ -319,9 +385,21 @@ def fence_preempt(
 
 
 def main(args: list[str]) -> int:
-    """Run the typer app without its standalone error handling; returns the exit code."""
-    if args and args[0] == "help":
-        args = ["--help"]
+    """Run an admin command; returns the exit code. Every error is one line on stderr (with
+    ``--debug``, anywhere on the line: the traceback and the log records too)."""
+    from flexhub.cli import COMMANDS
+
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    _set_up_logging(debug)
+    if not args or args[0] == "help":
+        args = ["--help", *args[1:]] if args else ["--help"]
+    if not args[0].startswith("-") and args[0] not in COMMANDS:
+        from flexhub.settings import did_you_mean
+
+        hint = did_you_mean(args[0], COMMANDS - {"help"}).strip(" ()") or "see flexhub --help"
+        typer.echo(f"flexhub: unknown command {args[0][:80]!r}, {hint}", err=True)
+        return 2
     try:
         result = app(args=args, prog_name="flexhub", standalone_mode=False)
     except typer.Exit as exc:
@@ -329,13 +407,42 @@ def main(args: list[str]) -> int:
     except FlexhubError as exc:
         typer.echo(f"flexhub: {exc.message}", err=True)
         return exc.exit_code
+    except (KeyboardInterrupt, typer.Abort):
+        typer.echo("flexhub: interrupted", err=True)
+        return 130
     except Exception as exc:
         usage = getattr(exc, "format_message", None)
         if usage is not None:
             typer.echo(f"flexhub: {usage()}", err=True)
-            return 2
-        raise
+            return int(getattr(exc, "exit_code", 2))
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        typer.echo(f"flexhub: {_one_line(exc)}", err=True)
+        return 1
     return int(result) if isinstance(result, int) else 0
+
+
+def _one_line(exc: BaseException) -> str:
+    from flexhub.errors import one_line
+
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return one_line(f"{where}{exc.strerror}")
+    return one_line(f"internal error: {type(exc).__name__}: {exc} (--debug shows where)")
+
+
+def _set_up_logging(debug: bool) -> None:
+    """Log records (a backend's import traceback among them) go to stderr only with
+    ``--debug``; otherwise nowhere, not even Python's last-resort handler."""
+    import logging
+
+    root = logging.getLogger()
+    if debug:
+        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
+    elif not root.handlers:
+        root.addHandler(logging.NullHandler())
 
 
 if __name__ == "__main__":  # pragma: no cover

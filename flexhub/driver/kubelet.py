@@ -47,6 +47,23 @@ MAX_VALUE_CHARS = 64 * 1024
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
+#: Each operation's arguments, as kubelet passes them (its usage line).
+USAGE: Mapping[str, str] = {
+    "init": "init",
+    "getvolumename": "getvolumename <json>",
+    "attach": "attach <json> <nodeName>",
+    "isattached": "isattached <json> <nodeName>",
+    "detach": "detach <pvOrVolumeName> <nodeName>",
+    "waitforattach": "waitforattach <devicePath> <json>",
+    "mountdevice": "mountdevice <deviceMountPath> <devicePath> <json>",
+    "unmountdevice": "unmountdevice <deviceMountPath>",
+    "mount": "mount <podVolumeDir> <json>",
+    "unmount": "unmount <podVolumeDir>",
+    "expandvolume": "expandvolume <json> <deviceMountPath> <newSize> <oldSize>",
+    "expandfs": "expandfs <json> <devicePath> <podVolumeDir> <newSize> <oldSize>",
+}
+
+
 Handler = Callable[[list[str], Call], Reply]
 
 
@@ -164,15 +181,24 @@ def _config() -> NodeConfig:
     return _CONFIG[0]
 
 
+def check_node_sections(config: NodeConfig) -> None:
+    """Refuse a table of the node config that names no installed backend (a typo)."""
+    if config.backends:
+        from flexhub.driver.memo import known_backend_names
+        from flexhub.settings import check_sections
+
+        check_sections(config, known_backend_names(config))
+
+
 def op_init(args: list[str], call: Call) -> Reply:
-    _expect(args, 0, "init")
+    _expect(args, 0, USAGE["init"])
     return Reply(extra={"capabilities": dict(CAPABILITIES)})
 
 
 def op_getvolumename(args: list[str], call: Call) -> Reply:
     # kubelet ignores the name and uses spec.Name(); after a kubelet restart the options hold
     # no user keys at all, so they are parsed but not validated against a backend schema.
-    _expect(args, 1, "getvolumename <json>")
+    _expect(args, 1, USAGE["getvolumename"])
     options = parse_options(args[0], call)
     return Reply(extra={"volumeName": options.get("kubernetes.io/pvOrVolumeName", "")})
 
@@ -209,7 +235,11 @@ def _validated(
     if target is not None:
         check_pod_uid(target, options)
     config = _config()
+    check_node_sections(config)
     backend_cls = load_backend(options.get("backend"), config)
+    from flexhub.settings import check_backend_table
+
+    check_backend_table(config, call.backend, backend_cls)
     validate_options(backend_cls, options, Memo(config.state_dir))
     volume = Volume.from_options(options, with_pod=with_pod)
     from flexhub.node import Node
@@ -223,26 +253,26 @@ def _validated(
 
 def op_attach(args: list[str], call: Call) -> Reply:
     # attach: false — kubelet and the controller never send this; node work happens in mount.
-    _expect(args, 2, "attach <json> <nodeName>")
+    _expect(args, 2, USAGE["attach"])
     _validated(args[0], call, with_pod=False)
     return Reply(extra={"device": ""})
 
 
 def op_isattached(args: list[str], call: Call) -> Reply:
-    _expect(args, 2, "isattached <json> <nodeName>")
+    _expect(args, 2, USAGE["isattached"])
     parse_options(args[0], call)
     return Reply(extra={"attached": True})
 
 
 def op_detach(args: list[str], call: Call) -> Reply:
     # Receives only the PV name; devices are released by the last unmount on the node.
-    _expect(args, 2, "detach <pvOrVolumeName> <nodeName>")
+    _expect(args, 2, USAGE["detach"])
     call.volume = args[0]
     return Reply()
 
 
 def op_waitforattach(args: list[str], call: Call) -> Reply:
-    _expect(args, 2, "waitforattach <devicePath> <json>")
+    _expect(args, 2, USAGE["waitforattach"])
     parse_options(args[1], call)
     return Reply(extra={"device": args[0]})
 
@@ -250,20 +280,20 @@ def op_waitforattach(args: list[str], call: Call) -> Reply:
 def op_mountdevice(args: list[str], call: Call) -> Reply:
     # With attach: false there is no device stage; mount does everything, so this is a no-op
     # that never lets kubelet's default format a device.
-    _expect(args, 3, "mountdevice <deviceMountPath> <devicePath> <json>")
+    _expect(args, 3, USAGE["mountdevice"])
     _directory(args[0], "deviceMountPath")
     _validated(args[2], call, with_pod=False)
     return Reply()
 
 
 def op_unmountdevice(args: list[str], call: Call) -> Reply:
-    _expect(args, 1, "unmountdevice <deviceMountPath>")
+    _expect(args, 1, USAGE["unmountdevice"])
     call.target = str(_directory(args[0], "deviceMountPath"))
     return Reply()
 
 
 def op_mount(args: list[str], call: Call) -> Reply:
-    _expect(args, 2, "mount <podVolumeDir> <json>")
+    _expect(args, 2, USAGE["mount"])
     target = _directory(args[0], "mount directory")
     call.target = str(target)
     volume, backend, node = _validated(args[1], call, with_pod=True, target=target)
@@ -282,7 +312,7 @@ def op_mount(args: list[str], call: Call) -> Reply:
 
 
 def op_unmount(args: list[str], call: Call) -> Reply:
-    _expect(args, 1, "unmount <podVolumeDir>")
+    _expect(args, 1, USAGE["unmount"])
     target = _directory(args[0], "mount directory")
     call.target = str(target)
     config = _config()
@@ -291,7 +321,10 @@ def op_unmount(args: list[str], call: Call) -> Reply:
     # kubelet serialises the operations on one pod volume directory, so no mount of this
     # directory can be in flight while it asks to unmount it.
     if nothing_to_unmount(config.state_dir, target):
+        # Nothing to do is Success whatever the backend tables say: a Failure here would keep
+        # the pod Terminating for a typo that no mount could have used (mount fails on it).
         return Reply()
+    check_node_sections(config)  # a table naming no backend fails it as it fails every call
     from flexhub.driver.loader import backend_factory
     from flexhub.driver.logs import configure_logging
     from flexhub.node import Node
@@ -305,7 +338,7 @@ def op_unmount(args: list[str], call: Call) -> Reply:
 
 def op_expandvolume(args: list[str], call: Call) -> Reply:
     # Controller side; upstream never runs it. The node grows the filesystem in expandfs.
-    _expect(args, 4, "expandvolume <json> <deviceMountPath> <newSize> <oldSize>")
+    _expect(args, 4, USAGE["expandvolume"])
     parse_options(args[0], call)
     _size(args[2], "newSize")
     _size(args[3], "oldSize")
@@ -313,7 +346,7 @@ def op_expandvolume(args: list[str], call: Call) -> Reply:
 
 
 def op_expandfs(args: list[str], call: Call) -> Reply:
-    _expect(args, 5, "expandfs <json> <devicePath> <podVolumeDir> <newSize> <oldSize>")
+    _expect(args, 5, USAGE["expandfs"])
     target = _directory(args[2], "mount directory")
     call.target = str(target)
     new_size = _size(args[3], "newSize")

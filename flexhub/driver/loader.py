@@ -148,24 +148,7 @@ def _from_memo(memo: Memo, name: str) -> type[Backend] | None:
 
 def _remember(memo: Memo) -> None:
     """Write every uniquely named backend entry point to the memo."""
-    from importlib.metadata import entry_points
-
-    files: set[str] = set()
-    targets: dict[str, list[str]] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        targets.setdefault(ep.name, []).append(ep.value)
-        path = getattr(ep.dist, "_path", None)
-        if path is not None:
-            files.update((str(path), os.path.join(str(path), "entry_points.txt")))
-    ordered = tuple(sorted(files))
-    memo.write_json(
-        memo.backends_file,
-        {
-            "fingerprint": environment_fingerprint(ordered),
-            "files": list(ordered),
-            "backends": {n: v[0] for n, v in sorted(targets.items()) if len(v) == 1},
-        },
-    )
+    memo.remember_backends()
 
 
 def _names_or_none() -> str:

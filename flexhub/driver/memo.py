@@ -24,8 +24,12 @@ import os
 import stat
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["Memo", "environment_fingerprint"]
+if TYPE_CHECKING:
+    from flexhub.config import NodeConfig
+
+__all__ = ["Memo", "environment_fingerprint", "known_backend_names"]
 
 
 def environment_fingerprint(extra: tuple[str, ...] = ()) -> list[list[object]]:
@@ -102,6 +106,52 @@ class Memo:
         except ValueError:
             return None
 
+    def backend_names(self) -> list[str] | None:
+        """Every backend name the current backends memo lists, or ``None`` (no memo, or one
+        written before a distribution was installed, upgraded or removed)."""
+        data = self.read_json(self.backends_file)
+        if not isinstance(data, dict):
+            return None
+        files, names = data.get("files"), data.get("names")
+        if not isinstance(files, list) or not isinstance(names, list):
+            return None
+        if not all(isinstance(n, str) for n in names):
+            return None
+        if data.get("fingerprint") != environment_fingerprint(tuple(str(f) for f in files)):
+            return None
+        return list(names)
+
+    def remember_backends(self, *, create: bool = True) -> list[str]:
+        """Scan the backends' entry points, write the backends memo, return every name.
+
+        :param create: whether to make the memo directory (and the state directory) when
+            missing; without, the memo is written only into an existing one.
+        """
+        from importlib.metadata import entry_points
+
+        from flexhub import ENTRY_POINT_GROUP
+
+        files: set[str] = set()
+        targets: dict[str, list[str]] = {}
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            targets.setdefault(ep.name, []).append(ep.value)
+            path = getattr(ep.dist, "_path", None)
+            if path is not None:
+                files.update((str(path), os.path.join(str(path), "entry_points.txt")))
+        ordered = tuple(sorted(files))
+        if not create and not self._trusted_dir(self.root):
+            return sorted(targets)
+        self.write_json(
+            self.backends_file,
+            {
+                "fingerprint": environment_fingerprint(ordered),
+                "files": list(ordered),
+                "backends": {n: v[0] for n, v in sorted(targets.items()) if len(v) == 1},
+                "names": sorted(targets),
+            },
+        )
+        return sorted(targets)
+
     def write_json(self, path: Path, value: object) -> None:
         """Write ``value`` to ``path`` atomically (0600); a failure only loses the memo."""
         if not self._ensure_dir(path.parent):
@@ -145,3 +195,12 @@ class Memo:
             os.close(fd)
         except OSError:
             pass
+
+
+def known_backend_names(config: NodeConfig) -> list[str]:
+    """The installed backends' names: from the node's memo when it is current (no scan), else
+    from the entry points (rewriting an existing memo, never making one: a bad config must
+    leave a new node's state directory uncreated)."""
+    memo = Memo(config.state_dir)
+    names = memo.backend_names()
+    return names if names is not None else memo.remember_backends(create=False)

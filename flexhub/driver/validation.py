@@ -26,7 +26,13 @@ if TYPE_CHECKING:
 
     from flexhub.backend import Backend
 
-__all__ = ["COMMON_SCHEMA_ID", "common_schema", "describe_error", "validate_options"]
+__all__ = [
+    "COMMON_SCHEMA_ID",
+    "common_schema",
+    "describe_error",
+    "schema_problems",
+    "validate_options",
+]
 
 COMMON_SCHEMA_ID = "https://flexhub.invalid/schemas/common.json"
 _SHOWN_VALUE = 60
@@ -200,6 +206,115 @@ def describe_error(error: ValidationError, schema: Mapping[str, Any]) -> str:
     else:
         detail = error.message if len(error.message) < 200 else error.message[:197] + "..."
     return f"invalid option {path}: {detail}"
+
+
+def schema_problems(
+    backend: type[Backend], options: Mapping[str, str], name: str = ""
+) -> list[tuple[str, str]]:
+    """Every schema error of ``options`` (secrets and per-pod keys left out, as on a call), as
+    ``(option key or "", text)`` in the options' order, for ``flexhub validate``.
+
+    The text does not repeat the key; a long allow-list is summarised (``flexhub schema
+    NAME`` prints it), and a comma-separated value names the items that are not allowed.
+
+    :raises BackendError: the backend's schema itself is broken.
+    """
+    public = {
+        k: v
+        for k, v in options.items()
+        if not k.startswith(SECRET_PREFIX) and k not in PER_POD_KEYS
+    }
+    schema = backend.schema()
+    from jsonschema.exceptions import SchemaError
+    from referencing.exceptions import Unresolvable
+
+    try:
+        errors = list(validator_for(schema).iter_errors(public))
+    except (SchemaError, Unresolvable) as exc:
+        raise BackendError(f"backend schema is broken: {type(exc).__name__}: {exc}") from None
+    allowed = sorted(k for k in schema.get("properties", {}) if not k.startswith("kubernetes.io/"))
+    found: list[tuple[str, str]] = []
+    for error in errors:
+        found.extend(_problems(error, allowed, name))
+    order = {key: i for i, key in enumerate(options)}
+    unique = list(dict.fromkeys(found))
+    return sorted(unique, key=lambda p: order.get(p[0], -1))
+
+
+def _problems(error: ValidationError, allowed: list[str], name: str) -> list[tuple[str, str]]:
+    kind = error.validator
+    if kind == "additionalProperties":
+        extras = sorted(set(error.instance) - set(allowed))
+        extras = [e for e in extras if not e.startswith("kubernetes.io/")]
+        out = []
+        for extra in extras:
+            hint = difflib.get_close_matches(extra, allowed, n=1)
+            text = f"unknown option, did you mean {hint[0]}?" if hint else "unknown option"
+            if not hint:
+                text += f" (known: {_summary(allowed, name)})"
+            out.append((extra, text))
+        return out
+    if kind == "required":
+        missing = [r for r in error.validator_value if r not in error.instance]
+        return [(m, "required") for m in missing]
+    key = str(error.path[0]) if error.path else ""
+    if kind == "enum":
+        choices = ", ".join(_quoted(c) for c in error.validator_value)
+        return [(key, f"must be one of {choices}, not {_quoted(error.instance)}")]
+    if kind == "pattern":
+        description = error.schema.get("description") if isinstance(error.schema, dict) else None
+        expected = _short(str(description), name) if description else "another form"
+        value = str(error.instance)
+        bad = _unmatched_items(str(error.validator_value), value)
+        if bad:
+            shown = ", ".join(_quoted(b) for b in bad[:5])
+            return [(key, f"{shown} not allowed: expected {expected}")]
+        return [(key, f"{_show(value)} is not valid: expected {expected}")]
+    if kind in ("maxLength", "minLength"):
+        word = "too long" if kind == "maxLength" else "too short"
+        return [(key, f"{word} ({kind} {error.validator_value})")]
+    if kind == "type":
+        return [(key, f"must be a {error.validator_value}")]
+    message = error.message if len(error.message) < 200 else error.message[:197] + "..."
+    return [(key, message)]
+
+
+def _quoted(value: object) -> str:
+    text = json.dumps(value) if isinstance(value, str) else repr(value)
+    return text if len(text) <= _SHOWN_VALUE else text[: _SHOWN_VALUE - 4] + '..."'
+
+
+def _summary(items: list[str], name: str, limit: int = 8) -> str:
+    if len(items) <= limit:
+        return ", ".join(items)
+    where = f"flexhub schema {name}" if name else "flexhub schema BACKEND"
+    return f"{', '.join(items[:limit])}, ... ({len(items)} in all: {where})"
+
+
+def _short(description: str, name: str) -> str:
+    """A schema description, its long list (after ``: ``) cut to a count."""
+    if len(description) <= 120 or ": " not in description:
+        return description
+    head, _, rest = description.partition(": ")
+    count = rest.count(",") + 1
+    where = f"flexhub schema {name}" if name else "flexhub schema BACKEND"
+    return f"{head} ({count} allowed; {where} lists them)"
+
+
+def _unmatched_items(pattern: str, value: str) -> list[str]:
+    """For a comma-separated ``value``: the items that fail ``pattern`` alone (``[]`` when
+    that does not explain the failure, or the pattern is not Python's)."""
+    import re
+
+    if "," not in value:
+        return []
+    try:
+        compiled = re.compile(pattern)
+    except re.error:
+        return []
+    items = [item for item in value.split(",") if item]
+    bad = [item for item in items if not compiled.search(item)]
+    return bad if bad and len(bad) < len(items) else []
 
 
 def check_backend_schema(backend: type[Backend]) -> None:

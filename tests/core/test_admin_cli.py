@@ -94,9 +94,13 @@ def test_validate_manifest(tmp_path: Path) -> None:
     assert proc.returncode == 1
     out = proc.stdout.splitlines()
     assert out[0] == "PersistentVolume/pv-good: ok"
-    assert out[1].startswith("PersistentVolume/pv-typo: invalid options: unknown option 'sever'")
-    assert "did you mean 'server'" in out[1]
-    assert out[2].startswith("Pod/web volume data: unknown backend 'nosuch'")
+    assert out[1] == (
+        "PersistentVolume/pv-typo: spec.flexVolume.options.sever: unknown option, "
+        "did you mean server?"
+    )
+    assert out[2].startswith(
+        "Pod/web volume data: spec.volumes[0].flexVolume.options.backend: unknown backend 'nosuch'"
+    )
     assert len(out) == 3  # the other driver's volume is not ours
 
 
@@ -124,8 +128,8 @@ def test_validate_finds_nothing(tmp_path: Path) -> None:
     manifest = tmp_path / "empty.yaml"
     manifest.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
     proc = cli("validate", str(manifest))
-    assert proc.returncode == 1
-    assert "no flexVolume with driver k8s/flexhub" in proc.stdout
+    assert proc.returncode == 0  # a tree of manifests holds many such files
+    assert proc.stdout == f"{manifest}: no flexVolume with driver k8s/flexhub\n"
 
 
 def test_usage_error_is_short() -> None:

@@ -209,9 +209,10 @@ def test_flexhub_validate_command_fails_on_a_kubelet_key(tmp_path: Path) -> None
     )
     assert proc.returncode == 1
     assert proc.stdout.splitlines() == [
-        "PersistentVolume/pv-db: ok",
-        "Pod/p volume data: option 'kubernetes.io/pod.namespace' is kubelet's: a volume's "
-        "options must not set kubernetes.io/ keys (kubelet merges the options last, over its own)",
+        "PersistentVolume/pv-db: ok (size 1 GiB)",
+        'Pod/p volume data: spec.volumes[0].flexVolume.options["kubernetes.io/pod.namespace"]: '
+        "kubelet's key: a volume's options must not set kubernetes.io/ keys (kubelet merges the "
+        "options last, over its own)",
     ]
 
 

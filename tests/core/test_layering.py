@@ -22,7 +22,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "flexhub"
 UPPER = ("flexhub.admin", "flexhub.cli", "flexhub.testing", "flexhub.provisioner")
-PUBLIC_API = ("flexhub.backend", "flexhub.volume", "flexhub.errors", "flexhub.config")
+PUBLIC_API = (
+    "flexhub.backend",
+    "flexhub.volume",
+    "flexhub.errors",
+    "flexhub.config",
+    "flexhub.settings",
+)
 
 
 def _module_name(path: Path) -> str:

@@ -8,6 +8,7 @@ import contextlib
 import errno
 import importlib
 import os
+import site
 import subprocess
 import sys
 import tomllib
@@ -21,7 +22,7 @@ import pytest
 from flexhub.backend import Node, Volume, VolumeError
 from flexhub.config import NodeConfig
 from flexhub.driver.validation import validate_options
-from flexhub.errors import InvalidOptions
+from flexhub.errors import FlexhubError, InvalidOptions
 from flexhub.node.mounts import MountTable
 from flexhub.testing.lint import lint_schema
 from tests.conftest import PYTHON, REPO, needs_root
@@ -84,6 +85,26 @@ def generated_module(demo: Path) -> Iterator[ModuleType]:
     finally:
         sys.path.remove(str(demo))
         sys.modules.pop("flexhub_demo", None)
+
+
+def test_generated_backend_declares_its_settings(demo: Path) -> None:
+    with generated_module(demo) as module:
+        backend = module.DemoBackend
+        assert backend.settings_keys == {"root"}
+        backend.check_settings("demo", {"root": "/srv/demo"})
+        with pytest.raises(
+            FlexhubError, match=r"unknown setting 'rot' in \[demo\] \(did you mean root\?\)"
+        ):
+            backend.check_settings("demo", {"rot": "/srv/demo"})
+
+
+def test_generated_readme_installs_the_test_extra_and_keeps_the_venv_under_sudo(
+    demo: Path,
+) -> None:
+    text = (demo / "README.md").read_text()
+    assert "pip install -e '.[test]'" in text
+    assert 'sudo "$(command -v python3)" -m pytest' in text
+    assert "sudo python3" not in text
 
 
 def test_generated_schema_lints_clean_and_validates(demo: Path) -> None:
@@ -205,6 +226,15 @@ def installed_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     base = getattr(sys, "_base_executable", sys.executable)
     run(base, "-m", "venv", "--system-site-packages", venv, cwd=tmp_path)
     python = venv / "bin" / "python"
+    # --system-site-packages sees the base interpreter's packages; when the suite runs from
+    # a venv, flexhub's dependencies (and pytest) are in that venv's site instead: add it the
+    # way site adds the system's (its .pth files too), after the new venv's own.
+    outer = [p for p in site.getsitepackages() if os.path.isdir(p)]
+    inner = run(
+        python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=tmp_path
+    )
+    lines = [f"import site; site.addsitedir({p!r})" for p in outer if p != inner.strip()]
+    (Path(inner.strip()) / "zz_outer_site.pth").write_text("\n".join(lines) + "\n")
     # The venv's own setuptools is the one ensurepip bundles (65.5 with Python 3.11: no
     # bdist_wheel without the wheel package); the packages need setuptools >= 68 to build.
     run(python, "-m", "pip", "install", "-q", "--upgrade", "setuptools>=68", "wheel", cwd=tmp_path)

@@ -17,7 +17,14 @@ from tests.conftest import needs_root, run_flexhub
 ECHO = {"backend": "echo", "tag": "t1"}
 
 BAD = {
-    "unknown key": ("stat_dir = '/tmp/x'\n", "unknown setting 'stat_dir'"),
+    "unknown key": (
+        "stat_dir = '/tmp/x'\n",
+        "unknown setting 'stat_dir' (did you mean state_dir?)",
+    ),
+    "unknown section": (
+        "[echoo]\ntag = 'x'\n",
+        "unknown section [echoo] (did you mean [echo]?)",
+    ),
     "relative state_dir": ("state_dir = 'var/lib/flexhub'\n", "state_dir must be an absolute path"),
     "zero timeout": ("lock_timeout = 0\n", "lock_timeout must be a positive number"),
     "negative timeout": ("mount_timeout = -5\n", "mount_timeout must be a positive number"),
@@ -52,8 +59,9 @@ def test_each_bad_config_fails_every_volume_operation(tmp_path: Path, case: str)
     text, needle = BAD[case]
     state = tmp_path / "state"
     config = tmp_path / "flexhub.toml"
-    body = text if text.startswith("state_dir") else f"state_dir = '{state}'\n{text}"
-    config.write_text(body + f"log_dir = '{tmp_path / 'log'}'\n")
+    body = text if text.startswith("state_dir") else f"state_dir = '{state}'\n"
+    body += f"log_dir = '{tmp_path / 'log'}'\n"
+    config.write_text(body if text.startswith("state_dir") else body + text)
     target = tmp_path / "pod"
     target.mkdir()
     try:
@@ -110,3 +118,61 @@ def test_log_follows_rotation(tmp_path: Path, node_tree: dict[str, Path]) -> Non
     assert run_flexhub(["getvolumename", go_json(Kubelet.base_options(ECHO, pv="pv-b"))], config).ok
     assert volumes(log.with_suffix(".log.1")) == ["pv-a"]
     assert volumes(log) == ["pv-b"]
+
+
+LOOP = {"backend": "loopfile", "file": "data.img", "size": "16Mi"}
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("table", "needle"),
+    [
+        (
+            "[loopfile]\nroot = '{root}'\nisolaton = 'none'\n",
+            "unknown setting 'isolaton' in [loopfile] (did you mean isolation?)",
+        ),
+        (
+            "[loopfile]\nroot = '{root}'\nisolation = 'tenant'\n",
+            '[loopfile] isolation must be "namespace" or "none"',
+        ),
+        ("[loopfle]\nroot = '{root}'\n", "unknown section [loopfle] (did you mean [loopfile]?)"),
+    ],
+)
+def test_a_typo_in_a_backend_table_fails_its_mount(tmp_path: Path, table: str, needle: str) -> None:
+    """Today's silent failure: ``[loopfle]`` was ignored and the file went to the default root."""
+    root = tmp_path / "loopfiles"
+    config = tmp_path / "flexhub.toml"
+    config.write_text(
+        f"state_dir = '{tmp_path / 'state'}'\nlog_dir = '{tmp_path / 'log'}'\n"
+        + table.format(root=root)
+    )
+    target = tmp_path / "pod"
+    target.mkdir()
+    options = go_json(Kubelet.mount_options(LOOP, pv="pv-1", pod_uid="uid-1", namespace="ns1"))
+    stray = Path("/var/lib/flexhub/loopfiles/namespaces/ns1/data.img")  # the default root's
+    assert not stray.exists()
+    try:
+        reply = run_flexhub(["mount", str(target), options], config)
+        assert reply.status == "Failure", reply.reply
+        assert needle in reply.message and str(config) in reply.message, reply.message
+        assert not os.path.ismount(target)
+        assert not root.exists() and not stray.exists()
+    finally:  # only a driver that ignored the typo gets here with something to undo
+        if os.path.ismount(target):
+            config.write_text(
+                f"state_dir = '{tmp_path / 'state'}'\nlog_dir = '{tmp_path / 'log'}'\n"
+            )
+            run_flexhub(["unmount", str(target)], config)
+        stray.unlink(missing_ok=True)
+
+
+def test_a_backend_without_declared_settings_keeps_any_key(tmp_path: Path) -> None:
+    """The echo test backend declares no ``settings_keys`` (a pre-0.2 third-party backend): its
+    table is not checked, as before."""
+    config = tmp_path / "flexhub.toml"
+    config.write_text(
+        f"state_dir = '{tmp_path / 'state'}'\nlog_dir = '{tmp_path / 'log'}'\n"
+        "[echo]\nanything = 1\n"
+    )
+    reply = run_flexhub(["attach", go_json(Kubelet.base_options(ECHO, pv="pv-1")), "n"], config)
+    assert reply.ok, reply.reply

@@ -151,10 +151,13 @@ def test_unknown_operation_is_not_supported(op: str) -> None:
     assert reply.returncode == 1
 
 
-def test_no_operation_is_a_failure() -> None:
-    reply = run_flexhub([])
-    assert reply.status == "Failure"
-    assert reply.returncode == 1
+def test_no_operation_prints_the_help() -> None:
+    """kubelet always names an operation; ``flexhub`` alone is a person asking for help."""
+    proc = subprocess.run(
+        [PYTHON, "-m", "flexhub"], stdin=subprocess.DEVNULL, capture_output=True, check=False
+    )
+    assert proc.stdout.startswith(b"Usage: flexhub")
+    assert proc.returncode == 0
 
 
 @pytest.mark.parametrize(
@@ -444,5 +447,11 @@ def test_stevedore_cache_lives_in_state_dir_without_home(node_tree: dict[str, Pa
     # kubelet gives drivers no HOME; stevedore must not fall back to ~ or create "./~"
     reply = run_flexhub(["attach", opts(ECHO), "node-1"], node_tree["config"])
     assert reply.ok, reply.reply
-    assert (node_tree["state"] / "cache" / "python-entrypoints").is_dir()
+    cache = node_tree["state"] / "cache" / "python-entrypoints"
+    if PYTHON.startswith("/tmp"):
+        # stevedore writes no cache at all for an interpreter under /tmp (its rule for
+        # ansible's temporary Pythons), so a venv there leaves none, anywhere
+        assert not cache.exists()
+    else:
+        assert cache.is_dir()
     assert not Path("/~").exists()

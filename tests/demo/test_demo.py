@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -17,41 +20,84 @@ def _mounts_and_loops() -> tuple[str, str]:
     return Path("/proc/self/mountinfo").read_text(), loops
 
 
+def _in_terminal(argv: list[str]) -> tuple[int, str]:
+    """Run ``argv`` with stdout and stderr on a pseudo-terminal, as a person does."""
+    leader, follower = os.openpty()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError as exc:  # EIO once the demo closed the terminal
+            assert exc.errno == errno.EIO
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    return proc.wait(timeout=300), b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+STEPS = [
+    "[1/8] init",
+    "[2/8] pod-a mounts pv-demo",
+    "[3/8] pod-b mounts pv-demo",
+    "[4/8] pod-a unmounts",
+    "[5/8] pod-b unmounts",
+    "[6/8] pod-c mounts pv-demo",
+    "[7/8] expandfs: grow to 1 GiB online",
+    "[8/8] pod-c unmounts",
+]
+
+
 @needs_root
 @pytest.mark.parametrize("fs_type", ["xfs", "ext4"])
 def test_demo_replays_kubelet_and_leaves_nothing(fs_type: str) -> None:
-    proc = subprocess.run(
-        [PYTHON, "-m", "flexhub", "demo", "--fs-type", fs_type],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    out = proc.stdout
+    """xfs piped (no colour: a log or a CI job reads it), ext4 in a terminal (colour)."""
+    argv = [PYTHON, "-m", "flexhub", "demo", "--fs-type", fs_type]
+    if fs_type == "xfs":
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+        code, out = proc.returncode, proc.stdout
+        assert "\x1b[" not in out
+    else:
+        code, out = _in_terminal(argv)
+        assert "\x1b[32mok\x1b[0m" in out and "\x1b[31mFAILED\x1b[0m" in out
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
     assert "flexhub-demo-" not in _mounts_and_loops()[0]
     assert "flexhub-demo-" not in _mounts_and_loops()[1]
-    for step in (
-        "init",
-        "pod-a: mount",
-        "pod-b: mount",
-        "pod-a: unmount",
-        "pod-b: unmount",
-        "pod-c: mount",
-        "expandfs",
-        "pod-c: unmount",
-    ):
-        assert step in out, out
-    assert "ok: pod-b reads pod-a's file" in out
-    assert "ok: pod-c finds the data" in out
+    lines = plain.splitlines()
+    assert max(len(line) for line in lines) <= 80, plain
+    progress = [line for line in lines if line.startswith("[")]
+    assert len(progress) == len(STEPS), plain
+    assert all(p.startswith(s) for p, s in zip(progress, STEPS, strict=True)), plain
+    assert "      pod-b reads pod-a's file: ok" in lines
+    assert "      pod-c finds the data after every pod went away: ok" in lines
+    assert "  nothing left mounted or attached" in lines
     if fs_type == "xfs":
-        assert proc.returncode == 0, out + proc.stderr
-        assert "summary: 8 kubelet calls, 0 problem(s); nothing left mounted or attached" in out
+        assert code == 0, plain
+        assert all(p.split()[-2] == "ok" for p in progress), plain
+        assert "summary: ok: 8 of 8 kubelet calls ok" in lines
     else:
         # this machine lacks CAP_SYS_RESOURCE: ext4 cannot grow online here, and the demo
-        # must say so rather than claim success (on a real node it grows).
-        assert proc.returncode == 1, out
-        assert "FAILED: df inside pod-c" in out or "problem: kubelet expandfs" in out
-        assert "nothing left mounted or attached" in out
+        # must say so plainly rather than claim success (on a real node it grows).
+        assert code == 1, plain
+        assert progress[6].split()[-2] == "FAILED"
+        assert "summary: FAILED: 7 of 8 kubelet calls ok" in lines
+        cause = plain.split("  cause: ", 1)[1].replace("\n  ", " ")
+        assert cause.startswith(
+            "ext4 grows online only with CAP_SYS_RESOURCE, which this process lacks"
+        )
+
+
+def test_the_demo_knows_a_missing_capability(tmp_path: Path) -> None:
+    from flexhub.admin.demo import CAP_SYS_RESOURCE, lacks_capability
+
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nCapEff:\t000001ffffffffff\n")
+    assert not lacks_capability(CAP_SYS_RESOURCE, status)
+    status.write_text(f"CapEff:\t{0x1FFFFFFFFFF & ~(1 << CAP_SYS_RESOURCE):016x}\n")
+    assert lacks_capability(CAP_SYS_RESOURCE, status)
 
 
 def test_demo_without_root_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -291,9 +291,9 @@ def test_kernel_module_missing_then_loadable(node: dict[str, Path], tmp_path: Pa
         (host / "usr/sbin" / tool).chmod(0o755)
     _, checks = doctor(node, "--host-root", str(host))
     ((state, detail),) = status(checks, "backend nfs")
-    assert (state, detail) == ("fail", "kernel module nfs not available")
+    assert (state, detail) == ("fail", "the running kernel has no nfs module")
     fix = next(c["fix"] for c in checks if c["name"] == "backend nfs")
-    assert "nfs-common" in fix
+    assert fix.startswith("modprobe nfs") and "nfs-common" not in fix  # not a package
     # loadable from the running kernel's module tree (modules.dep), not loaded yet: fine
     tree = host / "lib/modules" / os.uname().release
     tree.mkdir(parents=True)
@@ -404,3 +404,78 @@ def test_table_for_people(node: dict[str, Path]) -> None:
     assert "FAIL  driver" in proc.stdout
     assert "fix: flexhub install --plugin-dir" in proc.stdout
     assert proc.stdout.rstrip().splitlines()[-1].endswith("failed, 0 warnings")
+
+
+def test_checks_the_config_baked_into_the_driver(node: dict[str, Path], tmp_path: Path) -> None:
+    """The driver's own config is checked, even when another one is named (or none)."""
+    baked = tmp_path / "baked.toml"
+    baked.write_text(
+        f"state_dir = '{node['state']}'\nlog_dir = '{node['log']}'\n"
+        "[loopfile]\nroot = '/var/lib/flexhub/loopfiles'\nisolation = 'tenant'\n"
+    )
+    install(node["plugins"], config=baked)
+    code, checks = doctor(node)  # --config names the healthy session config
+    assert code == 1
+    ((state, detail),) = status(checks, "settings loopfile")
+    assert state == "fail" and 'isolation must be "namespace" or "none"' in detail
+    assert str(baked) in detail
+    assert (
+        "warn",
+        f"the installed driver reads {baked}, not {node['config']}: checking {baked}",
+    ) in status(checks, "config")
+    argv = [PYTHON, "-m", "flexhub", "doctor", "--json", "--plugin-dir", str(node["plugins"])]
+    proc = subprocess.run(argv, env=dict(KUBELET_ENV), capture_output=True, text=True, check=False)
+    checks = json.loads(proc.stdout)
+    assert status(checks, "config") == [("ok", str(baked))]
+    assert status(checks, "settings loopfile")[0][0] == "fail"
+
+
+@pytest.mark.parametrize(
+    ("table", "check", "needle"),
+    [
+        (
+            "[loopfle]\nroot = '/x'\n",
+            "config",
+            "unknown section [loopfle] (did you mean [loopfile]?)",
+        ),
+        (
+            "[loopfile]\nrot = '/x'\n",
+            "settings loopfile",
+            "unknown setting 'rot' in [loopfile] (did you mean root?)",
+        ),
+        (
+            "[loopfile]\nlegacy = 'keep'\n",
+            "settings loopfile",
+            '[loopfile] legacy must be "adopt" or "refuse"',
+        ),
+        (
+            "[loopfile]\nroot = 'relative'\n",
+            "settings loopfile",
+            "[loopfile] root must be an absolute path",
+        ),
+        (
+            "[nfs]\nmount_timeout = 0\n",
+            "settings nfs",
+            "[nfs] mount_timeout must be a positive number",
+        ),
+        ("[iscsi]\nlogin_timout = 5\n", "settings iscsi", "(did you mean login_timeout?)"),
+    ],
+)
+def test_backend_settings_are_checked(
+    node: dict[str, Path], table: str, check: str, needle: str
+) -> None:
+    install(node["plugins"], config=node["config"])
+    node["config"].write_text(f"state_dir = '{node['state']}'\nlog_dir = '{node['log']}'\n{table}")
+    code, checks = doctor(node)
+    assert code == 1
+    ((state, detail),) = status(checks, check)
+    assert state == "fail" and needle in detail, detail
+
+
+def test_undeclared_backend_settings_warn(node: dict[str, Path]) -> None:
+    install(node["plugins"], config=node["config"])
+    with node["config"].open("a") as handle:
+        handle.write("[echo]\nanything = 1\n")
+    _, checks = doctor(node, site=True)
+    ((state, detail),) = status(checks, "settings echo")
+    assert state == "warn" and "declares no settings keys" in detail

@@ -174,3 +174,15 @@ def test_daemonset_installs_and_upgrades_atomically(runtime: Path, tmp_path: Pat
     assert placed.read_text() == configmap.read_text()
     assert placed.stat().st_mode & 0o777 == 0o644
     assert [p.name for p in placed.parent.iterdir()] == ["flexhub.toml"]
+
+
+def test_the_runtime_and_its_flexhub_agree_on_the_version(runtime: Path) -> None:
+    import flexhub
+
+    marker = json.loads((runtime / "flexhub-runtime.json").read_text())
+    assert marker["version"] == flexhub.__version__
+    assert marker["name"].startswith(f"flexhub-{flexhub.__version__}-")
+    proc = subprocess.run(
+        [str(runtime / "bin" / "flexhub"), "--version"], capture_output=True, text=True, check=False
+    )
+    assert proc.stdout == f"flexhub {flexhub.__version__}\n", proc.stderr

@@ -59,9 +59,11 @@ from flexhub.backend import (
     CommandTimeout,
     FilesystemBackend,
     FlexhubError,
+    NodeConfig,
     NodeRequirements,
     Volume,
     VolumeError,
+    kernel_lacks,
 )
 from flexhub_cifs import _subpath
 from flexhub_cifs._credentials import collect_leftovers, credentials_file
@@ -103,6 +105,13 @@ def _holds(entry: _Entry, plan: Plan) -> bool:
     )
 
 
+def _seconds(settings: Mapping[str, Any], key: str, default: float) -> float:
+    value: Any = settings.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise FlexhubError(f"node config: [cifs] {key} must be a positive number")
+    return float(value)
+
+
 class CifsBackend(FilesystemBackend):
     """SMB/CIFS shares mounted straight onto pod directories."""
 
@@ -113,13 +122,28 @@ class CifsBackend(FilesystemBackend):
         hint="install the CIFS client (cifs-utils on Debian/Ubuntu and RHEL/Fedora)",
     )
 
+    @classmethod
+    def secret_needed(cls, options: Mapping[str, str]) -> str:
+        """Always: the username and password come only from the PV's Secret."""
+        return "cifs takes the username and password only from a Secret"
+
     # --------------------------------------------------------------------------- settings
 
+    settings_keys = frozenset(
+        {"mount_timeout", "unmount_timeout", "force_unmount_timeout", "stat_timeout"}
+    )
+
+    @classmethod
+    def check_settings(
+        cls, name: str, settings: Mapping[str, Any], config: NodeConfig | None = None
+    ) -> None:
+        """``[cifs]``: known keys, each a positive number of seconds."""
+        super().check_settings(name, settings, config)
+        for key in sorted(cls.settings_keys):
+            _seconds(settings, key, 1.0)
+
     def _seconds(self, key: str, default: float) -> float:
-        value: Any = self.node.settings.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise FlexhubError(f"node config: [cifs] {key} must be a positive number")
-        return float(value)
+        return _seconds(self.node.settings, key, default)
 
     @property
     def mount_timeout(self) -> float:
@@ -246,6 +270,9 @@ class CifsBackend(FilesystemBackend):
         except CommandError as exc:
             self._cleanup(target)
             output = exc.output or str(exc)
+            lacking = kernel_lacks("cifs", output)
+            if lacking:
+                raise VolumeError(f"mount of CIFS share {source} failed: {lacking}") from None
             hint = ""
             if "error(13)" in output:
                 hint = " (the server refused the Secret's username/password/domain, or the share)"

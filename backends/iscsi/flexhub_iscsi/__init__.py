@@ -52,6 +52,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from flexhub.backend import (
     Attachment,
@@ -61,6 +62,7 @@ from flexhub.backend import (
     FlexhubError,
     InvalidOptions,
     LockTimeout,
+    NodeConfig,
     NodeRequirements,
     ReleaseDeferred,
     Volume,
@@ -79,6 +81,7 @@ from flexhub_iscsi._options import (
     DISCOVERY,
     IFACE_PREFIX,
     SESSION,
+    SETTINGS_KEYS,
     Chap,
     Portal,
     Settings,
@@ -142,6 +145,26 @@ class IscsiBackend(BlockBackend):
     _records: RecordFiles | None = None
 
     # --------------------------------------------------------------------------- helpers
+
+    settings_keys = frozenset(SETTINGS_KEYS)
+
+    @classmethod
+    def secret_needed(cls, options: Mapping[str, str]) -> str:
+        """CHAP (``chapAuthSession`` or ``chapAuthDiscovery``) takes its credentials from the
+        PV's Secret."""
+        flags = [f for f in ("chapAuthSession", "chapAuthDiscovery") if options.get(f) == "true"]
+        if not flags:
+            return ""
+        verb = "takes" if len(flags) == 1 else "take"
+        return f"{' and '.join(flags)} {verb} the CHAP credentials from a Secret"
+
+    @classmethod
+    def check_settings(
+        cls, name: str, settings: Mapping[str, Any], config: NodeConfig | None = None
+    ) -> None:
+        """``[iscsi]``: known keys, positive timeouts, a well-formed ``reservation_key``."""
+        super().check_settings(name, settings, config)
+        Settings.from_table(settings)
 
     def _settings(self) -> Settings:
         return Settings.from_table(self.node.settings)

@@ -22,6 +22,7 @@ __all__ = [
     "IFACE_PREFIX",
     "MAX_PORTALS",
     "SESSION",
+    "SETTINGS_KEYS",
     "Chap",
     "Portal",
     "Settings",
@@ -219,6 +220,16 @@ def _key(table: Mapping[str, Any]) -> str:
     return value
 
 
+#: The keys of the node config's ``[iscsi]`` table.
+SETTINGS_KEYS = (
+    "device_timeout",
+    "multipath_timeout",
+    "login_timeout",
+    "command_timeout",
+    "reservation_key",
+)
+
+
 @dataclass(frozen=True)
 class Settings:
     """The node config's ``[iscsi]`` table.
@@ -243,16 +254,9 @@ class Settings:
 
         :raises FlexhubError: a value is not a positive number, or a key is unknown.
         """
-        known = {
-            "device_timeout",
-            "multipath_timeout",
-            "login_timeout",
-            "command_timeout",
-            "reservation_key",
-        }
-        unknown = sorted(set(table) - known)
-        if unknown:
-            raise FlexhubError(f"node config: unknown [iscsi] setting(s) {', '.join(unknown)}")
+        from flexhub.backend import check_keys
+
+        check_keys(None, "iscsi", table, SETTINGS_KEYS)
         return cls(
             device_timeout=_number(table, "device_timeout", cls.device_timeout),
             multipath_timeout=_number(table, "multipath_timeout", cls.multipath_timeout),

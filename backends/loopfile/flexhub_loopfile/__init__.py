@@ -51,6 +51,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from flexhub.backend import (
     Attachment,
@@ -59,6 +60,7 @@ from flexhub.backend import (
     FlexhubError,
     InvalidOptions,
     Node,
+    NodeConfig,
     NodeRequirements,
     Volume,
     VolumeError,
@@ -127,6 +129,23 @@ class _Created:
     directories: tuple[Path, ...]
 
 
+def _root_of(settings: Mapping[str, Any]) -> Path:
+    """The resolved loopfile root of ``[loopfile]`` (it need not exist yet).
+
+    :raises FlexhubError: ``root`` is not a usable absolute path.
+    """
+    raw = settings.get("root", DEFAULT_ROOT)
+    if not isinstance(raw, str) or not raw.startswith("/") or "\0" in raw:
+        raise FlexhubError("node config: [loopfile] root must be an absolute path")
+    try:
+        root = Path(raw).resolve()
+    except (OSError, RuntimeError) as exc:
+        raise FlexhubError(f"node config: [loopfile] root {raw} unusable: {exc}") from None
+    if root == Path("/"):
+        raise FlexhubError("node config: [loopfile] root must not be /")
+    return root
+
+
 class LoopfileBackend(BlockBackend):
     """Block volumes backed by files under the node's loopfile root."""
 
@@ -143,6 +162,18 @@ class LoopfileBackend(BlockBackend):
         hint="install util-linux, e2fsprogs and xfsprogs",
     )
 
+    settings_keys = frozenset({"root", *_tenancy.SETTINGS})
+
+    @classmethod
+    def check_settings(
+        cls, name: str, settings: Mapping[str, Any], config: NodeConfig | None = None
+    ) -> None:
+        """``[loopfile]``: known keys, an absolute ``root`` other than ``/``, and the values of
+        ``isolation``, ``legacy`` and ``overcommit``."""
+        super().check_settings(name, settings, config)
+        _root_of(settings)
+        _tenancy.check_settings(settings)
+
     # --------------------------------------------------------------------------- paths
 
     def _root(self) -> Path:
@@ -150,16 +181,7 @@ class LoopfileBackend(BlockBackend):
 
         :raises FlexhubError: the node config's root is not a usable absolute path.
         """
-        raw = self.node.settings.get("root", DEFAULT_ROOT)
-        if not isinstance(raw, str) or not raw.startswith("/") or "\0" in raw:
-            raise FlexhubError("node config: [loopfile] root must be an absolute path")
-        try:
-            root = Path(raw).resolve()
-        except (OSError, RuntimeError) as exc:
-            raise FlexhubError(f"node config: [loopfile] root {raw} unusable: {exc}") from None
-        if root == Path("/"):
-            raise FlexhubError("node config: [loopfile] root must not be /")
-        return root
+        return _root_of(self.node.settings)
 
     @staticmethod
     def _relative(volume: Volume) -> str:

@@ -29,6 +29,7 @@ __all__ = [
     "AREA",
     "ISOLATION",
     "LEGACY",
+    "SETTINGS",
     "area",
     "check_settings",
     "isolated",
@@ -37,6 +38,8 @@ __all__ = [
     "overcommit",
 ]
 
+#: The ``[loopfile]`` keys this module reads.
+SETTINGS = ("isolation", "legacy", "overcommit")
 #: The directory of the loopfile root that holds the namespaces' areas.
 AREA = "namespaces"
 #: The values of ``[loopfile] isolation``; the first is the default.

@@ -77,9 +77,11 @@ from flexhub.backend import (
     CommandTimeout,
     FilesystemBackend,
     FlexhubError,
+    NodeConfig,
     NodeRequirements,
     Volume,
     VolumeError,
+    kernel_lacks,
 )
 from flexhub_nfs import _subpath
 from flexhub_nfs._options import Plan, build_plan
@@ -118,6 +120,13 @@ def _holds(entry: MountEntry, plan: Plan) -> bool:
     )
 
 
+def _seconds(settings: Mapping[str, Any], key: str, default: float) -> float:
+    value: Any = settings.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise FlexhubError(f"node config: [nfs] {key} must be a positive number")
+    return float(value)
+
+
 class NfsBackend(FilesystemBackend):
     """NFS exports mounted straight onto pod directories."""
 
@@ -130,11 +139,21 @@ class NfsBackend(FilesystemBackend):
 
     # --------------------------------------------------------------------------- settings
 
+    settings_keys = frozenset(
+        {"mount_timeout", "unmount_timeout", "force_unmount_timeout", "stat_timeout"}
+    )
+
+    @classmethod
+    def check_settings(
+        cls, name: str, settings: Mapping[str, Any], config: NodeConfig | None = None
+    ) -> None:
+        """``[nfs]``: known keys, each a positive number of seconds."""
+        super().check_settings(name, settings, config)
+        for key in sorted(cls.settings_keys):
+            _seconds(settings, key, 1.0)
+
     def _seconds(self, key: str, default: float) -> float:
-        value: Any = self.node.settings.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise FlexhubError(f"node config: [nfs] {key} must be a positive number")
-        return float(value)
+        return _seconds(self.node.settings, key, default)
 
     @property
     def mount_timeout(self) -> float:
@@ -254,6 +273,9 @@ class NfsBackend(FilesystemBackend):
         except CommandError as exc:
             self._cleanup(target)
             output = exc.output or str(exc)
+            lacking = kernel_lacks("nfs", output)
+            if lacking:
+                raise VolumeError(f"mount of NFS export {source} failed: {lacking}") from None
             missing = "No such file or directory" in output
             if missing and source == plan.source and plan.sub_path and not plan.create_sub_path:
                 raise VolumeError(

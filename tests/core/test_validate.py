@@ -1,0 +1,191 @@
+"""``flexhub validate`` as a person uses it: every problem of every volume, in the manifest's
+terms, over several files and directories, StorageClasses too (the installed flexhub and its
+real backends and schemas; the echo test backend where named)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from tests.conftest import PYTHON, TEST_SITE
+
+
+def validate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "-m", "flexhub", "validate", *args],
+        capture_output=True,
+        text=True,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(TEST_SITE),
+            "FLEXHUB_CONFIG": os.environ["FLEXHUB_CONFIG"],
+        },
+        check=False,
+    )
+
+
+def pv(name: str, options: str, extra: str = "") -> str:
+    return (
+        f"apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {name}}}\nspec:\n"
+        f"  capacity: {{storage: 1Gi}}\n  flexVolume:\n    driver: k8s/flexhub\n{extra}"
+        f"    options: {options}\n"
+    )
+
+
+def test_every_problem_of_every_volume_in_the_manifests_terms(tmp_path: Path) -> None:
+    manifest = tmp_path / "pv.yaml"
+    manifest.write_text(
+        pv("a", "{backend: loopfile, flie: a.img, size: 1Gi}", "    fsType: btrfs\n")
+        + "---\n"
+        + pv("b", "{backend: loopfile, file: b.img, size: 1Gi, preallocate: 'yes'}")
+    )
+    proc = validate(str(manifest))
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines() == [
+        "PersistentVolume/a: 3 problems",
+        "  spec.flexVolume.options.file: required",
+        "  spec.flexVolume.options.flie: unknown option, did you mean file?",
+        '  spec.flexVolume.fsType: must be one of "", "ext4", "ext3", "xfs", not "btrfs"',
+        'PersistentVolume/b: spec.flexVolume.options.preallocate: must be one of "true", '
+        '"false", not "yes"',
+    ]
+
+
+def test_pod_templates_are_named_by_their_path(tmp_path: Path) -> None:
+    manifest = tmp_path / "deploy.yaml"
+    manifest.write_text(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  template:\n"
+        "    spec:\n      containers: [{name: c, image: x}]\n      volumes:\n"
+        "      - {name: cache, emptyDir: {}}\n"
+        "      - name: data\n        flexVolume: {driver: k8s/flexhub, readOnly: true,"
+        " options: {backend: echo, tagg: x}}\n"
+    )
+    proc = validate(str(manifest))
+    assert proc.stdout.splitlines() == [
+        "Deployment/web volume data: 2 problems",
+        "  spec.template.spec.volumes[1].flexVolume.options.tag: required",
+        "  spec.template.spec.volumes[1].flexVolume.options.tagg: unknown option, did you mean tag?",
+    ]
+
+
+def test_several_files_and_a_directory(tmp_path: Path) -> None:
+    tree = tmp_path / "manifests"
+    (tree / "nested").mkdir(parents=True)
+    (tree / "good.yaml").write_text(pv("good", "{backend: echo, tag: x}"))
+    (tree / "nested" / "bad.yml").write_text(pv("bad", "{backend: echo}"))
+    (tree / "broken.json").write_text("{not json nor yaml: [")
+    (tree / "README.md").write_text(pv("ignored", "{backend: nosuch}"))
+    (tree / ".hidden.yaml").write_text(pv("hidden", "{backend: nosuch}"))
+    single = tmp_path / "cm.yaml"
+    single.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    proc = validate(str(tree), str(single))
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"{tree / 'broken.json'}: not valid YAML or JSON (line 1)")
+    assert lines[1:] == [
+        f"{tree / 'good.yaml'}: PersistentVolume/good: ok",
+        f"{tree / 'nested' / 'bad.yml'}: PersistentVolume/bad: spec.flexVolume.options.tag: "
+        "required",
+        f"{single}: no flexVolume with driver k8s/flexhub",
+    ]
+
+
+def test_files_without_flexhub_volumes_pass(tmp_path: Path) -> None:
+    manifest = tmp_path / "other.yaml"
+    manifest.write_text(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: x}\nspec:\n"
+        "  flexVolume: {driver: other/driver, options: {anything: goes}}\n"
+    )
+    proc = validate(str(manifest))
+    assert proc.returncode == 0
+    assert proc.stdout == f"{manifest}: no flexVolume with driver k8s/flexhub\n"
+
+
+def test_storage_classes(tmp_path: Path) -> None:
+    manifest = tmp_path / "sc.yaml"
+    sc = "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {{name: {}}}\n"
+    manifest.write_text(
+        sc.format("plain")
+        + "provisioner: k8s/flexhub\n---\n"
+        + sc.format("typo")
+        + "provisioner: k8s/flexhub\nparameters: {backend: loopfle}\n---\n"
+        + sc.format("fast")
+        + "provisioner: k8s/flexhub\nparameters: {backend: loopfile}\n---\n"
+        + sc.format("other")
+        + "provisioner: ebs.csi.aws.com\n"
+    )
+    proc = validate(str(manifest))
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines() == [
+        "StorageClass/plain: ok (no provisioner parameters to check yet)",
+        "StorageClass/typo: parameters.backend: unknown backend 'loopfle', did you mean loopfile?",
+        "StorageClass/fast: ok (backend loopfile installed; no other parameters are checked yet)",
+    ]
+
+
+def test_sizes_in_human_units(tmp_path: Path) -> None:
+    manifest = tmp_path / "pv.yaml"
+    manifest.write_text(
+        pv("same", "{backend: loopfile, file: a.img, size: 1Gi}")
+        + "---\n"
+        + pv("differs", "{backend: loopfile, file: b.img, size: '1610612736'}")
+    )
+    proc = validate(str(manifest))
+    assert proc.returncode == 0
+    assert proc.stdout.splitlines() == [
+        "PersistentVolume/same: ok (size 1 GiB)",
+        "PersistentVolume/differs: ok (size 1.5 GiB, but spec.capacity.storage is 1 GiB)",
+    ]
+
+
+def test_a_long_allow_list_is_summarised(tmp_path: Path) -> None:
+    manifest = tmp_path / "nfs.yaml"
+    manifest.write_text(
+        pv("n", "{backend: nfs, server: srv1, share: /x, mountOptions: 'hard,foo=1'}")
+    )
+    proc = validate(str(manifest))
+    assert proc.returncode == 1
+    assert proc.stdout == (
+        'PersistentVolume/n: spec.flexVolume.options.mountOptions: "foo=1" not allowed: expected '
+        "comma-separated NFS mount options from the allow-list (49 allowed; flexhub schema nfs "
+        "lists them)\n"
+    )
+
+
+def test_the_backends_cross_option_rules_run(tmp_path: Path) -> None:
+    manifest = tmp_path / "nfs.yaml"
+    manifest.write_text(
+        pv("n", "{backend: nfs, server: srv1, share: /x, mountOptions: 'hard,soft'}")
+    )
+    proc = validate(str(manifest))
+    assert proc.returncode == 1
+    assert proc.stdout.startswith("PersistentVolume/n: spec.flexVolume.options")
+    assert "hard" in proc.stdout and "soft" in proc.stdout
+
+
+def test_a_secret_ref_when_the_options_need_credentials(tmp_path: Path) -> None:
+    iscsi = "{backend: iscsi, targetPortal: 10.0.0.1, iqn: 'iqn.2020-01.com.x:t', lun: '0', chapAuthSession: 'true'}"
+    cifs = "{backend: cifs, server: srv1, share: data}"
+    secret = "    secretRef: {name: creds}\n"
+    manifest = tmp_path / "pv.yaml"
+    manifest.write_text(
+        "---\n".join(
+            [
+                pv("chap", iscsi),
+                pv("chap-ok", iscsi, secret),
+                pv("smb", cifs),
+                pv("smb-ok", cifs, secret),
+            ]
+        )
+    )
+    proc = validate(str(manifest))
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines() == [
+        "PersistentVolume/chap: spec.flexVolume.secretRef: required: chapAuthSession takes the "
+        "CHAP credentials from a Secret",
+        "PersistentVolume/chap-ok: ok",
+        "PersistentVolume/smb: spec.flexVolume.secretRef: required: cifs takes the username and "
+        "password only from a Secret",
+        "PersistentVolume/smb-ok: ok",
+    ]
