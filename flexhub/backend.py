@@ -46,7 +46,7 @@ from flexhub.errors import (
 )
 from flexhub.node import Node
 from flexhub.node.runner import CommandRunner, Result
-from flexhub.volume import PodInfo, Secret, Secrets, Volume
+from flexhub.volume import PodInfo, Secret, Secrets, Volume, has_control_character
 
 __all__ = [
     "Attachment",
@@ -71,6 +71,7 @@ __all__ = [
     "StateError",
     "Volume",
     "VolumeError",
+    "has_control_character",
     "redact",
 ]
 

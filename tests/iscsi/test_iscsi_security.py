@@ -30,6 +30,11 @@ KEY = "node.session.auth.password"
         ("pass\x00word", "control characters"),
         (" padded", "whitespace"),
         ("padded\t", "control characters"),
+        ("pass\u2028node.startup = automatic", "control characters"),
+        ("pass\u2029word", "control characters"),
+        ("pass\x85word", "control characters"),
+        ("pass\x1cword", "control characters"),
+        ("pass\x9bword", "control characters"),
         ("x" * 256, "255 bytes"),
         ("é" * 128, "255 bytes"),
     ],
@@ -44,6 +49,27 @@ def test_bad_chap_values_fail_naming_the_key(
     assert KEY in message and why in message and "\n" not in message
     assert value not in message and value.strip() not in message
     assert runner.calls == []
+
+
+def test_a_record_file_is_split_on_newlines_only(tmp_path: Path) -> None:
+    """A value open-iscsi wrote (or an operator typed) holding U+2028, U+0085 or a form feed
+    stays one setting: re-writing the record neither splits it into two lines nor lets its
+    tail replace a setting."""
+    from flexhub_iscsi._records import RecordFiles
+
+    path = tmp_path / "nodes" / IQN / "10.0.0.1,3260,1" / "default"
+    path.parent.mkdir(parents=True)
+    odd = "node.name = a\u2028node.startup = automatic\x85node.tpgt = 9\x0cz"
+    path.write_text(f"# BEGIN RECORD 2.1.8\n{odd}\nnode.startup = manual\n# END RECORD\n")
+    RecordFiles(tmp_path).set_values(path, {"node.startup": "onboot", KEY: "pw"})
+    assert path.read_text().split("\n") == [
+        "# BEGIN RECORD 2.1.8",
+        odd,
+        "node.startup = onboot",
+        f"{KEY} = pw",
+        "# END RECORD",
+        "",
+    ]
 
 
 def test_longest_chap_value_open_iscsi_holds_is_accepted(backend: IscsiBackend) -> None:
