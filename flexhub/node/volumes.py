@@ -167,10 +167,14 @@ def _backend_name(node: Node, backend: Backend, volume: Volume) -> str:
 
 
 def _check_no_secret(backend_name: str, details: dict[str, str], volume: Volume) -> None:
-    # Whole values only: a CHAP user name inside an IQN, or a one-letter value, is no leak.
+    # Whole values only: a CHAP user name inside an IQN, or a one-letter value, is no leak;
+    # nor is a value the volume's own options hold in the open (a CHAP user name equal to
+    # initiatorName): the PV shows it already.
+    public = set(volume.options.values())
     secrets = {
         form
         for secret in volume.secrets.revealed()
+        if not {secret, secret.strip()} & public
         for form in (secret, secret.strip())
         if len(form) >= MIN_SECRET_CHARS
     }
