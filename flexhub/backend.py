@@ -192,6 +192,16 @@ class FilesystemBackend(Backend):
         """Unmount ``target``; by default, the core's unmount with escalation."""
         self.node.unmount(target)
 
+    def collect_leftovers(self) -> None:
+        """Remove what a call of this backend that was killed left on the node (a private
+        file written for a mount command, ...); by default nothing.
+
+        The core calls it after every ``unmount`` of a pod directory of this backend, also
+        when nothing was mounted there (a ``mount`` killed before its mount command finished
+        leaves a record but no mount) or the directory is gone. It must only touch what the
+        backend itself made, and never raise: log instead.
+        """
+
     def expand(self, target: Path, volume: Volume, new_size: int) -> None:
         """Grow the volume to ``new_size`` bytes; by default nothing (size is the server's)."""
 

@@ -817,13 +817,18 @@ def _forget(delete: Callable[[_K], None], key: _K, notes: list[str]) -> None:
 def _unmount_filesystem(
     node: Node, target: Path, record: PodRecord, load_backend: Callable[[str], Backend]
 ) -> None:
-    backend = None
-    if node.mounts.is_mount_point(target):
-        backend = _load_for_unmount(load_backend, record.backend, record.volume_id)
+    # Loaded also when nothing is mounted: a mount killed midway may have left files of its
+    # backend (collect_leftovers).
+    backend = _load_for_unmount(load_backend, record.backend, record.volume_id)
     with _filesystem_lock(node, type(backend), record.volume_id):
         if isinstance(backend, FilesystemBackend) and node.mounts.is_mount_point(target):
             backend.unmount(target, record.details)
         cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
+    if isinstance(backend, FilesystemBackend):
+        try:
+            backend.collect_leftovers()
+        except Exception as exc:  # a hook that must not raise: the unmount is done
+            LOG.error("backend %r: collecting leftovers failed: %s", record.backend, exc)
 
 
 def _load_for_unmount(
