@@ -410,7 +410,12 @@ class IscsiBackend(BlockBackend):
             LOG.warning("iscsi: %s is mounted read-write without fencing", target.volume_id)
             return ""
         key = node_key(self.node.state_dir, settings.reservation_key)
-        fence = Fence(self.node.runner, settings.command_timeout, key, self._paths(disks))
+        # this node's initiators: a holder with this key through another is a clone
+        initiators = [s.initiator for s in self.sysfs.sessions() if s.target == target.iqn]
+        initiators = [name for name in initiators if name]
+        fence = Fence(
+            self.node.runner, settings.command_timeout, key, self._paths(disks), initiators
+        )
         try:
             fence.acquire(target.volume_id, self.node.state_dir)
         except NoReservations as exc:
