@@ -111,6 +111,7 @@ class Doctor:
         if self._driver_path().is_file():
             checks.append(self.check_shim_runtime())
         checks.extend(self.check_backends())
+        checks.extend(self.check_fencing_identity())
         checks.extend(self.check_journal())
         return checks
 
@@ -319,6 +320,43 @@ class Doctor:
                     Check(name, "ok", f"{info.distribution} {info.version}, node tools present")
                 )
         return checks
+
+    def check_fencing_identity(self) -> list[Check]:
+        """iSCSI fencing tells nodes apart by their reservation key, derived from
+        ``/etc/machine-id`` and the initiator name unless configured: a machine id that is
+        a placeholder (an image prepared for cloning, never booted as itself) derives none.
+        (A key that another machine also holds is caught at every read-write attach, which
+        reads the holder's initiator back from the target.)"""
+        try:
+            from flexhub_iscsi import _reservation as reservation
+        except ImportError:
+            return []  # no iscsi backend here
+        name = "iscsi fencing identity"
+        table = self.config.backend_table("iscsi") if self.config is not None else {}
+        if table.get("reservation_key"):
+            return [Check(name, "ok", "[iscsi] reservation_key is set in the node config")]
+        machine_id = self.host(reservation.MACHINE_ID)
+        problem = reservation.machine_id_problem(machine_id)
+        if problem:
+            return [
+                Check(
+                    name,
+                    "warn",
+                    f"{problem}: read-write iSCSI mounts are refused (no reservation key), "
+                    "and clones of this image would share one",
+                    "give this machine its own id (systemd-machine-id-setup), or set "
+                    "[iscsi] reservation_key",
+                )
+            ]
+        initiator = reservation.initiator_name(self.host(reservation.INITIATOR_FILE))
+        return [
+            Check(
+                name,
+                "ok",
+                f"key derived from {reservation.MACHINE_ID}, the initiator name "
+                f"{initiator or '(none)'} and the state directory",
+            )
+        ]
 
     def _has_command(self, command: str) -> bool:
         return any(os.access(self.host(f"/{d}/{command}"), os.X_OK) for d in TOOL_DIRS)

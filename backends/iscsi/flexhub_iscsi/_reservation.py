@@ -390,7 +390,7 @@ class Fence:
 
     :param devices: the ``/dev/sdX`` of every path; PR is per I_T nexus, so registration is
         done on each (a multipath map's device would send it down one path only).
-    :param initiators: the initiator names of this node's sessions to the LUN: the
+    :param initiators: the initiator names of this mount's sessions to the LUN: the
         reservation is this node's only when held through one of them (empty: not checked).
     """
 
@@ -541,9 +541,9 @@ class Fence:
                 f"iscsi: {volume_id} is reserved by this node's key {format_key(self.key)} "
                 f"through initiator {held.initiator}, which is not this node's "
                 f"({', '.join(sorted(set(self.initiators)))}): another machine derives the "
-                "same key (a machine cloned with its /etc/machine-id and initiator name?); "
-                "read-write mount refused: give each node its own initiator name or "
-                "[iscsi] reservation_key"
+                "same key (a machine cloned with its /etc/machine-id and initiator name?), or "
+                "this node holds it through another initiator name; read-write mount "
+                "refused: give each node its own initiator name or [iscsi] reservation_key"
             )
 
     def _preempt(self, holder: int) -> None:
