@@ -402,3 +402,20 @@ def test_schema_knows_fencing() -> None:
         validate_options(IscsiBackend, {**options, "fencing": value})
     with pytest.raises(FlexhubError, match="fencing"):
         validate_options(IscsiBackend, {**options, "fencing": "off"})
+
+
+def test_fence_commands_on_an_unusable_state_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flexhub.__main__ import main
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "fence").write_text("not a directory\n")
+    config = tmp_path / "flexhub.toml"
+    config.write_text(f'state_dir = "{state}"\n')
+    argv = ["fence", "preempt", "--volume", VOLUME_ID, "--key", "0x1234", "--generation", "3"]
+    for command in (argv, ["fence", "list"]):
+        assert main([*command, "--config", str(config)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("flexhub: cannot ") and err.count("\n") == 1, err

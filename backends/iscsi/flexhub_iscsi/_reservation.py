@@ -264,15 +264,23 @@ def authorize_preempt(
     granted = time.time() if now is None else now
     grant = Authorization(volume_id, key, generation, granted, granted + ttl)
     path = _preempt_file(state_dir, volume_id)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        os.write(fd, (json.dumps(grant.to_json(), sort_keys=True) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(tmp, flags, 0o600)
+        try:
+            os.write(fd, (json.dumps(grant.to_json(), sort_keys=True) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise FlexhubError(
+            f"cannot record the permission in {path.parent}: {exc.strerror}"
+        ) from None
     return grant
 
 
@@ -300,6 +308,8 @@ def pending_preempts(state_dir: Path) -> list[Authorization]:
         names = sorted(os.listdir(_preempt_dir(state_dir)))
     except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise FlexhubError(f"cannot read {_preempt_dir(state_dir)}: {exc.strerror}") from None
     found = []
     for name in names:
         if name.startswith("."):
@@ -318,8 +328,24 @@ def cancel_preempt(state_dir: Path, volume_id: str) -> Authorization | None:
 
 
 def _consume_preempt(state_dir: Path, volume_id: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        _preempt_file(state_dir, volume_id).unlink()
+    path = _preempt_file(state_dir, volume_id)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise FlexhubError(f"cannot remove the permission {path}: {exc.strerror}") from None
+
+
+def _forget_preempt(state_dir: Path, volume_id: str, why: str) -> None:
+    """Delete a permission that is used up or void; one that cannot be deleted stays void
+    anyway (the preemption, or the change it missed, moved the generation on)."""
+    try:
+        _consume_preempt(state_dir, volume_id)
+    except FlexhubError as exc:
+        LOG.error("iscsi: %s: the preemption permission (%s) stays: %s", volume_id, why, exc)
+    else:
+        LOG.warning("iscsi: %s: preemption permission deleted (%s)", volume_id, why)
 
 
 def _when(moment: float) -> str:
@@ -483,12 +509,11 @@ class Fence:
             refusal = _refusal(grant, holder, generation, time.time())
             if refusal:
                 if grant is not None and grant.key == holder:
-                    _consume_preempt(state_dir, volume_id)  # void for good: expired or stale
-                    LOG.warning("iscsi: %s: %s: authorization deleted", volume_id, refusal)
+                    _forget_preempt(state_dir, volume_id, refusal)  # void: expired or stale
                 raise self._conflict(volume_id, holder, generation, refusal)
             self._register(self.key)
             self._preempt(holder)
-            _consume_preempt(state_dir, volume_id)
+            _forget_preempt(state_dir, volume_id, "used")
             LOG.warning(
                 "iscsi: %s: preempted the reservation of key %s (PR generation %#x) as the "
                 "operator allowed; this node (key %s) holds it now",
