@@ -349,7 +349,7 @@ class Doctor:
                 )
             ]
         initiator = reservation.initiator_name(self.host(reservation.INITIATOR_FILE))
-        return [
+        return self._check_registrants(reservation) or [
             Check(
                 name,
                 "ok",
@@ -357,6 +357,61 @@ class Doctor:
                 f"{initiator or '(none)'} and the state directory",
             )
         ]
+
+    def _check_registrants(self, reservation: Any) -> list[Check]:
+        """Each LUN this node holds for writing (journalled with its key): is the key also
+        registered through an initiator that is not the one of the LUN's sessions here?
+        Then another machine has this node's key. One ``sg_persist`` per such LUN."""
+        if self.config is None:
+            return []
+        from flexhub_iscsi._sysfs import Sysfs
+
+        from flexhub.node.journal import Journal
+        from flexhub.node.runner import SubprocessRunner
+
+        sysfs = Sysfs(self.host("/sys"), self.host("/dev"))
+        checks = []
+        try:
+            records = Journal(self.config.state_dir).volumes()
+        except FlexhubError:
+            return []  # check_journal reports an unreadable journal
+        for record in records:
+            key_text = record.details.get("reservation", "")
+            disks = [d for d in record.details.get("devices", "").split(",") if d]
+            paths = [str(sysfs.dev / d) for d in disks if sysfs.node_exists(d)]
+            if record.backend != "iscsi" or not key_text or not paths:
+                continue
+            iqn, iface = record.details.get("iqn", ""), record.details.get("iface", "default")
+            mine = [s.initiator for s in sysfs.sessions_of(iqn, iface) if s.initiator]
+            key = reservation.parse_key(key_text)
+            fence = reservation.Fence(SubprocessRunner(timeout=10.0), 10.0, key, paths)
+            try:
+                registrations = fence.full_status() or []
+            except FlexhubError as exc:
+                checks.append(
+                    Check(
+                        "iscsi fencing identity",
+                        "warn",
+                        f"{record.volume_id}: {exc.message}",
+                        "check the target and the node's sessions",
+                    )
+                )
+                continue
+            foreign = reservation.foreign_registrations(registrations, key, mine)
+            if foreign and mine:
+                others = ", ".join(sorted({r.initiator for r in foreign}))
+                checks.append(
+                    Check(
+                        "iscsi fencing identity",
+                        "fail",
+                        f"{record.volume_id}: this node's key {key_text} is also registered "
+                        f"through initiator {others}, not this node's ({', '.join(mine)}): "
+                        "another machine has this node's key and may write to the LUN",
+                        "give that machine its own /etc/machine-id and initiator name (or "
+                        "[iscsi] reservation_key), and check the LUN's data",
+                    )
+                )
+        return checks
 
     def _has_command(self, command: str) -> bool:
         return any(os.access(self.host(f"/{d}/{command}"), os.X_OK) for d in TOOL_DIRS)

@@ -419,3 +419,41 @@ def test_fence_commands_on_an_unusable_state_directory(
         assert main([*command, "--config", str(config)]) == 1
         err = capsys.readouterr().err
         assert err.startswith("flexhub: cannot ") and err.count("\n") == 1, err
+
+
+#: What LIO answered to ``sg_persist --read-full-status`` in the VM rig, plus a second
+#: registration of the same key through another initiator (a clone).
+LIO_FULL_STATUS = """  PR generation=0x3
+    Key=0x1234
+      All target ports bit clear
+      Relative port address: 0x1
+      << Reservation holder >>
+      scope: LU_SCOPE,  type: Write Exclusive, registrants only
+      Transport Id of initiator:
+        iSCSI world wide unique port id: iqn.2026-01.io.flexhub:rig-node,i,0x00023d000001
+    Key=0x1234
+      All target ports bit clear
+      Relative port address: 0x1
+      not reservation holder
+      Transport Id of initiator:
+        iSCSI world wide unique port id: iqn.2026-01.io.flexhub:clone,i,0x00023d000002
+"""
+
+
+def test_full_status_as_lio_prints_it() -> None:
+    from flexhub_iscsi._reservation import (
+        Registration,
+        foreign_registrations,
+        parse_full_status,
+    )
+
+    generation, registrations = parse_full_status(LIO_FULL_STATUS)
+    assert generation == 3
+    assert registrations == [
+        Registration(0x1234, True, "iqn.2026-01.io.flexhub:rig-node"),
+        Registration(0x1234, False, "iqn.2026-01.io.flexhub:clone"),
+    ]
+    mine = ["iqn.2026-01.io.flexhub:rig-node"]
+    assert foreign_registrations(registrations, 0x1234, mine) == registrations[1:]
+    assert foreign_registrations(registrations, 0x9, mine) == []
+    assert parse_full_status("  PR generation=0x2\n  No full status descriptors\n") == (2, [])

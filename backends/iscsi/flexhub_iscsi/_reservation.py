@@ -64,6 +64,7 @@ __all__ = [
     "Registration",
     "authorize_preempt",
     "cancel_preempt",
+    "foreign_registrations",
     "format_key",
     "machine_id_problem",
     "node_key",
@@ -400,7 +401,7 @@ def parse_full_status(text: str) -> tuple[int | None, list[Registration]]:
                     registrations.append(
                         Registration(
                             int(key.group(1), 16),
-                            any("Reservation holder" in b for b in block),
+                            any("<< Reservation holder >>" in b for b in block),
                             transport.group(1).partition(",i,")[0] if transport else "",
                         )
                     )
@@ -408,6 +409,14 @@ def parse_full_status(text: str) -> tuple[int | None, list[Registration]]:
         elif block:
             block.append(line)
     return generation, registrations
+
+
+def foreign_registrations(
+    registrations: Sequence[Registration], key: int, initiators: Sequence[str]
+) -> list[Registration]:
+    """The registrations of ``key`` through an initiator that is none of ``initiators``:
+    another machine that derives (or was given) the same key."""
+    return [r for r in registrations if r.key == key and r.initiator not in ("", *initiators)]
 
 
 @dataclass
