@@ -371,5 +371,28 @@ def test_a_clone_with_the_same_key_is_refused_by_its_initiator(
     assert sessions_of(vm, clone) == 0
     assert pr_state(vm, a_disk) == (a_key, [a_key])
     vm.run(["/bin/sh", "-c", f"echo still-a > {a_dir}/f && sync"])
+
+    # A clone that registered A's key anyway (an older flexhub, a hand-made registration),
+    # here through a session of the guest's default iface (initiator rig-node): A's doctor
+    # names it.
+    rig = ["iscsiadm", "-m", "node", "-T", target.iqn, "-p", target.portal, "-I", "default"]
+    vm.run([*rig, "-o", "new"])
+    vm.run([*rig, "--login"], timeout=90)
+    try:
+        vm.run(["udevadm", "settle", "--timeout=30"], check=False)
+        rig_node = FakeNode(vm, "rig", "", "", "iqn.2026-01.io.flexhub:rig-node")
+        rig_disk = rig_node.disk(target)
+        register = ["sg_persist", "--no-inquiry", "--out", "--register-ignore"]
+        vm.run([*register, f"--param-sark={a_key}", rig_disk])
+        plugins = a.driver.removesuffix("/k8s~flexhub/flexhub")
+        doctor = [vm.python, "-m", "flexhub", "doctor", "--json", "--config", a.config]
+        res = vm.run([*doctor, "--plugin-dir", plugins], check=False)
+        found = [c for c in json.loads(res.stdout) if c["name"] == "iscsi fencing identity"]
+        assert [c["status"] for c in found] == ["fail"], res.output
+        assert rig_node.initiator in found[0]["detail"] and a.initiator in found[0]["detail"]
+        vm.run([*register, "--param-sark=0", rig_disk])
+    finally:
+        vm.run([*rig, "--logout"], check=False, timeout=60)
+        vm.run([*rig, "-o", "delete"], check=False)
     a.unmount(a_dir)
     assert no_pr(vm, target)
