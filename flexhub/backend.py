@@ -50,7 +50,7 @@ from flexhub.node.kernel import missing_filesystem as kernel_lacks
 from flexhub.node.mounts import MountEntry
 from flexhub.node.runner import CommandRunner, Result
 from flexhub.settings import check_keys
-from flexhub.volume import PodInfo, Secret, Secrets, Volume
+from flexhub.volume import PodInfo, Secret, Secrets, Volume, has_control_character
 
 __all__ = [
     "Attachment",
@@ -78,6 +78,7 @@ __all__ = [
     "Volume",
     "VolumeError",
     "check_keys",
+    "has_control_character",
     "kernel_lacks",
     "redact",
 ]
@@ -235,6 +236,16 @@ class FilesystemBackend(Backend):
     def unmount(self, target: Path, details: Mapping[str, str]) -> None:
         """Unmount ``target``; by default, the core's unmount with escalation."""
         self.node.unmount(target)
+
+    def collect_leftovers(self) -> None:
+        """Remove what a call of this backend that was killed left on the node (a private
+        file written for a mount command, ...); by default nothing.
+
+        The core calls it after every ``unmount`` of a pod directory of this backend, also
+        when nothing was mounted there (a ``mount`` killed before its mount command finished
+        leaves a record but no mount) or the directory is gone. It must only touch what the
+        backend itself made, and never raise: log instead.
+        """
 
     def expand(self, target: Path, volume: Volume, new_size: int) -> None:
         """Grow the volume to ``new_size`` bytes; by default nothing (size is the server's)."""

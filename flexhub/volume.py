@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from flexhub.errors import InvalidOptions
 
 __all__ = [
+    "CONTROL_CHARACTERS",
     "DEFAULT_FS_TYPE",
     "KUBE_PREFIX",
     "PER_POD_KEYS",
@@ -18,11 +20,26 @@ __all__ = [
     "Secret",
     "Secrets",
     "Volume",
+    "has_control_character",
 ]
 
 KUBE_PREFIX = "kubernetes.io/"
 SECRET_PREFIX = "kubernetes.io/secret/"
 DEFAULT_FS_TYPE = "ext4"
+
+#: Characters no option key or value may hold: C0 controls (newline, tab, ...), DEL, C1
+#: controls (U+0085 NEXT LINE among them), and the Unicode line and paragraph separators
+#: (U+2028, U+2029): every character Python's ``str.splitlines()`` breaks a line at, and every
+#: one a line-based file or a log line could be split at. A trailing newline would otherwise
+#: pass a schema pattern (Python's ``$`` matches before it) and name another file in sysfs.
+#: Backends apply the same rule to decoded secret values that end up in line-based files.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def has_control_character(text: str) -> bool:
+    """Whether ``text`` holds a character of :data:`CONTROL_CHARACTERS`."""
+    return CONTROL_CHARACTERS.search(text) is not None
+
 
 _FS_TYPE = "kubernetes.io/fsType"
 _READWRITE = "kubernetes.io/readwrite"

@@ -116,6 +116,7 @@ class Doctor:
         if self._plugin_dir_ok and self._driver_path().is_file():
             checks.append(self.check_shim_runtime())
         checks.extend(self.check_backends())
+        checks.extend(self.check_fencing_identity())
         checks.extend(self.check_journal())
         return checks
 
@@ -444,6 +445,98 @@ class Doctor:
         if table:
             return Check(f"settings {name}", "ok", f"{where}: {', '.join(sorted(table))}")
         return None
+
+    def check_fencing_identity(self) -> list[Check]:
+        """iSCSI fencing tells nodes apart by their reservation key, derived from
+        ``/etc/machine-id`` and the initiator name unless configured: a machine id that is
+        a placeholder (an image prepared for cloning, never booted as itself) derives none.
+        (A key that another machine also holds is caught at every read-write attach, which
+        reads the holder's initiator back from the target.)"""
+        try:
+            from flexhub_iscsi import _reservation as reservation
+        except ImportError:
+            return []  # no iscsi backend here
+        name = "iscsi fencing identity"
+        table = self.config.backend_table("iscsi") if self.config is not None else {}
+        if table.get("reservation_key"):
+            return [Check(name, "ok", "[iscsi] reservation_key is set in the node config")]
+        machine_id = self.host(reservation.MACHINE_ID)
+        problem = reservation.machine_id_problem(machine_id)
+        if problem:
+            return [
+                Check(
+                    name,
+                    "warn",
+                    f"{problem}: read-write iSCSI mounts are refused (no reservation key), "
+                    "and clones of this image would share one",
+                    "give this machine its own id (systemd-machine-id-setup), or set "
+                    "[iscsi] reservation_key",
+                )
+            ]
+        initiator = reservation.initiator_name(self.host(reservation.INITIATOR_FILE))
+        return self._check_registrants(reservation) or [
+            Check(
+                name,
+                "ok",
+                f"key derived from {reservation.MACHINE_ID}, the initiator name "
+                f"{initiator or '(none)'} and the state directory",
+            )
+        ]
+
+    def _check_registrants(self, reservation: Any) -> list[Check]:
+        """Each LUN this node holds for writing (journalled with its key): is the key also
+        registered through an initiator that is not the one of the LUN's sessions here?
+        Then another machine has this node's key. One ``sg_persist`` per such LUN."""
+        if self.config is None:
+            return []
+        from flexhub_iscsi._sysfs import Sysfs
+
+        from flexhub.node.journal import Journal
+        from flexhub.node.runner import SubprocessRunner
+
+        sysfs = Sysfs(self.host("/sys"), self.host("/dev"))
+        checks = []
+        try:
+            records = Journal(self.config.state_dir).volumes()
+        except FlexhubError:
+            return []  # check_journal reports an unreadable journal
+        for record in records:
+            key_text = record.details.get("reservation", "")
+            disks = [d for d in record.details.get("devices", "").split(",") if d]
+            paths = [str(sysfs.dev / d) for d in disks if sysfs.node_exists(d)]
+            if record.backend != "iscsi" or not key_text or not paths:
+                continue
+            iqn, iface = record.details.get("iqn", ""), record.details.get("iface", "default")
+            mine = [s.initiator for s in sysfs.sessions_of(iqn, iface) if s.initiator]
+            key = reservation.parse_key(key_text)
+            fence = reservation.Fence(SubprocessRunner(timeout=10.0), 10.0, key, paths)
+            try:
+                registrations = fence.full_status() or []
+            except FlexhubError as exc:
+                checks.append(
+                    Check(
+                        "iscsi fencing identity",
+                        "warn",
+                        f"{record.volume_id}: {exc.message}",
+                        "check the target and the node's sessions",
+                    )
+                )
+                continue
+            foreign = reservation.foreign_registrations(registrations, key, mine)
+            if foreign and mine:
+                others = ", ".join(sorted({r.initiator for r in foreign}))
+                checks.append(
+                    Check(
+                        "iscsi fencing identity",
+                        "fail",
+                        f"{record.volume_id}: this node's key {key_text} is also registered "
+                        f"through initiator {others}, not this node's ({', '.join(mine)}): "
+                        "another machine has this node's key and may write to the LUN",
+                        "give that machine its own /etc/machine-id and initiator name (or "
+                        "[iscsi] reservation_key), and check the LUN's data",
+                    )
+                )
+        return checks
 
     def _has_command(self, command: str) -> bool:
         return any(os.access(self.host(f"/{d}/{command}"), os.X_OK) for d in TOOL_DIRS)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -40,13 +39,6 @@ __all__ = ["CAPABILITIES", "MIN_SECRET_CHARS", "OPERATIONS", "Reply", "serve"]
 MAX_OPTIONS_BYTES = 256 * 1024
 #: Largest single option value.
 MAX_VALUE_CHARS = 64 * 1024
-#: Characters no option key or value may hold: C0 controls (newline, tab, ...), DEL, C1
-#: controls, and the Unicode line and paragraph separators. A trailing newline would otherwise
-#: pass a schema pattern (Python's ``$`` matches before it) and name another file in sysfs.
-#: Secret values are base64, so they never hold one either.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
 #: Each operation's arguments, as kubelet passes them (its usage line).
 USAGE: Mapping[str, str] = {
     "init": "init",
@@ -117,7 +109,7 @@ def parse_options(raw: str, call: Call) -> dict[str, str]:
         raise InvalidOptions("options are not valid JSON") from None
     if not isinstance(data, dict):
         raise InvalidOptions(f"options must be a JSON object, not {type(data).__name__}")
-    from flexhub.volume import SECRET_PREFIX
+    from flexhub.volume import SECRET_PREFIX, has_control_character
 
     for key, value in data.items():
         if key.startswith(SECRET_PREFIX) and isinstance(value, str):
@@ -130,7 +122,7 @@ def parse_options(raw: str, call: Call) -> dict[str, str]:
             raise InvalidOptions(f"option {shown!r} must be a string, not {_json_type(value)}")
         if _has_surrogates(key) or _has_surrogates(value) or "\x00" in key + value:
             raise InvalidOptions(f"option {shown!r} is not valid text")
-        if _CONTROL.search(key) or _CONTROL.search(value):
+        if has_control_character(key) or has_control_character(value):
             raise InvalidOptions(
                 f"option {shown!r} contains a control character (a newline, tab, ...): "
                 "no option key or value may"

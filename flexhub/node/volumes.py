@@ -167,10 +167,14 @@ def _backend_name(node: Node, backend: Backend, volume: Volume) -> str:
 
 
 def _check_no_secret(backend_name: str, details: dict[str, str], volume: Volume) -> None:
-    # Whole values only: a CHAP user name inside an IQN, or a one-letter value, is no leak.
+    # Whole values only: a CHAP user name inside an IQN, or a one-letter value, is no leak;
+    # nor is a value the volume's own options hold in the open (a CHAP user name equal to
+    # initiatorName): the PV shows it already.
+    public = set(volume.options.values())
     secrets = {
         form
         for secret in volume.secrets.revealed()
+        if not {secret, secret.strip()} & public
         for form in (secret, secret.strip())
         if len(form) >= MIN_SECRET_CHARS
     }
@@ -815,13 +819,18 @@ def _forget(delete: Callable[[_K], None], key: _K, notes: list[str]) -> None:
 def _unmount_filesystem(
     node: Node, target: Path, record: PodRecord, load_backend: Callable[[str], Backend]
 ) -> None:
-    backend = None
-    if node.mounts.is_mount_point(target):
-        backend = _load_for_unmount(load_backend, record.backend, record.volume_id)
+    # Loaded also when nothing is mounted: a mount killed midway may have left files of its
+    # backend (collect_leftovers).
+    backend = _load_for_unmount(load_backend, record.backend, record.volume_id)
     with _filesystem_lock(node, type(backend), record.volume_id):
         if isinstance(backend, FilesystemBackend) and node.mounts.is_mount_point(target):
             backend.unmount(target, record.details)
         cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
+    if isinstance(backend, FilesystemBackend):
+        try:
+            backend.collect_leftovers()
+        except Exception as exc:  # a hook that must not raise: the unmount is done
+            LOG.error("backend %r: collecting leftovers failed: %s", record.backend, exc)
 
 
 def _load_for_unmount(

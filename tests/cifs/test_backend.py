@@ -86,7 +86,7 @@ def test_leftover_file_of_a_killed_call_is_removed_by_unmount(
 ) -> None:
     creds = harness.state_dir / "cifs-creds"
     creds.mkdir(mode=0o700)
-    (creds / "999999999-0123.cred").write_text(f"password={PASSWORD}\n")
+    (creds / "999999999-5-0123456789abcdef.cred").write_text(f"password={PASSWORD}\n")
     harness.backend.unmount(tmp_path, {})
     assert harness.cred_files() == []
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -69,19 +70,81 @@ def test_a_directory_of_another_owner_is_refused(tmp_path: Path) -> None:
         pass
 
 
+def _name(pid: int, start: str | None = None) -> str:
+    """A credentials file's name as credentials_file() makes it (``start``: the process's
+    start time; by default, the true one)."""
+    if start is None:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        start = fields[19]
+    return f"{pid}-{start}-{os.urandom(8).hex()}.cred"
+
+
 def test_leftovers_of_dead_processes_are_collected(tmp_path: Path) -> None:
     with credentials_file(tmp_path, b"x"):
         pass
     base = tmp_path / CRED_DIR
     proc = subprocess.Popen(["true"])
     proc.wait()
-    gone = base / f"{proc.pid}-abc.cred"
+    gone = base / _name(proc.pid, "12345")
     gone.write_bytes(b"password=left\n")
-    alive = base / f"{os.getppid()}-def.cred"
-    alive.write_bytes(b"password=busy\n")
-    collect_leftovers(tmp_path)
-    assert sorted(os.listdir(base)) == [alive.name]
-    old = 1_000_000_000
-    os.utime(alive, (old, old))
+    legacy = base / f"{proc.pid}-{os.urandom(8).hex()}.cred"  # an earlier version's name
+    legacy.write_bytes(b"password=left\n")
     collect_leftovers(tmp_path)
     assert os.listdir(base) == []
+
+
+def test_a_reused_pid_does_not_keep_a_leftover(tmp_path: Path) -> None:
+    """The pid in the name is alive, but that process started at another time: it is not
+    the call that made the file (pids are reused), so the file is a leftover."""
+    with credentials_file(tmp_path, b"x"):
+        pass
+    base = tmp_path / CRED_DIR
+    with subprocess.Popen(["sleep", "60"]) as proc:
+        try:
+            (base / _name(proc.pid, "1")).write_bytes(b"password=left\n")
+            collect_leftovers(tmp_path)
+            assert os.listdir(base) == []
+        finally:
+            proc.kill()
+
+
+def test_a_live_process_keeps_its_file_for_an_hour(tmp_path: Path) -> None:
+    with credentials_file(tmp_path, b"x"):
+        pass
+    base = tmp_path / CRED_DIR
+    with subprocess.Popen(["sleep", "60"]) as proc:
+        try:
+            busy = base / _name(proc.pid)
+            busy.write_bytes(b"password=busy\n")
+            collect_leftovers(tmp_path)
+            assert os.listdir(base) == [busy.name]
+            now = time.time()
+            os.utime(busy, (now - 3700, now - 3700))
+            collect_leftovers(tmp_path)  # older than MAX_AGE: removed anyway
+            assert os.listdir(base) == []
+        finally:
+            proc.kill()
+
+
+def test_only_files_flexhub_made_are_collected(tmp_path: Path) -> None:
+    """Nothing but a regular file of flexhub's own name pattern and owner is removed; a
+    symlink is not followed (nor removed), whatever its name."""
+    with credentials_file(tmp_path, b"x"):
+        pass
+    base = tmp_path / CRED_DIR
+    dead = 2**22 + 12345  # above pid_max's ceiling: never a live process
+    outside = tmp_path / "precious"
+    outside.write_text("keep\n")
+    (base / _name(dead, "7")).symlink_to(outside)
+    (base / f"{dead}-notes.txt").write_text("not ours\n")
+    (base / "README").write_text("not ours\n")
+    (base / _name(dead, "7").replace(".cred", ".dir")).mkdir()
+    foreign = base / _name(dead, "7")
+    foreign.write_text("password=another-owner\n")
+    os.chown(foreign, 65534, 65534)
+    kept = sorted(os.listdir(base))
+    ours = base / _name(dead, "7")
+    ours.write_text("password=left\n")
+    collect_leftovers(tmp_path)
+    assert sorted(os.listdir(base)) == kept
+    assert outside.read_text() == "keep\n"

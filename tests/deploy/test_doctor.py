@@ -479,3 +479,34 @@ def test_undeclared_backend_settings_warn(node: dict[str, Path]) -> None:
     _, checks = doctor(node, site=True)
     ((state, detail),) = status(checks, "settings echo")
     assert state == "warn" and "declares no settings keys" in detail
+
+
+@pytest.mark.parametrize("machine_id", ["", "uninitialized"])
+def test_a_placeholder_machine_id_is_flagged_for_iscsi_fencing(
+    node: dict[str, Path], tmp_path: Path, machine_id: str
+) -> None:
+    """An image prepared for cloning keeps /etc/machine-id empty or 'uninitialized': no
+    reservation key derives from it, and clones would share one. A configured key is fine."""
+    install(node["plugins"], config=node["config"])
+    host = tmp_path / "host"
+    (host / "etc").mkdir(parents=True)
+    (host / "etc/machine-id").write_text(machine_id + "\n")
+    _, checks = doctor(node, "--host-root", str(host))
+    ((state, detail),) = status(checks, "iscsi fencing identity")
+    assert state == "warn" and "machine-id" in detail, detail
+    fix = next(c["fix"] for c in checks if c["name"] == "iscsi fencing identity")
+    assert "reservation_key" in fix
+
+    (host / "etc/machine-id").write_text("3d1219c7c4c5404aaa1f6d2a48adfda4\n")
+    (host / "etc/iscsi").mkdir()
+    (host / "etc/iscsi/initiatorname.iscsi").write_text("InitiatorName=iqn.2004-10.com.x:w1\n")
+    _, checks = doctor(node, "--host-root", str(host))
+    ((state, detail),) = status(checks, "iscsi fencing identity")
+    assert state == "ok" and "iqn.2004-10.com.x:w1" in detail, detail
+
+    seen = host / str(node["config"]).lstrip("/")  # the doctor reads the host's file
+    seen.parent.mkdir(parents=True)
+    seen.write_text(node["config"].read_text() + '[iscsi]\nreservation_key = "0xabc"\n')
+    (host / "etc/machine-id").write_text("uninitialized\n")
+    _, checks = doctor(node, "--host-root", str(host))
+    assert status(checks, "iscsi fencing identity")[0][0] == "ok"

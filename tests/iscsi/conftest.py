@@ -56,6 +56,7 @@ class FakeSysfs(Sysfs):
         (entry / "ifacename").write_text(iface + "\n")
         (entry / "state").write_text("LOGGED_IN\n")
         (entry / "target_id").write_text("0\n")
+        (entry / "initiatorname").write_text(fake_initiator(self.root.parent) + "\n")
         os.symlink(device, entry / "device")
         conn = self.root / "class" / "iscsi_connection" / f"connection{sid}:0"
         conn.mkdir()
@@ -146,15 +147,29 @@ class FakeSysfs(Sysfs):
 Answer = Result | Callable[[tuple[str, ...]], Result]
 
 
+def fake_initiator(base: Path) -> str:
+    """The initiator name of the fake node whose sysfs and /dev live under ``base``."""
+    return f"iqn.2024-01.test.fake:{base.name}"
+
+
 @dataclass
 class FakePR:
     """The persistent-reservation state of one LUN, as ``sg_persist`` sees it (each device
-    path is its own I_T nexus), for a type 5 target like LIO; ``supported=False`` plays a
-    target without persistent reservations."""
+    path is its own I_T nexus, of the initiator of the fake node whose /dev holds it), for a
+    type 5 target like LIO; ``supported=False`` plays a target without persistent
+    reservations. The PR generation moves as LIO's does (seen in the VM rig): up by one on
+    every registration (also of a key already registered) and preemption, not on a
+    reservation or an unregistration."""
 
     registered: dict[str, int] = field(default_factory=dict)  # device -> key
     holder: tuple[str, int] | None = None  # (device, key)
     supported: bool = True
+    generation: int = 0
+    full_status: bool = True  # whether READ FULL STATUS is implemented
+
+    @staticmethod
+    def initiator(device: str) -> str:
+        return fake_initiator(Path(device).parent.parent)
 
     def __call__(self, args: tuple[str, ...]) -> Result:
         device = args[-1]
@@ -162,20 +177,41 @@ class FakePR:
             return Result(args, 5, "", "PR in (Read reservation): Illegal request")
         opt = {a.split("=")[0]: int(a.split("=")[1], 16) for a in args if "=" in a}
         mine = self.registered.get(device)
+        gen = f"  PR generation={self.generation:#x}"
         if "--read-reservation" in args:
             if self.holder is None:
-                return Result(args, 0, "  PR generation=0x1, there is NO reservation held\n", "")
+                return Result(args, 0, f"{gen}, there is NO reservation held\n", "")
             return Result(
                 args,
                 0,
-                f"  PR generation=0x2, Reservation follows:\n    Key={self.holder[1]:#x}\n"
+                f"{gen}, Reservation follows:\n    Key={self.holder[1]:#x}\n"
                 "    scope: LU_SCOPE,  type: Write Exclusive, registrants only\n",
                 "",
             )
+        if "--read-full-status" in args:
+            if not self.full_status:
+                return Result(args, 5, "", "PR in (Read full status): Illegal request")
+            if not self.registered:
+                return Result(args, 0, f"{gen}\n  No full status descriptors\n", "")
+            lines = [gen]
+            for path, key in sorted(self.registered.items()):
+                lines += [f"    Key={key:#x}", "      All target ports bit clear"]
+                if self.holder == (path, key):
+                    lines += [
+                        "      << Reservation holder >>",
+                        "      scope: LU_SCOPE,  type: Write Exclusive, registrants only",
+                    ]
+                lines += [
+                    "      Transport Id of initiator:",
+                    f"        iSCSI world wide unique port id: {self.initiator(path)},i,"
+                    "0x00023d000001",
+                ]
+            return Result(args, 0, "\n".join(lines) + "\n", "")
         conflict = Result(args, 24, "", "PR out: Reservation conflict")
         if "--register-ignore" in args:
             if opt["--param-sark"]:
                 self.registered[device] = opt["--param-sark"]
+                self.generation += 1
             else:
                 self.registered.pop(device, None)
                 if self.holder and self.holder[0] == device:
@@ -193,6 +229,7 @@ class FakePR:
             self.registered = {d: k for d, k in self.registered.items() if k != victim}
             if self.holder and self.holder[1] == victim:
                 self.holder = (device, mine)
+            self.generation += 1
         return Result(args, 0, "", "")
 
 

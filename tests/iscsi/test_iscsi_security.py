@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -11,8 +12,11 @@ from pathlib import Path
 import pytest
 from flexhub_iscsi import IscsiBackend
 from flexhub_iscsi._chap import KEY_FILE
+from flexhub_iscsi._options import dedicated_iface
 
+from flexhub.backend import Attachment
 from flexhub.errors import InvalidOptions, VolumeError
+from flexhub.node import Node
 from flexhub.node.journal import VolumeRecord
 from flexhub.node.runner import Result
 
@@ -30,6 +34,11 @@ KEY = "node.session.auth.password"
         ("pass\x00word", "control characters"),
         (" padded", "whitespace"),
         ("padded\t", "control characters"),
+        ("pass\u2028node.startup = automatic", "control characters"),
+        ("pass\u2029word", "control characters"),
+        ("pass\x85word", "control characters"),
+        ("pass\x1cword", "control characters"),
+        ("pass\x9bword", "control characters"),
         ("x" * 256, "255 bytes"),
         ("é" * 128, "255 bytes"),
     ],
@@ -44,6 +53,27 @@ def test_bad_chap_values_fail_naming_the_key(
     assert KEY in message and why in message and "\n" not in message
     assert value not in message and value.strip() not in message
     assert runner.calls == []
+
+
+def test_a_record_file_is_split_on_newlines_only(tmp_path: Path) -> None:
+    """A value open-iscsi wrote (or an operator typed) holding U+2028, U+0085 or a form feed
+    stays one setting: re-writing the record neither splits it into two lines nor lets its
+    tail replace a setting."""
+    from flexhub_iscsi._records import RecordFiles
+
+    path = tmp_path / "nodes" / IQN / "10.0.0.1,3260,1" / "default"
+    path.parent.mkdir(parents=True)
+    odd = "node.name = a\u2028node.startup = automatic\x85node.tpgt = 9\x0cz"
+    path.write_text(f"# BEGIN RECORD 2.1.8\n{odd}\nnode.startup = manual\n# END RECORD\n")
+    RecordFiles(tmp_path).set_values(path, {"node.startup": "onboot", KEY: "pw"})
+    assert path.read_text().split("\n") == [
+        "# BEGIN RECORD 2.1.8",
+        odd,
+        "node.startup = onboot",
+        f"{KEY} = pw",
+        "# END RECORD",
+        "",
+    ]
 
 
 def test_longest_chap_value_open_iscsi_holds_is_accepted(backend: IscsiBackend) -> None:
@@ -167,3 +197,29 @@ def test_another_lun_reuses_the_session_only_with_the_same_session_chap(
         backend.attach(make_volume(lun="1"))  # no CHAP at all
     attachment = backend.attach(make_volume(SESSION_SECRETS, chapAuthSession="true", lun="1"))
     assert attachment.details["lun"] == "1"
+
+
+def test_a_chap_user_name_equal_to_the_initiator_name_is_no_leak(
+    backend: IscsiBackend, node: Node, runner: FakeIscsi, tmp_path: Path
+) -> None:
+    """The core's "no secret in the journal" check met the initiator name (a PV option) in
+    the journalled options and the connection identity: a CHAP user name equal to it (a
+    common set-up) could never mount. The core's journalling steps run for real here with
+    the fake iSCSI runner; a volume's own non-secret option values are not secrets."""
+    from flexhub.node.volumes import _attach_and_record, _Progress, staging_dir
+
+    name = "iqn.2024-02.io.node:worker-1"
+    runner.answer("iface", dedicated_iface("default", name), "show", rc=21, stderr="no iface")
+    runner.answer("iface", "default", "show", stdout="iface.transport_name = tcp\niface.mtu = 0\n")
+    secrets = {"node.session.auth.username": name, "node.session.auth.password": PASSWORD}
+    volume = make_volume(secrets, chapAuthSession="true", initiatorName=name)
+    volume_id = backend.volume_id(volume)
+    staging = staging_dir(node, volume_id)
+    record = _attach_and_record(
+        node, backend, volume, volume_id, "iscsi", staging, None, _Progress()
+    )
+    assert record.options["initiatorName"] == name
+    journalled = "".join(p.read_text() for p in (node.state_dir / "volumes").iterdir())
+    assert json.loads(journalled)["options"]["initiatorName"] == name
+    assert PASSWORD not in journalled
+    backend.detach(Attachment(record.device, record.details))

@@ -7,6 +7,9 @@ is tested in the VM (``tests/vm/test_iscsi_fence.py``).
 
 from __future__ import annotations
 
+import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from flexhub_iscsi._options import Settings
 from flexhub_iscsi._reservation import (
     authorize_preempt,
     format_key,
+    machine_id_problem,
     node_key,
     parse_key,
     pending_preempt,
@@ -83,9 +87,36 @@ def test_node_key_is_stable_and_differs_per_state_dir(tmp_path: Path) -> None:
     one = node_key(tmp_path / "one", machine_id=machine)
     assert one == node_key(tmp_path / "one", machine_id=machine)
     assert one != node_key(tmp_path / "two", machine_id=machine)
-    machine.write_text("0" * 32 + "\n")
+    machine.write_text("4e2219c7c4c5404aaa1f6d2a48adfda4\n")
     assert one != node_key(tmp_path / "one", machine_id=machine)
     assert 0 < one < 2**64
+
+
+def test_clones_with_their_own_initiator_names_get_their_own_keys(tmp_path: Path) -> None:
+    """Two machines cloned from one image share /etc/machine-id and (the same path of) the
+    state directory; once each has its own initiator name, their keys differ."""
+    machine = tmp_path / "machine-id"
+    machine.write_text("3d1219c7c4c5404aaa1f6d2a48adfda4\n")
+    names = []
+    for node in ("worker-1", "worker-2", "worker-1"):
+        path = tmp_path / f"initiatorname-{node}"
+        path.write_text(
+            f"## written by iscsi-iname\nInitiatorName=iqn.2004-10.com.example:{node}\n"
+        )
+        names.append(node_key(Path("/var/lib/flexhub"), machine_id=machine, initiator_file=path))
+    assert names[0] != names[1] and names[0] == names[2]
+
+
+@pytest.mark.parametrize("placeholder", ["", "uninitialized", "0" * 32])
+def test_a_machine_id_that_tells_no_machine_apart_derives_no_key(
+    tmp_path: Path, placeholder: str
+) -> None:
+    machine = tmp_path / "machine-id"
+    machine.write_text(placeholder + "\n")
+    assert machine_id_problem(machine)
+    with pytest.raises(FlexhubError, match=r"machine-id.*set \[iscsi\] reservation_key"):
+        node_key(tmp_path, machine_id=machine)
+    assert node_key(tmp_path, "0xabc", machine_id=machine) == 0xABC
 
 
 def test_node_key_override_and_errors(tmp_path: Path) -> None:
@@ -157,14 +188,11 @@ def test_race_lost_between_read_and_reserve_unregisters(
     first = a.attach(volume())
     holder = pr.holder
     pr.holder = None  # what B's first read sees
-    calls = {"n": 0}
     original = pr.__call__
 
-    def racing(args: tuple[str, ...]):  # type: ignore[no-untyped-def]
-        if "--read-reservation" in args:
-            calls["n"] += 1
-            if calls["n"] == 2:
-                pr.holder = holder  # A's reservation lands
+    def racing(args: tuple[str, ...]) -> Result:
+        if "--reserve" in args:
+            pr.holder = holder  # A's reservation lands first
         return original(args)
 
     runner(b).pr = racing  # type: ignore[assignment]
@@ -174,18 +202,30 @@ def test_race_lost_between_read_and_reserve_unregisters(
     a.detach(first)
 
 
+def _refused_generation(backend: IscsiBackend) -> int:
+    """The PR generation the refused mount's message names (what the operator copies)."""
+    with pytest.raises(VolumeError) as refused:
+        backend.attach(volume())
+    message = refused.value.message
+    found = re.search(r"--generation (0x[0-9a-f]+)'", message)
+    assert found is not None and "\n" not in message, message
+    return int(found.group(1), 16)
+
+
 def test_operator_preemption_is_one_shot_and_key_bound(
     a: IscsiBackend, b: IscsiBackend, pr: FakePR
 ) -> None:
     first = a.attach(volume())
     state = b.node.state_dir
+    generation = _refused_generation(b)
+    assert generation == pr.generation
     # permission for another key: refused, and the message says so
-    authorize_preempt(state, VOLUME_ID, 0x1234)
+    authorize_preempt(state, VOLUME_ID, 0x1234, generation)
     with pytest.raises(VolumeError, match="preemption allowed on this node is for key"):
         b.attach(volume())
     assert pr.holder == (first.device, key(a))
 
-    authorize_preempt(state, VOLUME_ID, key(a))
+    authorize_preempt(state, VOLUME_ID, key(a), generation)
     taken = b.attach(volume())
     assert pr.holder == (taken.device, key(b))
     assert set(pr.registered.values()) == {key(b)}  # A cannot write any more
@@ -197,6 +237,64 @@ def test_operator_preemption_is_one_shot_and_key_bound(
     b.detach(taken)
     a.detach(first)  # the dead node's late cleanup: nothing of B's is touched
     assert pr.holder is None and pr.registered == {}
+
+
+def test_a_preemption_left_unused_cannot_preempt_a_holder_that_came_back(
+    a: IscsiBackend, b: IscsiBackend, pr: FakePR
+) -> None:
+    """Allowed while A looked dead; A registers again (its generation moves): B's next
+    mount is refused and the stale authorization deleted, A keeps writing."""
+    first = a.attach(volume())
+    generation = _refused_generation(b)
+    authorize_preempt(b.node.state_dir, VOLUME_ID, key(a), generation)
+    a.attach(volume())  # A alive: it registers its paths again (an attach after a restart)
+    assert pr.generation > generation
+    with pytest.raises(VolumeError) as refused:
+        b.attach(volume())
+    message = refused.value.message
+    assert f"generation {generation:#x} then, {pr.generation:#x} now" in message, message
+    assert f"--generation {pr.generation:#x}'" in message
+    assert pr.holder == (first.device, key(a)) and set(pr.registered.values()) == {key(a)}
+    assert pending_preempt(b.node.state_dir, VOLUME_ID) is None
+    a.detach(first)
+
+
+def test_an_expired_preemption_is_refused(a: IscsiBackend, b: IscsiBackend, pr: FakePR) -> None:
+    first = a.attach(volume())
+    generation = _refused_generation(b)
+    grant = authorize_preempt(
+        b.node.state_dir, VOLUME_ID, key(a), generation, ttl=60, now=time.time() - 61
+    )
+    assert grant.expired()
+    with pytest.raises(VolumeError, match=r"allowed on this node expired at \d{4}-"):
+        b.attach(volume())
+    assert pr.holder == (first.device, key(a)) and pr.generation == generation
+    assert pending_preempt(b.node.state_dir, VOLUME_ID) is None
+    a.detach(first)
+
+
+def test_a_clone_with_the_same_key_is_caught_after_reserving(tmp_path: Path, pr: FakePR) -> None:
+    """Two machines derive one key (a cloned machine id and initiator file): B finds "its
+    own" key holding the LUN, but READ FULL STATUS shows it held through A's initiator."""
+    a = make_node(tmp_path / "a", pr, reservation_key="0xc10e")
+    b = make_node(tmp_path / "b", pr, reservation_key="0xc10e")
+    first = a.attach(volume())
+    with pytest.raises(VolumeError) as refused:
+        b.attach(volume())
+    message = refused.value.message
+    assert "through initiator iqn.2024-01.test.fake:a" in message, message
+    assert "not this node's (iqn.2024-01.test.fake:b)" in message and "\n" not in message
+    assert pr.holder == (first.device, 0xC10E)
+    assert list(pr.registered) == [first.device]  # B's own registration was withdrawn
+    assert b.sysfs.sessions() == []
+    a.detach(first)
+
+
+def test_without_read_full_status_the_key_is_checked(a: IscsiBackend, pr: FakePR) -> None:
+    pr.full_status = False
+    attachment = a.attach(volume())
+    assert pr.holder == (attachment.device, key(a))
+    a.detach(attachment)
 
 
 def test_target_without_reservations(a: IscsiBackend, pr: FakePR) -> None:
@@ -223,6 +321,8 @@ def test_release_failure_does_not_block_the_unmount(a: IscsiBackend, pr: FakePR)
 
 
 def test_fence_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI on a node without a path to the LUN (the host has no iSCSI session): the
+    generation comes from the refused mount's message."""
     from flexhub.__main__ import main  # as the command line reaches it
 
     state = tmp_path / "state"
@@ -232,20 +332,56 @@ def test_fence_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     own = capsys.readouterr().out.strip()
     assert own == format_key(node_key(state))
 
-    argv = ["fence", "preempt", "--volume", VOLUME_ID, "--key", "0x1234", "--config", str(config)]
-    assert main(argv) == 0
-    assert "will preempt key 0x0000000000001234" in capsys.readouterr().out
-    assert pending_preempt(state, VOLUME_ID) == 0x1234
+    base = ["fence", "preempt", "--volume", VOLUME_ID, "--key", "0x1234", "--config", str(config)]
+    assert main(base) != 0
+    assert "--generation" in capsys.readouterr().err  # no path to read it from: say so
+    assert main([*base, "--generation", "0x1c"]) == 0
+    out = capsys.readouterr().out
+    assert "will preempt key 0x0000000000001234" in out and "generation 0x1c" in out, out
+    grant = pending_preempt(state, VOLUME_ID)
+    assert grant is not None and (grant.key, grant.generation) == (0x1234, 0x1C)
+    assert 899 <= grant.expires - time.time() <= 900
 
-    for volume_arg, key_arg, error in (
-        ("nfs:srv:/x", "0x1", "is not iscsi:"),
-        (VOLUME_ID, "zz", "hex"),
-        (VOLUME_ID, own, "own key"),
+    for extra, error in (
+        (["--volume", "nfs:srv:/x", "--key", "0x1"], "is not iscsi:"),
+        (["--volume", VOLUME_ID, "--key", "zz"], "hex"),
+        (["--volume", VOLUME_ID, "--key", own], "own key"),
+        (["--volume", VOLUME_ID, "--key", "0x1", "--generation", "x"], "PR generation"),
+        (["--volume", VOLUME_ID, "--key", "0x1", "--generation", "1", "--ttl", "2d"], "ttl"),
+        (["--volume", VOLUME_ID, "--key", "0x1", "--generation", "1", "--ttl", "0"], "ttl"),
     ):
-        argv = ["fence", "preempt", "--volume", volume_arg, "--key", key_arg]
-        assert main([*argv, "--config", str(config)]) != 0
+        assert main(["fence", "preempt", *extra, "--config", str(config)]) != 0
         assert error in capsys.readouterr().err
-    assert pending_preempt(state, VOLUME_ID) == 0x1234  # the refused calls changed nothing
+    assert pending_preempt(state, VOLUME_ID) == grant  # the refused calls changed nothing
+
+    # list: volume, key, generation, expiry; nothing secret is in the record anyway
+    other = f"iscsi:{IQN}:3"
+    authorize_preempt(state, other, 0xBEEF, 7, ttl=60, now=time.time() - 120)
+    assert main(["fence", "list", "--config", str(config)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3, lines
+    assert lines[1].split()[:3] == [VOLUME_ID, "0x0000000000001234", "0x1c"]
+    assert "in 1" in lines[1] or "in 9" in lines[1] or "in 14m" in lines[1], lines[1]
+    assert lines[2].split()[:3] == [other, "0x000000000000beef", "0x7"] and "expired" in lines[2]
+    assert main(["fence", "list", "--json", "--config", str(config)]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [g["volume"] for g in listed] == [VOLUME_ID, other]
+
+    # cancel: by volume, refusing another key; nothing to cancel is an error
+    argv = ["fence", "cancel", "--volume", VOLUME_ID, "--config", str(config)]
+    assert main([*argv, "--key", "0x999"]) != 0
+    assert "is for key 0x0000000000001234" in capsys.readouterr().err
+    assert pending_preempt(state, VOLUME_ID) == grant
+    assert main([*argv, "--key", "0x1234"]) == 0
+    assert "cancelled" in capsys.readouterr().out
+    assert pending_preempt(state, VOLUME_ID) is None
+    assert main(argv) != 0
+    assert "no pending preemption" in capsys.readouterr().err
+    assert main(["fence", "cancel", "--volume", other, "--config", str(config)]) == 0
+    capsys.readouterr()
+    assert main(["fence", "list", "--config", str(config)]) == 0
+    assert "no pending preemption" in capsys.readouterr().out
+    assert [p.name for p in (state / "fence").iterdir()] == []
 
 
 def test_missing_sg_persist_is_named(a: IscsiBackend) -> None:
@@ -266,3 +402,58 @@ def test_schema_knows_fencing() -> None:
         validate_options(IscsiBackend, {**options, "fencing": value})
     with pytest.raises(FlexhubError, match="fencing"):
         validate_options(IscsiBackend, {**options, "fencing": "off"})
+
+
+def test_fence_commands_on_an_unusable_state_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flexhub.__main__ import main
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "fence").write_text("not a directory\n")
+    config = tmp_path / "flexhub.toml"
+    config.write_text(f'state_dir = "{state}"\n')
+    argv = ["fence", "preempt", "--volume", VOLUME_ID, "--key", "0x1234", "--generation", "3"]
+    for command in (argv, ["fence", "list"]):
+        assert main([*command, "--config", str(config)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("flexhub: cannot ") and err.count("\n") == 1, err
+
+
+#: What LIO answered to ``sg_persist --read-full-status`` in the VM rig, plus a second
+#: registration of the same key through another initiator (a clone).
+LIO_FULL_STATUS = """  PR generation=0x3
+    Key=0x1234
+      All target ports bit clear
+      Relative port address: 0x1
+      << Reservation holder >>
+      scope: LU_SCOPE,  type: Write Exclusive, registrants only
+      Transport Id of initiator:
+        iSCSI world wide unique port id: iqn.2026-01.io.flexhub:rig-node,i,0x00023d000001
+    Key=0x1234
+      All target ports bit clear
+      Relative port address: 0x1
+      not reservation holder
+      Transport Id of initiator:
+        iSCSI world wide unique port id: iqn.2026-01.io.flexhub:clone,i,0x00023d000002
+"""
+
+
+def test_full_status_as_lio_prints_it() -> None:
+    from flexhub_iscsi._reservation import (
+        Registration,
+        foreign_registrations,
+        parse_full_status,
+    )
+
+    generation, registrations = parse_full_status(LIO_FULL_STATUS)
+    assert generation == 3
+    assert registrations == [
+        Registration(0x1234, True, "iqn.2026-01.io.flexhub:rig-node"),
+        Registration(0x1234, False, "iqn.2026-01.io.flexhub:clone"),
+    ]
+    mine = ["iqn.2026-01.io.flexhub:rig-node"]
+    assert foreign_registrations(registrations, 0x1234, mine) == registrations[1:]
+    assert foreign_registrations(registrations, 0x9, mine) == []
+    assert parse_full_status("  PR generation=0x2\n  No full status descriptors\n") == (2, [])

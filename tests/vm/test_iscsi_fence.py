@@ -106,6 +106,27 @@ def key_of(value: int) -> str:
     return f"{value:#x}"
 
 
+def refused_generation(reply: dict[str, object]) -> str:
+    """The PR generation a refused read-write mount names in its fence preempt hint."""
+    found = re.search(r"--generation (0x[0-9a-f]+)'", str(reply["message"]))
+    assert reply["status"] == "Failure" and found is not None, reply
+    return found.group(1)
+
+
+def generation_of(vm: VM, disk: str) -> str:
+    out = vm.run(["sg_persist", "--no-inquiry", "--read-keys", disk]).stdout
+    found = re.search(r"PR generation=(0x[0-9a-f]+)", out)
+    assert found is not None, out
+    return found.group(1)
+
+
+def fence(vm: VM, node: FakeNode, *argv: str, check: bool = True) -> str:
+    """``flexhub fence ...`` as the operator runs it on ``node``; its output."""
+    res = vm.run([vm.python, "-m", "flexhub", "fence", *argv, "--config", node.config], check=False)
+    assert (res.rc == 0) == check, res.output
+    return res.output
+
+
 @pytest.fixture(scope="module")
 def nodes(vm: VM) -> Iterator[tuple[FakeNode, FakeNode]]:
     made = []
@@ -205,9 +226,10 @@ def test_dead_holder_is_preempted_only_by_the_operator(
     # A "dies": it never unmounts. B is refused until the operator acts.
     b_dir, reply = b.mount(target)
     assert reply["status"] == "Failure" and full in str(reply["message"]), reply
+    generation = refused_generation(reply)
     volume = f"iscsi:{target.iqn}:0"
-    argv = ["fence", "preempt", "--volume", volume, "--key", full, "--config", b.config]
-    res = vm.run([vm.python, "-m", "flexhub", *argv])
+    argv = ["fence", "preempt", "--volume", volume, "--key", full, "--generation", generation]
+    res = vm.run([vm.python, "-m", "flexhub", *argv, "--config", b.config])
     assert "will preempt key" in res.stdout, res.output
     b_dir, reply = b.mount(target)
     assert reply == {"status": "Success"}, reply
@@ -242,3 +264,135 @@ def test_target_without_reservations_refuses_read_write_unless_opted_out(
     vm.run(["/bin/sh", "-c", f"echo unfenced > {directory}/f && sync"])
     a.unmount(directory)
     assert sessions_of(vm, a) == 0
+
+
+def test_a_permission_is_void_once_the_holder_registers_again_or_it_expires(
+    vm: VM, nodes: tuple[FakeNode, FakeNode], clean: None
+) -> None:
+    """An operator allows B to preempt A while A looks dead; A is alive and registers again
+    (what its next attach does): the permission no longer matches the reservation's
+    generation, so B's mount is refused and A keeps the LUN. A permission that expired is
+    refused too. ``fence list`` shows a pending one; ``fence cancel`` withdraws it."""
+    a, b = nodes
+    target = services.iscsi_target(vm)
+    volume = f"iscsi:{target.iqn}:0"
+    a_dir, reply = a.mount(target)
+    assert reply == {"status": "Success"}
+    a_disk = a.disk(target)
+    a_key, _ = pr_state(vm, a_disk)
+    assert a_key is not None
+    full = f"0x{int(a_key, 16):016x}"
+
+    # B has a path to the LUN (a reader's session): the CLI reads the generation itself.
+    b_ro, reply = b.mount(target, "ro")
+    assert reply == {"status": "Success"}
+    before = generation_of(vm, a_disk)
+    out = fence(vm, b, "preempt", "--volume", volume, "--key", full)
+    assert f"at PR generation {before}" in out, out
+    listed = fence(vm, b, "list").splitlines()
+    assert listed[1].split()[:3] == [volume, full, before], listed
+    b.unmount(b_ro)
+
+    # A registers again: the target's generation moves on.
+    vm.run(
+        [
+            "sg_persist",
+            "--no-inquiry",
+            "--out",
+            "--register-ignore",
+            f"--param-sark={a_key}",
+            a_disk,
+        ]
+    )
+    after = generation_of(vm, a_disk)
+    assert int(after, 16) > int(before, 16)
+    _, reply = b.mount(target)
+    message = str(reply["message"])
+    assert f"generation {before} then, {after} now" in message, reply
+    assert refused_generation(reply) == after
+    assert pr_state(vm, a_disk) == (a_key, [a_key])  # A still holds, alone
+    assert sessions_of(vm, b) == 0
+    assert "no pending preemption" in fence(vm, b, "list")  # the void one was deleted
+
+    # A permission that expired before the mount is refused, and deleted.
+    fence(vm, b, "preempt", "--volume", volume, "--key", full, "--generation", after, "--ttl", "1")
+    vm.run(["sleep", "2"])
+    _, reply = b.mount(target)
+    assert "expired at" in str(reply["message"]), reply
+    assert pr_state(vm, a_disk) == (a_key, [a_key])
+    assert "no pending preemption" in fence(vm, b, "list")
+
+    # cancel: a pending permission withdrawn is never used
+    fence(vm, b, "preempt", "--volume", volume, "--key", full, "--generation", after)
+    assert "cancelled" in fence(vm, b, "cancel", "--volume", volume, "--key", full)
+    assert "no pending preemption" in fence(vm, b, "cancel", "--volume", volume, check=False)
+    _, reply = b.mount(target)
+    assert reply["status"] == "Failure" and pr_state(vm, a_disk) == (a_key, [a_key]), reply
+
+    a.unmount(a_dir)
+    assert sessions_of(vm, a) == 0 and sessions_of(vm, b) == 0
+    assert no_pr(vm, target)
+
+
+def test_a_clone_with_the_same_key_is_refused_by_its_initiator(
+    vm: VM, nodes: tuple[FakeNode, FakeNode], clean: None
+) -> None:
+    """A third installation configured with A's key (what a machine cloned with A's machine
+    id and initiator file would derive) but its own initiator name: its read-write mount sees
+    "its own" key holding the LUN, but READ FULL STATUS shows A's initiator holding it: the
+    mount is refused and its registration withdrawn; A keeps writing."""
+    a, _ = nodes
+    target = services.iscsi_target(vm)
+    a_dir, reply = a.mount(target)
+    assert reply == {"status": "Success"}
+    a_disk = a.disk(target)
+    a_key, _ = pr_state(vm, a_disk)
+    assert a_key is not None
+    root = "/var/lib/flexhub-fence-clone"
+    config = f"{root}/flexhub.toml"
+    vm.run(["mkdir", "-p", root])
+    vm.write_file(
+        config,
+        f'state_dir = "{root}/state"\nlog_dir = "{root}/log"\n'
+        f'[iscsi]\ndevice_timeout = 30\nreservation_key = "{a_key}"\n',
+    )
+    clone = FakeNode(
+        vm,
+        "clone",
+        vm.install_flexhub(f"{root}/plugins", config=config),
+        config,
+        "iqn.2026-01.io.flexhub:node-clone",
+    )
+    _, reply = clone.mount(target)
+    message = str(reply["message"])
+    assert reply["status"] == "Failure", reply
+    assert f"through initiator {a.initiator}, which is not this node's" in message, message
+    assert clone.initiator in message and "\n" not in message
+    assert sessions_of(vm, clone) == 0
+    assert pr_state(vm, a_disk) == (a_key, [a_key])
+    vm.run(["/bin/sh", "-c", f"echo still-a > {a_dir}/f && sync"])
+
+    # A clone that registered A's key anyway (an older flexhub, a hand-made registration),
+    # here through a session of the guest's default iface (initiator rig-node): A's doctor
+    # names it.
+    rig = ["iscsiadm", "-m", "node", "-T", target.iqn, "-p", target.portal, "-I", "default"]
+    vm.run([*rig, "-o", "new"])
+    vm.run([*rig, "--login"], timeout=90)
+    try:
+        vm.run(["udevadm", "settle", "--timeout=30"], check=False)
+        rig_node = FakeNode(vm, "rig", "", "", "iqn.2026-01.io.flexhub:rig-node")
+        rig_disk = rig_node.disk(target)
+        register = ["sg_persist", "--no-inquiry", "--out", "--register-ignore"]
+        vm.run([*register, f"--param-sark={a_key}", rig_disk])
+        plugins = a.driver.removesuffix("/k8s~flexhub/flexhub")
+        doctor = [vm.python, "-m", "flexhub", "doctor", "--json", "--config", a.config]
+        res = vm.run([*doctor, "--plugin-dir", plugins], check=False)
+        found = [c for c in json.loads(res.stdout) if c["name"] == "iscsi fencing identity"]
+        assert [c["status"] for c in found] == ["fail"], res.output
+        assert rig_node.initiator in found[0]["detail"] and a.initiator in found[0]["detail"]
+        vm.run([*register, "--param-sark=0", rig_disk])
+    finally:
+        vm.run([*rig, "--logout"], check=False, timeout=60)
+        vm.run([*rig, "-o", "delete"], check=False)
+    a.unmount(a_dir)
+    assert no_pr(vm, target)

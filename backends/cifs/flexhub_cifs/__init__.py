@@ -225,6 +225,11 @@ class CifsBackend(FilesystemBackend):
         self._unmount(target)
         self.node.unmount(target)  # anything else stacked there: the core's escalation
 
+    def collect_leftovers(self) -> None:
+        """Remove the credentials files of calls that were killed (see ``_credentials``):
+        the core calls this on every unmount of a CIFS pod directory, mounted or not."""
+        collect_leftovers(self.node.state_dir)
+
     # --------------------------------------------------------------------------- mount
 
     def _healthy(self, path: Path) -> bool:

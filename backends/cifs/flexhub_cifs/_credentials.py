@@ -8,10 +8,16 @@ root only, but it is copied into every core dump and process listing tool): moun
 The file lives in ``<state_dir>/cifs-creds/``, a directory of mode 0700 owned by flexhub's
 user (checked through a descriptor opened with ``O_NOFOLLOW``; a wider mode is narrowed, a
 symlink or another owner is refused). It is created with ``O_CREAT | O_EXCL | O_NOFOLLOW``
-and mode 0600 under a random name that starts with the creating process's pid, and removed
-when the mount command returns, also when it fails or times out (a ``finally``). A file that
-outlives its process (the call was killed between the two) is removed by the next ``mount``
-or ``unmount`` of any CIFS volume on the node.
+and mode 0600 under a random name that starts with the creating process's pid and start
+time, and removed when the mount command returns, also when it fails or times out (a
+``finally``). A file that outlives its process (the call was SIGKILLed while mount.cifs ran)
+is removed by the next ``mount`` or ``unmount`` of any CIFS volume on the node, whether or
+not that pod directory was ever mounted (the core calls
+:meth:`~flexhub_cifs.CifsBackend.collect_leftovers` on every unmount). Its process is gone
+when no process has that pid with that start time (a reused pid does not keep it); a file
+older than :data:`MAX_AGE` goes in any case. Only regular files of flexhub's user named as
+flexhub names them are removed, through the directory's descriptor, never following a
+symlink.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import secrets
 import stat
 import time
@@ -63,30 +70,62 @@ def _open_private_dir(state_dir: Path) -> tuple[int, Path]:
     return fd, path
 
 
-def _pid_alive(pid: int) -> bool:
+def _start_time(pid: int | str) -> str:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field
+    22), or ``""`` when there is no such process. With the pid, it names one process for
+    good: a pid is reused, a (pid, start time) pair is not until the next boot."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat_line = handle.read()
+    except OSError:
+        return ""
+    # the command name (field 2) is in parentheses and may hold anything: split after it
+    fields = stat_line[stat_line.rfind(b")") + 2 :].split()
+    return fields[19].decode() if len(fields) > 19 else ""
+
+
+#: ``<pid>-<start time>-<16 hex>.cred``: what :func:`credentials_file` makes; and
+#: ``<pid>-<16 hex>.cred``, what earlier versions made.
+_NAME = re.compile(r"([1-9][0-9]{0,9})-(?:([0-9]{1,20})-)?[0-9a-f]{16}\.cred")
+
+
+def _owner_alive(pid: int, start: str | None) -> bool:
+    """Whether the process that made a file of this name may still be using it."""
+    if start is None:  # an earlier version's name: the pid alone (MAX_AGE covers reuse)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
         return True
-    return True
+    return _start_time(pid) == start
 
 
 def _collect(dir_fd: int, path: Path) -> None:
+    """Remove the credentials files whose process is gone, or that are older than MAX_AGE.
+
+    Only regular files of flexhub's user with a name :func:`credentials_file` makes count;
+    anything else (a symlink, a directory, another name or owner) is left alone and never
+    followed.
+    """
     now = time.time()
     for name in os.listdir(dir_fd):
-        pid_text = name.split("-", 1)[0]
+        found = _NAME.fullmatch(name)
+        if found is None:
+            LOG.debug("%s/%s is not a credentials file of flexhub: left alone", path, name)
+            continue
         try:
             info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             continue
-        pid = int(pid_text) if pid_text.isdigit() else 0
-        alive = pid == os.getpid() or (pid > 0 and _pid_alive(pid))
-        if alive and now - info.st_mtime < MAX_AGE:
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            LOG.warning("%s/%s is not a file flexhub made: left alone", path, name)
+            continue
+        if _owner_alive(int(found.group(1)), found.group(2)) and now - info.st_mtime < MAX_AGE:
             continue
         LOG.warning("removing leftover credentials file %s/%s", path, name)
-        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=dir_fd)
 
 
@@ -116,7 +155,8 @@ def credentials_file(state_dir: Path, content: bytes) -> Iterator[str]:
     """
     dir_fd, path = _open_private_dir(state_dir)
     try:
-        name = f"{os.getpid()}-{secrets.token_hex(8)}{_SUFFIX}"
+        pid = os.getpid()
+        name = f"{pid}-{_start_time(pid) or 0}-{secrets.token_hex(8)}{_SUFFIX}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(name, flags, 0o600, dir_fd=dir_fd)

@@ -433,7 +433,15 @@ class IscsiBackend(BlockBackend):
             LOG.warning("iscsi: %s is mounted read-write without fencing", target.volume_id)
             return ""
         key = node_key(self.node.state_dir, settings.reservation_key)
-        fence = Fence(self.node.runner, settings.command_timeout, key, self._paths(disks))
+        # the initiator of this mount's sessions: this key held through another is a clone
+        iface = target.iface
+        if target.initiator_name:
+            iface = dedicated_iface(target.iface, target.initiator_name)
+        sessions = self.sysfs.sessions_of(target.iqn, iface)
+        initiators = [s.initiator for s in sessions if s.initiator]
+        fence = Fence(
+            self.node.runner, settings.command_timeout, key, self._paths(disks), initiators
+        )
         try:
             fence.acquire(target.volume_id, self.node.state_dir)
         except NoReservations as exc:

@@ -2,9 +2,11 @@
 
 open-iscsi keeps CHAP values in its record files as ``name = value`` lines, in fixed
 ``AUTH_STR_MAX_LEN`` (256) byte fields ending in NUL, and strips whitespace around a value
-when it reads a record. So a value may hold at most 255 UTF-8 bytes, no control character
-(a newline would add settings to the record) and no leading or trailing whitespace (it
-would be lost silently).
+when it reads a record. So a value may hold at most 255 UTF-8 bytes, none of the characters
+the core refuses in any option (:data:`flexhub.volume.CONTROL_CHARACTERS`: C0 and C1
+controls, DEL, U+2028 and U+2029; a newline would add settings to the record, and a line
+separator would do the same to any reader that splits lines as Python does) and no leading
+or trailing whitespace (it would be lost silently).
 
 The connection identity (:func:`access`) is what a second volume must match to share a LUN
 that is already staged on the node: portals, iface, initiator name, and each CHAP user
@@ -23,7 +25,7 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
-from flexhub.backend import InvalidOptions, StateError
+from flexhub.backend import InvalidOptions, StateError, has_control_character
 from flexhub_iscsi._options import DISCOVERY, SESSION, Chap, Target
 
 __all__ = ["MAX_BYTES", "access", "check_value", "node_key"]
@@ -37,10 +39,14 @@ _KEY_BYTES = 32
 def check_value(key: str, value: str) -> None:
     """Refuse a CHAP value open-iscsi cannot hold as given (named by key, never shown).
 
-    :raises InvalidOptions: a control character, surrounding whitespace, or too long.
+    :raises InvalidOptions: a control character or line separator, surrounding whitespace,
+        or too long.
     """
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise InvalidOptions(f"secret key {key}: control characters are not allowed")
+    if has_control_character(value):
+        raise InvalidOptions(
+            f"secret key {key}: control characters (newline, tab, U+0085, U+2028, ...) "
+            "are not allowed"
+        )
     if value != value.strip():
         raise InvalidOptions(
             f"secret key {key}: leading or trailing whitespace is not allowed "

@@ -33,7 +33,7 @@ _END = "# END RECORD"
 def shown(text: str) -> dict[str, str]:
     """``iscsiadm -o show`` output as ``{name: value}`` (``<empty>`` is ``""``)."""
     values: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         name, sep, value = line.partition(" = ")
         if sep and not name.startswith("#"):
             value = value.strip()
@@ -120,16 +120,19 @@ class RecordFiles:
     def set_values(self, path: Path, values: Mapping[str, str]) -> None:
         """Set (or, with ``""``, remove) settings in a record file, atomically, 0600.
 
-        The caller checked that no value holds a control character.
+        The caller checked that no value holds a control character. The file is split at
+        ``\n`` only, as open-iscsi reads it (``str.splitlines()`` would also break at
+        U+2028, U+0085, a form feed, ... inside a value and turn its tail into a setting).
         """
         # The temporary file goes where open-iscsi never reads a record: a name without a
         # comma in the target's directory (node records) or in send_targets (discovery).
         nodes = self.root / "nodes"
         tmp_dir = path.parent if path.parent.parent == nodes else path.parent.parent
         try:
-            lines = path.read_text("utf-8", "surrogateescape").splitlines()
+            text = path.read_bytes().decode("utf-8", "surrogateescape")
         except OSError as exc:
             raise VolumeError(f"iscsi: cannot read {path}: {exc.strerror}") from None
+        lines = text.removesuffix("\n").split("\n") if text else []
         kept = [line for line in lines if line.partition("=")[0].strip() not in values]
         new = [f"{name} = {value}" for name, value in values.items() if value]
         end = next((i for i, line in enumerate(kept) if line.strip() == _END), len(kept))

@@ -46,6 +46,8 @@ class Session:
     state: str
     host: int
     path: Path
+    #: the initiator name the session logged in with ("" if the kernel does not show it)
+    initiator: str = ""
 
     @property
     def logged_in(self) -> bool:
@@ -106,6 +108,7 @@ class Sysfs:
                     state=_read(entry / "state"),
                     host=int(host.group(1)) if host else -1,
                     path=device,
+                    initiator=_read(entry / "initiatorname"),
                 )
             )
         return sorted(found, key=lambda s: s.sid)
