@@ -50,6 +50,8 @@ def read_plain_config(text: str) -> dict[str, str] | None:
     """``state_dir``, ``log_dir`` and ``log_level`` of a plain config, or ``None`` when the
     text is not plain enough to be sure (the full TOML reader then decides)."""
     found: dict[str, str] = {}
+    tables: set[str] = set()
+    table_keys: set[str] = set()
     in_table = False
     for raw in text.split("\n"):
         line = raw.strip(" \t\r")
@@ -63,6 +65,11 @@ def read_plain_config(text: str) -> dict[str, str] | None:
                 return None
             if name[1].strip(" \t") and not name[1].strip(" \t").startswith("#"):
                 return None
+            table = name[0].strip()
+            if table in tables or table in found:
+                return None  # a table twice, or a table named like a setting: not TOML
+            tables.add(table)
+            table_keys = set()
             in_table = True
             continue
         key, eq, rest = line.partition("=")
@@ -70,7 +77,11 @@ def read_plain_config(text: str) -> dict[str, str] | None:
         if not eq or not _bare(key):
             return None  # also every continuation line of a value over several lines
         if in_table:
-            continue  # a backend's setting (any one-line value): not this reader's business
+            # a backend's setting: not this reader's business, but it must be TOML
+            if key in table_keys or not _one_line_value(rest.strip(" \t")):
+                return None
+            table_keys.add(key)
+            continue
         plain = _without_comment(rest.strip(" \t"))
         if plain is None:
             return None
@@ -83,7 +94,7 @@ def read_plain_config(text: str) -> dict[str, str] | None:
             value = value[1:-1]
             if key == "log_level" and value not in _LEVELS:
                 return None
-            if key != "log_level" and not value.startswith("/"):
+            if key != "log_level" and not _normal_path(value):
                 return None
         elif not _positive_number(value):
             return None
@@ -115,25 +126,99 @@ def _without_comment(value: str) -> str | None:
     return word
 
 
+def _normal_path(value: str) -> bool:
+    """An absolute path as :class:`~pathlib.Path` would print it (no ``//``, ``.``, ``..``,
+    trailing ``/``), so that comparing strings compares paths."""
+    if not value.startswith("/") or (value != "/" and value.endswith("/")):
+        return False
+    return all(part not in ("", ".", "..") for part in value[1:].split("/")) or value == "/"
+
+
+def _one_line_value(value: str) -> bool:
+    """A one-line TOML value of a kind flexhub's tables hold: a string, a number, a boolean,
+    or an array of those (with a trailing comment or none)."""
+    if value.startswith("["):
+        end = _array_end(value)
+        if end < 0:
+            return False
+        rest = value[end + 1 :].strip(" \t")
+        return not rest or rest.startswith("#")
+    plain = _without_comment(value)
+    return plain is not None and _scalar(plain)
+
+
+def _array_end(value: str) -> int:
+    """The index of the ``]`` closing the one-line array ``value``, or -1."""
+    index, items = 1, 0
+    while True:
+        while index < len(value) and value[index] in " \t":
+            index += 1
+        if index < len(value) and value[index] == "]":
+            return index
+        if index >= len(value):
+            return -1
+        if value[index] in "'\"":
+            close = value.find(value[index], index + 1)
+            if close < 0:
+                return -1
+            item, index = value[index : close + 1], close + 1
+        else:
+            start = index
+            while index < len(value) and value[index] not in ", \t]":
+                index += 1
+            item = value[start:index]
+        if not _scalar(item):
+            return -1
+        items += 1
+        while index < len(value) and value[index] in " \t":
+            index += 1
+        if index < len(value) and value[index] == ",":
+            index += 1
+        elif index < len(value) and value[index] == "]":
+            return index
+        else:
+            return -1
+
+
+def _scalar(word: str) -> bool:
+    if word[:1] in ("'", '"'):
+        return len(word) >= 2 and word[-1] == word[0] and word[0] not in word[1:-1]
+    if word in ("true", "false"):
+        return True
+    digits = word[1:] if word[:1] in "+-" else word
+    return _positive_number(digits) or digits == "0"
+
+
 def _positive_number(word: str) -> bool:
     """A plain decimal the full reader takes as a positive number (``30``, ``2.5``)."""
     whole, dot, fraction = word.partition(".")
-    if not whole.isdigit() or (dot and not fraction.isdigit()):
+    if not _ascii_digits(whole) or (dot and not _ascii_digits(fraction)):
         return False
     if len(whole) > 1 and whole.startswith("0"):
         return False
     return float(word) > 0
 
 
+def _ascii_digits(word: str) -> bool:
+    """``str.isdigit`` without the other scripts' digits (TOML has only these)."""
+    return bool(word) and all("0" <= ch <= "9" for ch in word)
+
+
+#: The largest config the quick path reads; a longer one goes the full way.
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def _config() -> dict[str, str] | None:
     path = os.environ.get("FLEXHUB_CONFIG") or _DEFAULT_CONFIG
     try:
         with open(path, "rb") as handle:
-            data = handle.read(1 << 20)
+            data = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         return {}
     except OSError:
         return None
+    if len(data) > MAX_CONFIG_BYTES:
+        return None  # never a decision on part of the file
     try:
         return read_plain_config(data.decode("utf-8"))
     except UnicodeDecodeError:
@@ -187,7 +272,7 @@ def _write_log(config: dict[str, str], operation: str, target: str, started: flo
         return
     log_dir = config.get("log_dir", "/var/log/flexhub")
     try:
-        os.makedirs(log_dir, mode=0o700, exist_ok=True)
+        _make_log_dir(config.get("state_dir", "/var/lib/flexhub"), log_dir)
         fd = os.open(
             log_dir + "/flexhub.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
         )
@@ -209,6 +294,38 @@ def _write_log(config: dict[str, str], operation: str, target: str, started: flo
         pass
     finally:
         os.close(fd)
+
+
+def _make_log_dir(state_dir: str, log_dir: str) -> None:
+    """The log directory, made as the full path makes it: inside ``state_dir`` every missing
+    directory from ``state_dir`` down is 0700 (and the parents of ``state_dir`` 0755), as
+    :func:`flexhub.node.statedir.private_dir` makes them, never with the umask's mode."""
+    if log_dir != state_dir and not log_dir.startswith(state_dir.rstrip("/") + "/"):
+        os.makedirs(log_dir, mode=0o700, exist_ok=True)
+        return
+    if os.path.isdir(log_dir):
+        return
+    missing = []
+    parent = os.path.dirname(state_dir)
+    while not os.path.lexists(parent) and parent != os.path.dirname(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    for directory in reversed(missing):
+        _mkdir(directory, 0o755)
+    path = state_dir
+    _mkdir(path, 0o700)
+    for name in log_dir[len(state_dir) :].strip("/").split("/"):
+        if name:
+            path = f"{path}/{name}"
+            _mkdir(path, 0o700)
+
+
+def _mkdir(path: str, mode: int) -> None:
+    if not os.path.lexists(path):  # (a racing call may make it first: then it exists)
+        try:
+            os.mkdir(path, mode)
+        except FileExistsError:
+            return
 
 
 def _reply(text: str) -> None:

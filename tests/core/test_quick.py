@@ -182,3 +182,82 @@ def test_a_config_that_is_not_plain_still_answers_through_the_full_path(tmp_path
     reply = run_flexhub(["unmount", str(tmp_path / "nothing")], config)
     assert reply.reply["status"] == "Failure"
     assert "unknown setting 'x'" in reply.reply["message"]
+
+
+#: Texts a hostile review found the first quick reader answering from while the full reader
+#: refuses them (the quick unmount then said Success where the full one said Failure).
+REFUSED_BY_TOML = [
+    "lock_timeout = \u0663\n",  # ARABIC-INDIC DIGIT THREE: str.isdigit() and float() take it
+    "call_timeout = 1\u06f5\n",
+    'state_dir = "/a"\n[state_dir]\n',  # a table named like a top-level key
+    "[loopfile]\n[loopfile]\n",  # a table declared twice
+    '[loopfile]\nroot = "/a"\nroot = "/b"\n',  # a repeated backend key
+    "[loopfile]\nroot = /not/toml\n",  # not a TOML value at all
+    '[nfs]\nallowed_servers = ["a", b]\n',
+    '[nfs]\nallowed_servers = ["a"\n',
+]
+
+
+@pytest.mark.parametrize("text", REFUSED_BY_TOML)
+def test_what_toml_refuses_is_never_read_quickly(text: str, tmp_path: Path) -> None:
+    path = tmp_path / "flexhub.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(FlexhubError):
+        load_config(path)
+    assert quick.read_plain_config(text) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[nfs]\nallowed_servers = ["10.0.0.5", "nas.example"]  # two\nretries = 3\n',
+        "[iscsi]\nfencing = true\nlogin_timeout = 2.5\nports = [3260, 3261]\n",
+        "[loopfile]\n[nfs]\n[cifs]\n",
+    ],
+)
+def test_one_line_table_values_of_every_kind_flexhub_uses_are_plain(text: str) -> None:
+    assert quick.read_plain_config(text) == {}
+
+
+@pytest.mark.parametrize("value", ["/a//b", "/a/./b", "/a/../b", "/a/"])
+def test_a_directory_not_written_as_pathlib_prints_it_goes_the_full_way(value: str) -> None:
+    """The quick path compares directories as strings: only normal ones are compared."""
+    assert quick.read_plain_config(f'state_dir = "{value}"\n') is None
+
+
+def test_a_config_past_the_quick_limit_is_read_whole_by_the_full_path(tmp_path: Path) -> None:
+    """A setting after a MiB of comments is never missed: the quick path does not decide on
+    part of a file, and the full path, which reads it all, acts on the record."""
+    state = tmp_path / "state"
+    config = tmp_path / "flexhub.toml"
+    padding = "#" + "-" * quick.MAX_CONFIG_BYTES + "\n"
+    config.write_text(f'log_dir = "{tmp_path}/log"\n{padding}state_dir = "{state}"\n')
+    assert load_config(config).state_dir == state
+    os.environ["FLEXHUB_CONFIG"], saved = str(config), os.environ["FLEXHUB_CONFIG"]
+    try:
+        assert quick._config() is None
+    finally:
+        os.environ["FLEXHUB_CONFIG"] = saved
+
+
+@pytest.mark.parametrize("umask", [0o022, 0])
+def test_the_quick_log_makes_state_dir_private_whatever_the_umask(
+    umask: int, tmp_path: Path
+) -> None:
+    """A log_dir inside state_dir: its missing directories are 0700 as the full path makes
+    them (a first init under umask 0 once left state_dir 0777 for anyone to plant in)."""
+    state = tmp_path / "state"
+    config = tmp_path / "flexhub.toml"
+    config.write_text(f'state_dir = "{state}"\nlog_dir = "{state}/log/calls"\n')
+    proc = subprocess.run(
+        [PYTHON, "-I", "-m", "flexhub", "init"],
+        env={"PATH": "/usr/bin:/bin", "FLEXHUB_CONFIG": str(config)},
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: os.umask(umask),
+        check=False,
+    )
+    assert '"Success"' in proc.stdout
+    for directory in (state, state / "log", state / "log" / "calls"):
+        assert directory.stat().st_mode & 0o777 == 0o700, directory
+    assert (state / "log" / "calls" / "flexhub.log").is_file()
