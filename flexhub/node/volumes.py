@@ -28,7 +28,9 @@ node); later pods share that mount.
 
 Test hook: :func:`checkpoint` is called between steps with the names in :data:`CHECKPOINTS`.
 When the environment variable ``FLEXHUB_TEST_CRASH_AT`` equals the name, the process kills
-itself with SIGKILL, so tests can interrupt a mount at each step. It is inert otherwise.
+itself with SIGKILL, so tests can interrupt a mount at each step; when
+``FLEXHUB_TEST_PAUSE_AT`` does, it stops itself (SIGSTOP) until the test sends SIGCONT, so
+tests can hold a call at a step while another runs. It is inert otherwise.
 ``attach-progress-<key>`` follows the journalling of a backend's ``record_progress(<key>=...)``.
 """
 
@@ -73,6 +75,7 @@ from flexhub.volume import PodInfo, Volume
 __all__ = [
     "CHECKPOINTS",
     "CRASH_ENV",
+    "PAUSE_ENV",
     "UNMOUNT_CHECKPOINTS",
     "apply_fs_group",
     "checkpoint",
@@ -86,6 +89,7 @@ __all__ = [
 LOG = logging.getLogger(__name__)
 
 CRASH_ENV = "FLEXHUB_TEST_CRASH_AT"
+PAUSE_ENV = "FLEXHUB_TEST_PAUSE_AT"
 
 #: The steps of a block mount, in order, at which :func:`checkpoint` may crash the process.
 CHECKPOINTS = (
@@ -109,10 +113,14 @@ STAT_TIMEOUT = 5.0
 
 
 def checkpoint(name: str) -> None:
-    """Test hook: SIGKILL this process when ``$FLEXHUB_TEST_CRASH_AT`` is ``name``."""
+    """Test hook: SIGKILL this process when ``$FLEXHUB_TEST_CRASH_AT`` is ``name``; stop it
+    (SIGSTOP, until a SIGCONT) when ``$FLEXHUB_TEST_PAUSE_AT`` is."""
     if os.environ.get(CRASH_ENV) == name:
         LOG.warning("test hook: crashing at checkpoint %s", name)
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(PAUSE_ENV) == name:
+        LOG.warning("test hook: stopping at checkpoint %s until SIGCONT", name)
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def staging_dir(node: Node, volume_id: str) -> Path:
