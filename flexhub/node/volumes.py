@@ -377,13 +377,19 @@ def _do_mount_block(
     progress.pod_record = True
     checkpoint("pod-record")
     vrecord = journal.get_volume(volume_id)
-    if staged is None or not _record_matches(vrecord, staged):
+    restage = staged is not None and not volume.read_only and staged.read_only
+    if restage:
+        _refuse_while_read_only_pods(node, staging, target, volume_id)
+    if staged is None or restage or not _record_matches(vrecord, staged):
+        # Every read-write staging mount follows an attach for writing (idempotent), which
+        # is where a backend fences other writers: also a read-only staging mount (attached
+        # for reading, never fenced) that is restaged read-write.
         vrecord = _attach_and_record(
             node, backend, volume, volume_id, name, staging, staged, progress
         )
     assert vrecord is not None
-    if staged is not None and not volume.read_only and staged.read_only:
-        _unstage_read_only(node, staging, target, volume_id)
+    if restage:
+        _unstage_read_only(node, staging, target)
         staged = None
     if staged is None:
         staging.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -428,14 +434,16 @@ def _do_mount_block(
     checkpoint("done")
 
 
-def _unstage_read_only(node: Node, staging: Path, target: Path, volume_id: str) -> None:
-    """Unmount a read-only staging mount a read-write pod needs, so it is checked again.
+def _refuse_while_read_only_pods(
+    node: Node, staging: Path, target: Path, volume_id: str
+) -> None:
+    """A read-only staging mount is restaged read-write only once no pod uses it.
 
     A read-only mount skipped ``fsck`` (and may skip journal recovery); remounting it
-    read-write would write to a filesystem nobody checked. It is unmounted instead, and the
-    caller stages it again through the full first-mount path (fsck, mount read-write). That
-    is impossible while read-only pods use it (their binds keep the filesystem mounted):
-    refused then, and kubelet retries once they are gone.
+    read-write would write to a filesystem nobody checked. It is unmounted instead and staged
+    again through the full first-mount path (attach for writing, fsck, mount read-write),
+    which is impossible while read-only pods use it (their binds keep the filesystem
+    mounted): refused then, before any attach, and kubelet retries once they are gone.
 
     :raises VolumeError: read-only pods use the staging mount.
     """
@@ -445,6 +453,10 @@ def _unstage_read_only(node: Node, staging: Path, target: Path, volume_id: str) 
             f"volume {volume_id} is mounted read-only by {len(users)} pod(s) on this node; a "
             "read-write mount needs the filesystem checked first, which needs them gone"
         )
+
+
+def _unstage_read_only(node: Node, staging: Path, target: Path) -> None:
+    """Unmount a read-only staging mount (no pod uses it) that a read-write pod restages."""
     LOG.info("unmounting the read-only staging mount %s to check it for %s", staging, target)
     cleanup_mount_point(node.runner, staging, node.config.unmount_timeout, node.mounts)
 
