@@ -11,6 +11,7 @@ logic under test; the fencing itself is the iSCSI backend's, shown on two nodes 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from blockfile import BlockfileBackend
@@ -28,7 +29,7 @@ class Recording(BlockfileBackend):
     iSCSI (read-only stagings get ``norecovery``)."""
 
     shared_device = True
-    attaches: list[tuple[bool, tuple[str, ...] | None]] = []
+    attaches: ClassVar[list[tuple[bool, tuple[str, ...] | None]]] = []
 
     def attach(self, volume: Volume) -> Attachment:
         staging = staging_dir(self.node, self.volume_id(volume))

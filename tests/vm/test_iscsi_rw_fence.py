@@ -28,9 +28,7 @@ def staging_options(vm: VM, node: FakeNode) -> list[list[str]]:
     root = f"/var/lib/flexhub-fence-{node.name}/state/staging/"
     out = vm.run(["findmnt", "-rn", "-o", "TARGET,OPTIONS"]).stdout
     return [
-        line.split()[1].split(",")
-        for line in out.splitlines()
-        if line.split()[0].startswith(root)
+        line.split()[1].split(",") for line in out.splitlines() if line.split()[0].startswith(root)
     ]
 
 
@@ -81,7 +79,15 @@ def test_a_read_only_staging_turned_read_write_is_fenced_first(
     size = int(vm.run(["blockdev", "--getsize64", b_disk]).stdout)
     last = size // 4096 - 1  # far from the filesystem's superblock, should this ever pass
     denied = vm.run(
-        ["dd", "if=/dev/zero", f"of={b_disk}", "bs=4096", "count=1", f"seek={last}", "oflag=direct"],
+        [
+            "dd",
+            "if=/dev/zero",
+            f"of={b_disk}",
+            "bs=4096",
+            "count=1",
+            f"seek={last}",
+            "oflag=direct",
+        ],
         check=False,
     )
     assert denied.rc != 0, denied.output
