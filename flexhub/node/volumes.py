@@ -434,9 +434,7 @@ def _do_mount_block(
     checkpoint("done")
 
 
-def _refuse_while_read_only_pods(
-    node: Node, staging: Path, target: Path, volume_id: str
-) -> None:
+def _refuse_while_read_only_pods(node: Node, staging: Path, target: Path, volume_id: str) -> None:
     """A read-only staging mount is restaged read-write only once no pod uses it.
 
     A read-only mount skipped ``fsck`` (and may skip journal recovery); remounting it
