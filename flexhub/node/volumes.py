@@ -43,6 +43,7 @@ import logging
 import os
 import signal
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -603,8 +604,10 @@ def _undo_block(
         record = node.journal.get_volume(volume_id)
         try:
             if progress.attachment is not None:
+                _check_free(progress.attachment.device, volume_id)
                 backend.detach(progress.attachment)
             elif record is not None:
+                _check_free(record.device, volume_id)
                 _detach(backend, record)
         except ReleaseDeferred as exc:
             _keep_for_later(node, volume_id, staging, exc, [])
@@ -791,6 +794,7 @@ def _retry_release(
     if not isinstance(backend, BlockBackend):
         return False
     try:
+        _check_free(record.device, volume_id)
         _detach(backend, record)
     except ReleaseDeferred as exc:
         LOG.info("the release of %s still waits: %s", volume_id, exc)
@@ -914,6 +918,7 @@ def _release(
             _remove_dir(staging)
             return
         try:
+            _check_free(record.device, record.volume_id)
             _detach(backend, record)
         except ReleaseDeferred as exc:
             _keep_for_later(node, record.volume_id, staging, exc, notes)
@@ -921,6 +926,68 @@ def _release(
         _forget(node.journal.delete_volume, record.volume_id, notes)
     _remove_dir(staging)
     LOG.info("released %s", record.volume_id if record else staging)
+
+
+#: Seconds the exclusive open of a device to release may take (it does no I/O).
+OPEN_TIMEOUT = 5.0
+#: Tries of that open, :data:`_BUSY_PAUSE` apart, before the release waits.
+_BUSY_TRIES = 5
+_BUSY_PAUSE = 0.2
+
+
+def _check_free(device: str, volume_id: str) -> None:
+    """Refuse to release ``device`` while its filesystem (or anything) still holds it.
+
+    An unmount, lazy or not, is no proof that the filesystem is gone: another mount
+    namespace (a container that copied the host's mounts) may still have it mounted, and
+    then the host's umount neither synced nor shut it down. An exclusive open (``O_EXCL``
+    on a block device) fails with EBUSY while the device is mounted anywhere or held by a
+    holder. A few tries, briefly apart: a filesystem whose last mount just went needs a
+    moment to let go.
+
+    :raises ReleaseDeferred: the device is busy (or its open hangs): it stays attached
+        with its record, and a later unmount tries again.
+    """
+    if not device:
+        return  # an intent: nothing of it was mounted
+    try:
+        if not stat.S_ISBLK(os.stat(device).st_mode):
+            return
+    except OSError:
+        return  # gone already: the backend's release deals with what is left
+    why = ""
+    for attempt in range(_BUSY_TRIES):
+        why = _open_exclusive(device)
+        if not why:
+            return
+        if attempt + 1 < _BUSY_TRIES:
+            time.sleep(_BUSY_PAUSE)
+    raise ReleaseDeferred(
+        f"{device} of {volume_id} is still in use after its unmount ({why}: its filesystem "
+        "is still mounted elsewhere, e.g. in another mount namespace, or a process holds "
+        "it): it stays attached; a later unmount releases it once it is free"
+    )
+
+
+def _open_exclusive(device: str) -> str:
+    """``""`` if ``device`` opens with ``O_EXCL`` (closed at once), else why not."""
+    outcome: list[str] = []
+
+    def probe() -> None:
+        try:
+            fd = os.open(device, os.O_RDONLY | os.O_EXCL | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as exc:
+            outcome.append("busy" if exc.errno == errno.EBUSY else "")
+            return
+        os.close(fd)
+        outcome.append("")
+
+    thread = threading.Thread(target=probe, name="flexhub-open-exclusive", daemon=True)
+    thread.start()
+    thread.join(OPEN_TIMEOUT)
+    if thread.is_alive():
+        return f"opening it did not finish within {OPEN_TIMEOUT:g}s"
+    return outcome[0]
 
 
 # -- expand --------------------------------------------------------------------------------------
