@@ -211,7 +211,10 @@ class BlockBackend(Backend):
     def attach(self, volume: Volume) -> Attachment:
         """Make the volume's block device present on this node and return it.
 
-        Idempotent: when the device is already present, return it again.
+        Idempotent: when the device is already present, return it again. The core calls it
+        (for a read-write ``volume``) before every read-write staging mount, also when the
+        device is already attached for a read-only one: where a backend fences other
+        writers (iSCSI reserves the LUN), it does so here, for every read-write volume.
         """
 
     def access(self, volume: Volume) -> Mapping[str, str]:

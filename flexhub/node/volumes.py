@@ -483,7 +483,11 @@ def _record_matches(record: VolumeRecord | None, staged: MountEntry | None) -> b
 
 
 def _check_access(
-    backend: BlockBackend, volume: Volume, volume_id: str, record: VolumeRecord
+    backend: BlockBackend,
+    volume: Volume,
+    volume_id: str,
+    record: VolumeRecord,
+    what: str = "is already staged on this node",
 ) -> None:
     """Refuse to share a staged volume with a volume of another connection identity.
 
@@ -496,8 +500,8 @@ def _check_access(
     )
     if differ:
         raise VolumeError(
-            f"volume {volume_id} is already staged on this node with another connection "
-            f"identity: {', '.join(differ)} differ(s); refusing to share it"
+            f"volume {volume_id} {what} with another connection identity: "
+            f"{', '.join(differ)} differ(s); refusing to share it"
         )
 
 
@@ -521,6 +525,13 @@ def _attach_and_record(
     access = record_details(backend.access(volume))
     _check_no_secret(name, access, volume)
     earlier = node.journal.get_volume(volume_id)
+    if earlier is not None and earlier.pending and earlier.partial:
+        # An attach interrupted earlier left something (an iSCSI session logged in with its
+        # CHAP): a volume of another identity must not inherit it. Refused; the rollback
+        # releases the leftover, so kubelet's retry attaches with its own identity.
+        _check_access(
+            backend, volume, volume_id, earlier, "was being attached on this node (interrupted)"
+        )
     # An attach interrupted earlier may have left something: keep what it reported.
     partial = dict(earlier.partial) if earlier is not None and earlier.pending else {}
     intent = VolumeRecord(
@@ -958,10 +969,12 @@ def _check_free(device: str, volume_id: str) -> None:
     why = ""
     for attempt in range(_BUSY_TRIES):
         why = _open_exclusive(device)
-        if not why:
-            return
+        if why != "busy":
+            break  # free, or an open that hangs (trying again would hang again)
         if attempt + 1 < _BUSY_TRIES:
             time.sleep(_BUSY_PAUSE)
+    if not why:
+        return
     raise ReleaseDeferred(
         f"{device} of {volume_id} is still in use after its unmount ({why}: its filesystem "
         "is still mounted elsewhere, e.g. in another mount namespace, or a process holds "
