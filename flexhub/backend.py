@@ -243,6 +243,17 @@ class BlockBackend(Backend):
         .. versionchanged:: 0.2 may raise :class:`ReleaseDeferred`.
         """
 
+    def release_waits(self, attachment: Attachment) -> str:
+        """Why releasing ``attachment`` now must wait, found without changing anything
+        (``""``: nothing known). The core asks before it checks the device itself (an
+        exclusive open, which fails while a filesystem still writes back to unreachable
+        storage), so that the reason it names is the storage's; :meth:`detach` must still
+        raise :class:`ReleaseDeferred` on its own.
+
+        .. versionadded:: 0.2
+        """
+        return ""
+
     #: Whether :meth:`release` is implemented (the backend reports its attach's progress).
     releases_partial: ClassVar[bool] = False
 

@@ -615,10 +615,10 @@ def _undo_block(
         record = node.journal.get_volume(volume_id)
         try:
             if progress.attachment is not None:
-                _check_free(progress.attachment.device, volume_id)
+                _check_free(backend, progress.attachment, volume_id)
                 backend.detach(progress.attachment)
             elif record is not None:
-                _check_free(record.device, volume_id)
+                _check_free(backend, _attachment(record), volume_id)
                 _detach(backend, record)
         except ReleaseDeferred as exc:
             _keep_for_later(node, volume_id, staging, exc, [])
@@ -805,7 +805,7 @@ def _retry_release(
     if not isinstance(backend, BlockBackend):
         return False
     try:
-        _check_free(record.device, volume_id)
+        _check_free(backend, _attachment(record), volume_id)
         _detach(backend, record)
     except ReleaseDeferred as exc:
         LOG.info("the release of %s still waits: %s", volume_id, exc)
@@ -929,7 +929,7 @@ def _release(
             _remove_dir(staging)
             return
         try:
-            _check_free(record.device, record.volume_id)
+            _check_free(backend, _attachment(record), record.volume_id)
             _detach(backend, record)
         except ReleaseDeferred as exc:
             _keep_for_later(node, record.volume_id, staging, exc, notes)
@@ -946,21 +946,32 @@ _BUSY_TRIES = 5
 _BUSY_PAUSE = 0.2
 
 
-def _check_free(device: str, volume_id: str) -> None:
-    """Refuse to release ``device`` while its filesystem (or anything) still holds it.
+def _attachment(record: VolumeRecord) -> Attachment:
+    return Attachment(record.device, dict(record.details))
+
+
+def _check_free(backend: BlockBackend, attachment: Attachment, volume_id: str) -> None:
+    """Refuse to release the device of ``attachment`` while its filesystem (or anything)
+    still holds it.
 
     An unmount, lazy or not, is no proof that the filesystem is gone: another mount
     namespace (a container that copied the host's mounts) may still have it mounted, and
     then the host's umount neither synced nor shut it down. An exclusive open (``O_EXCL``
     on a block device) fails with EBUSY while the device is mounted anywhere or held by a
     holder. A few tries, briefly apart: a filesystem whose last mount just went needs a
-    moment to let go.
+    moment to let go. The backend is asked first (:meth:`BlockBackend.release_waits`): a
+    filesystem lazily unmounted while its storage is unreachable is busy too, and then the
+    storage is the reason to name.
 
     :raises ReleaseDeferred: the device is busy (or its open hangs): it stays attached
         with its record, and a later unmount tries again.
     """
+    device = attachment.device
     if not device:
         return  # an intent: nothing of it was mounted
+    waits = backend.release_waits(attachment)
+    if waits:
+        raise ReleaseDeferred(waits)
     try:
         if not stat.S_ISBLK(os.stat(device).st_mode):
             return

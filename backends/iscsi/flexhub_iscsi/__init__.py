@@ -991,16 +991,37 @@ class IscsiBackend(BlockBackend):
 
         :raises ReleaseDeferred: naming the sessions' states; the core retries later.
         """
+        why = self._unreachable(iqn, iface, lun, device, mpath)
+        if why:
+            raise ReleaseDeferred(why)
+
+    def _unreachable(self, iqn: str, iface: str, lun: int, device: str, mpath: str) -> str:
+        """Why the LUN's release must wait for the target (see above), or ``""``."""
         holding = self._lun_paths(iqn, iface, lun)
         name = self.sysfs.block_name(device) if device and not mpath else None
         used = [s for s, disks in holding.items() if name in disks] or list(holding)
         if used and not any(s.logged_in for s in used):
             states = ", ".join(sorted({f"{s.portal} {s.state.lower()}" for s in used}))
-            raise ReleaseDeferred(
+            return (
                 f"iscsi: the target {iqn} is unreachable ({states}): LUN {lun} stays attached "
                 "so that writes still queued reach it when it returns; the node's next unmount "
                 "after that releases it"
             )
+        return ""
+
+    def release_waits(self, attachment: Attachment) -> str:
+        """The target is unreachable: see :meth:`_defer_if_unreachable` (only reads sysfs)."""
+        details = attachment.details
+        lun = details.get("lun", "")
+        if not details.get("iqn") or not lun.isdigit():
+            return ""
+        return self._unreachable(
+            details["iqn"],
+            details.get("iface") or "default",
+            int(lun),
+            attachment.device,
+            details.get("multipath", ""),
+        )
 
     def _flush(self, device: str) -> None:
         """Write the device's buffers out; a flush that cannot finish in its bound means the
