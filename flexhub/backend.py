@@ -267,7 +267,10 @@ class BlockBackend(Backend):
     def attach(self, volume: Volume) -> Attachment:
         """Make the volume's block device present on this node and return it.
 
-        Idempotent: when the device is already present, return it again.
+        Idempotent: when the device is already present, return it again. The core calls it
+        (for a read-write ``volume``) before every read-write staging mount, also when the
+        device is already attached for a read-only one: where a backend fences other
+        writers (iSCSI reserves the LUN), it does so here, for every read-write volume.
         """
 
     def access(self, volume: Volume) -> Mapping[str, str]:
@@ -306,6 +309,17 @@ class BlockBackend(Backend):
 
         .. versionadded:: 0.2
         """
+
+    def release_waits(self, attachment: Attachment) -> str:
+        """Why releasing ``attachment`` now must wait, found without changing anything
+        (``""``: nothing known). The core asks before it checks the device itself (an
+        exclusive open, which fails while a filesystem still writes back to unreachable
+        storage), so that the reason it names is the storage's; :meth:`detach` must still
+        raise :class:`ReleaseDeferred` on its own.
+
+        .. versionadded:: 0.2
+        """
+        return ""
 
     #: Whether :meth:`release` is implemented (the backend reports its attach's progress).
     releases_partial: ClassVar[bool] = False

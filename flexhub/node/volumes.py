@@ -28,7 +28,9 @@ node); later pods share that mount.
 
 Test hook: :func:`checkpoint` is called between steps with the names in :data:`CHECKPOINTS`.
 When the environment variable ``FLEXHUB_TEST_CRASH_AT`` equals the name, the process kills
-itself with SIGKILL, so tests can interrupt a mount at each step. It is inert otherwise.
+itself with SIGKILL, so tests can interrupt a mount at each step; when
+``FLEXHUB_TEST_PAUSE_AT`` does, it stops itself (SIGSTOP) until the test sends SIGCONT, so
+tests can hold a call at a step while another runs. It is inert otherwise.
 ``attach-progress-<key>`` follows the journalling of a backend's ``record_progress(<key>=...)``.
 """
 
@@ -41,6 +43,7 @@ import logging
 import os
 import signal
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -73,6 +76,7 @@ from flexhub.volume import PodInfo, Volume
 __all__ = [
     "CHECKPOINTS",
     "CRASH_ENV",
+    "PAUSE_ENV",
     "UNMOUNT_CHECKPOINTS",
     "apply_fs_group",
     "checkpoint",
@@ -86,6 +90,7 @@ __all__ = [
 LOG = logging.getLogger(__name__)
 
 CRASH_ENV = "FLEXHUB_TEST_CRASH_AT"
+PAUSE_ENV = "FLEXHUB_TEST_PAUSE_AT"
 
 #: The steps of a block mount, in order, at which :func:`checkpoint` may crash the process.
 CHECKPOINTS = (
@@ -109,10 +114,14 @@ STAT_TIMEOUT = 5.0
 
 
 def checkpoint(name: str) -> None:
-    """Test hook: SIGKILL this process when ``$FLEXHUB_TEST_CRASH_AT`` is ``name``."""
+    """Test hook: SIGKILL this process when ``$FLEXHUB_TEST_CRASH_AT`` is ``name``; stop it
+    (SIGSTOP, until a SIGCONT) when ``$FLEXHUB_TEST_PAUSE_AT`` is."""
     if os.environ.get(CRASH_ENV) == name:
         LOG.warning("test hook: crashing at checkpoint %s", name)
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(PAUSE_ENV) == name:
+        LOG.warning("test hook: stopping at checkpoint %s until SIGCONT", name)
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def staging_dir(node: Node, volume_id: str) -> Path:
@@ -373,13 +382,19 @@ def _do_mount_block(
     progress.pod_record = True
     checkpoint("pod-record")
     vrecord = journal.get_volume(volume_id)
-    if staged is None or not _record_matches(vrecord, staged):
+    restage = staged is not None and not volume.read_only and staged.read_only
+    if restage:
+        _refuse_while_read_only_pods(node, staging, target, volume_id)
+    if staged is None or restage or not _record_matches(vrecord, staged):
+        # Every read-write staging mount follows an attach for writing (idempotent), which
+        # is where a backend fences other writers: also a read-only staging mount (attached
+        # for reading, never fenced) that is restaged read-write.
         vrecord = _attach_and_record(
             node, backend, volume, volume_id, name, staging, staged, progress
         )
     assert vrecord is not None
-    if staged is not None and not volume.read_only and staged.read_only:
-        _unstage_read_only(node, staging, target, volume_id)
+    if restage:
+        _unstage_read_only(node, staging, target)
         staged = None
     if staged is None:
         staging.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -424,14 +439,14 @@ def _do_mount_block(
     checkpoint("done")
 
 
-def _unstage_read_only(node: Node, staging: Path, target: Path, volume_id: str) -> None:
-    """Unmount a read-only staging mount a read-write pod needs, so it is checked again.
+def _refuse_while_read_only_pods(node: Node, staging: Path, target: Path, volume_id: str) -> None:
+    """A read-only staging mount is restaged read-write only once no pod uses it.
 
     A read-only mount skipped ``fsck`` (and may skip journal recovery); remounting it
-    read-write would write to a filesystem nobody checked. It is unmounted instead, and the
-    caller stages it again through the full first-mount path (fsck, mount read-write). That
-    is impossible while read-only pods use it (their binds keep the filesystem mounted):
-    refused then, and kubelet retries once they are gone.
+    read-write would write to a filesystem nobody checked. It is unmounted instead and staged
+    again through the full first-mount path (attach for writing, fsck, mount read-write),
+    which is impossible while read-only pods use it (their binds keep the filesystem
+    mounted): refused then, before any attach, and kubelet retries once they are gone.
 
     :raises VolumeError: read-only pods use the staging mount.
     """
@@ -441,6 +456,10 @@ def _unstage_read_only(node: Node, staging: Path, target: Path, volume_id: str) 
             f"volume {volume_id} is mounted read-only by {len(users)} pod(s) on this node; a "
             "read-write mount needs the filesystem checked first, which needs them gone"
         )
+
+
+def _unstage_read_only(node: Node, staging: Path, target: Path) -> None:
+    """Unmount a read-only staging mount (no pod uses it) that a read-write pod restages."""
     LOG.info("unmounting the read-only staging mount %s to check it for %s", staging, target)
     cleanup_mount_point(node.runner, staging, node.config.unmount_timeout, node.mounts)
 
@@ -468,7 +487,11 @@ def _record_matches(record: VolumeRecord | None, staged: MountEntry | None) -> b
 
 
 def _check_access(
-    backend: BlockBackend, volume: Volume, volume_id: str, record: VolumeRecord
+    backend: BlockBackend,
+    volume: Volume,
+    volume_id: str,
+    record: VolumeRecord,
+    what: str = "is already staged on this node",
 ) -> None:
     """Refuse to share a staged volume with a volume of another connection identity.
 
@@ -481,8 +504,8 @@ def _check_access(
     )
     if differ:
         raise VolumeError(
-            f"volume {volume_id} is already staged on this node with another connection "
-            f"identity: {', '.join(differ)} differ(s); refusing to share it"
+            f"volume {volume_id} {what} with another connection identity: "
+            f"{', '.join(differ)} differ(s); refusing to share it"
         )
 
 
@@ -506,6 +529,13 @@ def _attach_and_record(
     access = record_details(backend.access(volume))
     _check_no_secret(name, access, volume)
     earlier = node.journal.get_volume(volume_id)
+    if earlier is not None and earlier.pending and earlier.partial:
+        # An attach interrupted earlier left something (an iSCSI session logged in with its
+        # CHAP): a volume of another identity must not inherit it. Refused; the rollback
+        # releases the leftover, so kubelet's retry attaches with its own identity.
+        _check_access(
+            backend, volume, volume_id, earlier, "was being attached on this node (interrupted)"
+        )
     # An attach interrupted earlier may have left something: keep what it reported.
     partial = dict(earlier.partial) if earlier is not None and earlier.pending else {}
     intent = VolumeRecord(
@@ -589,8 +619,10 @@ def _undo_block(
         record = node.journal.get_volume(volume_id)
         try:
             if progress.attachment is not None:
+                _check_free(backend, progress.attachment, volume_id)
                 backend.detach(progress.attachment)
             elif record is not None:
+                _check_free(backend, _attachment(record), volume_id)
                 _detach(backend, record)
         except ReleaseDeferred as exc:
             _keep_for_later(node, volume_id, staging, exc, [])
@@ -779,6 +811,7 @@ def _retry_release(
     if not isinstance(backend, BlockBackend):
         return False
     try:
+        _check_free(backend, _attachment(record), volume_id)
         _detach(backend, record)
     except ReleaseDeferred as exc:
         LOG.info("the release of %s still waits: %s", volume_id, exc)
@@ -907,6 +940,7 @@ def _release(
             _remove_dir(staging)
             return
         try:
+            _check_free(backend, _attachment(record), record.volume_id)
             _detach(backend, record)
         except ReleaseDeferred as exc:
             _keep_for_later(node, record.volume_id, staging, exc, notes)
@@ -914,6 +948,81 @@ def _release(
         _forget(node.journal.delete_volume, record.volume_id, notes)
     _remove_dir(staging)
     LOG.info("released %s", record.volume_id if record else staging)
+
+
+#: Seconds the exclusive open of a device to release may take (it does no I/O).
+OPEN_TIMEOUT = 5.0
+#: Tries of that open, :data:`_BUSY_PAUSE` apart, before the release waits.
+_BUSY_TRIES = 5
+_BUSY_PAUSE = 0.2
+
+
+def _attachment(record: VolumeRecord) -> Attachment:
+    return Attachment(record.device, dict(record.details))
+
+
+def _check_free(backend: BlockBackend, attachment: Attachment, volume_id: str) -> None:
+    """Refuse to release the device of ``attachment`` while its filesystem (or anything)
+    still holds it.
+
+    An unmount, lazy or not, is no proof that the filesystem is gone: another mount
+    namespace (a container that copied the host's mounts) may still have it mounted, and
+    then the host's umount neither synced nor shut it down. An exclusive open (``O_EXCL``
+    on a block device) fails with EBUSY while the device is mounted anywhere or held by a
+    holder. A few tries, briefly apart: a filesystem whose last mount just went needs a
+    moment to let go. The backend is asked first (:meth:`BlockBackend.release_waits`): a
+    filesystem lazily unmounted while its storage is unreachable is busy too, and then the
+    storage is the reason to name.
+
+    :raises ReleaseDeferred: the device is busy (or its open hangs): it stays attached
+        with its record, and a later unmount tries again.
+    """
+    device = attachment.device
+    if not device:
+        return  # an intent: nothing of it was mounted
+    waits = backend.release_waits(attachment)
+    if waits:
+        raise ReleaseDeferred(waits)
+    try:
+        if not stat.S_ISBLK(os.stat(device).st_mode):
+            return
+    except OSError:
+        return  # gone already: the backend's release deals with what is left
+    why = ""
+    for attempt in range(_BUSY_TRIES):
+        why = _open_exclusive(device)
+        if why != "busy":
+            break  # free, or an open that hangs (trying again would hang again)
+        if attempt + 1 < _BUSY_TRIES:
+            time.sleep(_BUSY_PAUSE)
+    if not why:
+        return
+    raise ReleaseDeferred(
+        f"{device} of {volume_id} is still in use after its unmount ({why}: its filesystem "
+        "is still mounted elsewhere, e.g. in another mount namespace, or a process holds "
+        "it): it stays attached; a later unmount releases it once it is free"
+    )
+
+
+def _open_exclusive(device: str) -> str:
+    """``""`` if ``device`` opens with ``O_EXCL`` (closed at once), else why not."""
+    outcome: list[str] = []
+
+    def probe() -> None:
+        try:
+            fd = os.open(device, os.O_RDONLY | os.O_EXCL | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as exc:
+            outcome.append("busy" if exc.errno == errno.EBUSY else "")
+            return
+        os.close(fd)
+        outcome.append("")
+
+    thread = threading.Thread(target=probe, name="flexhub-open-exclusive", daemon=True)
+    thread.start()
+    thread.join(OPEN_TIMEOUT)
+    if thread.is_alive():
+        return f"opening it did not finish within {OPEN_TIMEOUT:g}s"
+    return outcome[0]
 
 
 # -- expand --------------------------------------------------------------------------------------

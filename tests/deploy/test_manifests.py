@@ -29,6 +29,7 @@ def test_daemonset_matches_the_image_and_reaches_every_node() -> None:
     probe = container["livenessProbe"]["exec"]["command"]
     assert probe[: len(build_image.ENTRYPOINT)] == build_image.ENTRYPOINT
     assert probe[len(build_image.ENTRYPOINT) :][:3] == ["doctor", "--probe", "--host-root"]
+    # the host's unmounts of staged volumes must reach the pod's copy of the host's /
     host = {"name": "host", "mountPath": "/host", "mountPropagation": "HostToContainer"}
     assert host in container["volumeMounts"]
     assert {"name": "host", "hostPath": {"path": "/", "type": "Directory"}} in pod["volumes"]

@@ -18,11 +18,12 @@ Life cycle (the core holds the volume lock, formats safely, stages, binds and co
   one requested LUN on every session, a bounded wait for its disks in sysfs (udev not
   needed), and the multipath map when there are several paths and multipathd runs (else the
   first path).
-* :meth:`IscsiBackend.detach`: flush, remove the multipath map and the LUN's SCSI disks;
-  then log out and delete the target's node records only when no other LUN of the target is
-  still in use on the node (live disks in the target's sessions, and flexhub's journal of
-  staged volumes); finally delete the dedicated iface flexhub made for ``initiatorName``
-  when nothing uses it any more.
+* :meth:`IscsiBackend.detach`: flush (and remove) the multipath map and flush the LUN's SCSI
+  disks, then unregister the node's key (ending its reservation), then delete the disks; log
+  out and delete the target's node records only when no other LUN of the target is still in
+  use on the node (live disks in the target's sessions, and flexhub's journal of staged
+  volumes); finally delete the dedicated iface flexhub made for ``initiatorName`` when
+  nothing uses it any more.
 * :meth:`IscsiBackend.expand`: rescan the LUN's disks (and resize the multipath map), then
   check that the device reached the new size.
 
@@ -188,28 +189,48 @@ class IscsiBackend(BlockBackend):
     def _check_sessions_owner(
         self, target: Target, iface: str, identity: Mapping[str, str]
     ) -> None:
-        """Refuse to reuse the target's sessions, logged in by another staged volume (or one
-        whose release waits for the target), with another session identity (iface, session
-        CHAP): that would skip the login."""
+        """Refuse to reuse the target's sessions through ``iface`` that another volume has
+        (or may soon have) with another session identity (iface, session CHAP): reusing
+        one skips the login.
+
+        Every journalled volume of the target through ``iface`` counts, whatever its
+        stage: an attach in flight or interrupted (an intent: the target only in its
+        options or in what the attach reported), a LUN attached but not staged yet, staged,
+        or whose release waits. Only a record whose release is over (nothing staged or
+        waiting, no disk of its LUN on the node: a crash right after the detach) owns
+        nothing. The caller holds the target's owner lock, so that two attaches cannot
+        both check before either is journalled.
+        """
         mine = session_part(identity)
         waiting = set(self.node.journal.deferred())
         for record in self.node.journal.volumes():
-            details = record.details
-            if (
-                record.backend != _BACKEND
-                or details.get("iqn") != target.iqn
-                or (details.get("iface") or "default") != iface
-                or not (os.path.ismount(record.staging) or record.volume_id in waiting)
-            ):
+            if record.backend != _BACKEND:
                 continue
+            details = record.details or record.partial
+            iqn = details.get("iqn") or record.partial.get("iqn") or record.options.get("iqn")
+            theirs_iface = details.get("iface") or record.access.get("iface") or "default"
+            if iqn != target.iqn or theirs_iface != iface:
+                continue
+            if not (record.pending or record.volume_id in waiting):
+                lun = details.get("lun", "")
+                attached = lun.isdigit() and self._lun_disks(iqn, iface, int(lun))
+                if not (attached or os.path.ismount(record.staging)):
+                    continue  # released: a leftover record
             theirs = session_part(record.access)
             differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
             if differ:
                 raise VolumeError(
-                    f"iscsi: {target.iqn} is logged in on this node for {record.volume_id} "
-                    f"with another identity: {', '.join(differ)} differ(s); refusing to share "
-                    "its session"
+                    f"iscsi: {target.iqn} is in use on this node by {record.volume_id} "
+                    f"with another identity: {', '.join(differ)} differ(s); refusing to "
+                    "share its session"
                 )
+
+    @contextlib.contextmanager
+    def _owner_lock(self, iqn: str, iface: str) -> Iterator[None]:
+        """Held while an attach checks who owns the target's sessions and journals itself as
+        one of them: short (no command runs under it)."""
+        with self.node.lock("iscsi-session-owner", f"{iqn} {iface}"):
+            yield
 
     @contextlib.contextmanager
     def _target_locks(self, iqn: str, iface: str) -> Iterator[None]:
@@ -299,19 +320,24 @@ class IscsiBackend(BlockBackend):
         iface = target.iface
         if target.initiator_name:
             iface = dedicated_iface(target.iface, target.initiator_name)
-        self._check_sessions_owner(target, iface, self.access(volume))
+        identity = self.access(volume)
         started = time.monotonic()
         before = self._lun_disks(target.iqn, iface, target.lun)
+        registered = False
         try:
             with self._in_use(target.iqn, iface):
-                # Journalled before anything is done: an attach that never returns is undone
-                # by release() from this, without logging in again (secrets are mount's only).
-                self.node.record_progress(
-                    iqn=target.iqn,
-                    lun=str(target.lun),
-                    iface=iface,
-                    portals=",".join(str(p) for p in target.portals),
-                )
+                with self._owner_lock(target.iqn, iface):
+                    self._check_sessions_owner(target, iface, identity)
+                    # Journalled before anything is done: an attach that never returns is
+                    # undone by release() from this, without logging in again (secrets are
+                    # mount's only); and from here on it owns the sessions it logs in.
+                    self.node.record_progress(
+                        iqn=target.iqn,
+                        lun=str(target.lun),
+                        iface=iface,
+                        portals=",".join(str(p) for p in target.portals),
+                    )
+                    registered = True
                 if target.initiator_name:
                     with self.node.lock("iscsi-iface", iface):
                         self._ensure_dedicated_iface(
@@ -326,7 +352,8 @@ class IscsiBackend(BlockBackend):
                 self.node.record_progress(multipath=mpath)
                 reservation = self._fence_for_write(volume, target, disks, settings)
         except BaseException:
-            self._cleanup_failed_attach(adm, target, iface, before)
+            if registered:  # before, it did nothing (a refusal leaves the sessions alone)
+                self._cleanup_failed_attach(adm, target, iface, before)
             raise
         LOG.info(
             "iscsi: %s lun %d on %s via %s (%d path(s)%s); login %.2fs, device %.2fs",
@@ -369,9 +396,14 @@ class IscsiBackend(BlockBackend):
         adm = Iscsiadm(self.node.runner, settings.command_timeout)
         mpath = details.get("multipath", "")
         self._defer_if_unreachable(iqn, iface, lun, attachment.device, mpath)
-        self._unfence(details.get("reservation", ""), iqn, iface, lun, settings)
         # The LUN's own devices need no target lock (the core holds the volume's lock).
-        self._remove_lun(adm, iqn, iface, lun, attachment.device, mpath)
+        # Flushed before the reservation goes: a flush that does not finish defers the
+        # release with the LUN still fenced, so no other node writes before this node's
+        # queued writes are in or failed. The key is unregistered through the LUN's disks,
+        # so they go last.
+        disks = self._flush_lun(adm, iqn, iface, lun, mpath)
+        self._unfence(details.get("reservation", ""), iqn, iface, lun, settings)
+        self._delete_disks(iqn, iface, lun, disks, attachment.device)
         self._release(adm, iqn, iface, lun, portals, exclude=f"iscsi:{iqn}:{lun}")
 
     releases_partial = True
@@ -930,10 +962,12 @@ class IscsiBackend(BlockBackend):
 
     # --------------------------------------------------------------------------- detach steps
 
-    def _remove_lun(
-        self, adm: Iscsiadm, iqn: str, iface: str, lun: int, device: str, mpath: str
-    ) -> None:
-        """Flush and remove the multipath map and the SCSI disks of the LUN (found in sysfs)."""
+    def _flush_lun(self, adm: Iscsiadm, iqn: str, iface: str, lun: int, mpath: str) -> list[str]:
+        """Flush and remove the LUN's multipath map, then flush its SCSI disks (found in
+        sysfs); returns the disks.
+
+        :raises ReleaseDeferred: a flush did not finish (nothing was removed after it).
+        """
         disks = self._lun_disks(iqn, iface, lun)
         dm = self.sysfs.find_map(mpath) if mpath else None
         if dm is not None:
@@ -961,6 +995,11 @@ class IscsiBackend(BlockBackend):
                 LOG.info("iscsi: not flushing %s: its session is down", disk)
             else:
                 self._flush(str(self.sysfs.dev / disk))
+        return disks
+
+    def _delete_disks(self, iqn: str, iface: str, lun: int, disks: list[str], device: str) -> None:
+        """Delete the LUN's SCSI disks (flushed) and wait until the kernel dropped them."""
+        for disk in disks:
             self.sysfs.delete(disk)
         deadline = time.monotonic() + _GONE_TIMEOUT
         while self._lun_disks(iqn, iface, lun) and time.monotonic() < deadline:
@@ -983,16 +1022,37 @@ class IscsiBackend(BlockBackend):
 
         :raises ReleaseDeferred: naming the sessions' states; the core retries later.
         """
+        why = self._unreachable(iqn, iface, lun, device, mpath)
+        if why:
+            raise ReleaseDeferred(why)
+
+    def _unreachable(self, iqn: str, iface: str, lun: int, device: str, mpath: str) -> str:
+        """Why the LUN's release must wait for the target (see above), or ``""``."""
         holding = self._lun_paths(iqn, iface, lun)
         name = self.sysfs.block_name(device) if device and not mpath else None
         used = [s for s, disks in holding.items() if name in disks] or list(holding)
         if used and not any(s.logged_in for s in used):
             states = ", ".join(sorted({f"{s.portal} {s.state.lower()}" for s in used}))
-            raise ReleaseDeferred(
+            return (
                 f"iscsi: the target {iqn} is unreachable ({states}): LUN {lun} stays attached "
                 "so that writes still queued reach it when it returns; the node's next unmount "
                 "after that releases it"
             )
+        return ""
+
+    def release_waits(self, attachment: Attachment) -> str:
+        """The target is unreachable: see :meth:`_defer_if_unreachable` (only reads sysfs)."""
+        details = attachment.details
+        lun = details.get("lun", "")
+        if not details.get("iqn") or not lun.isdigit():
+            return ""
+        return self._unreachable(
+            details["iqn"],
+            details.get("iface") or "default",
+            int(lun),
+            attachment.device,
+            details.get("multipath", ""),
+        )
 
     def _flush(self, device: str) -> None:
         """Write the device's buffers out; a flush that cannot finish in its bound means the
