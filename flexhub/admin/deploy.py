@@ -131,8 +131,7 @@ def place_config(host_root: Path, source: Path | bytes, host_path: str) -> None:
             except FileExistsError:
                 continue  # made meanwhile, by root: its parent is trusted
             os.chmod(directory, 0o755)  # noqa: S103 - the driver, run as root, reads below
-        with contextlib.suppress(FileNotFoundError):  # left by a killed run of this pid
-            os.unlink(partial)
+        _remove_partials(final)
         _write_whole(partial, text)
         os.rename(partial, final)
         dir_fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -146,6 +145,17 @@ def place_config(host_root: Path, source: Path | bytes, host_path: str) -> None:
         raise FlexhubError(
             f"cannot write the node config {host_path}: {exc.strerror or exc}"
         ) from None
+
+
+def _remove_partials(final: Path) -> None:
+    """Remove what a killed place_config left beside ``final`` (``.<name>.<pid>.partial``:
+    the directory is root's alone, so only flexhub made them)."""
+    prefix, suffix = f".{final.name}.", ".partial"
+    for entry in os.listdir(final.parent):
+        middle = entry[len(prefix) : -len(suffix)]
+        if entry.startswith(prefix) and entry.endswith(suffix) and middle.isdigit():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(final.parent / entry)
 
 
 def _write_whole(path: Path, text: bytes) -> None:

@@ -27,7 +27,8 @@ def test_the_config_is_written_whole_where_the_host_reads_it(tmp_path: Path) -> 
     placed = host / "etc/flexhub/flexhub.toml"
     assert placed.read_bytes() == source.read_bytes()
     assert placed.stat().st_mode & 0o777 == 0o644
-    # again, with another text: replaced, nothing left beside it
+    # again, with another text, after a run killed midway: replaced, nothing left beside it
+    (placed.parent / ".flexhub.toml.4242.partial").write_text("state_dir = ")
     source.write_text('log_level = "debug"\n')
     place_config(host, source, "/etc/flexhub/flexhub.toml")
     assert placed.read_text() == 'log_level = "debug"\n'
