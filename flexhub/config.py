@@ -27,7 +27,7 @@ from typing import Any
 
 from flexhub.errors import FlexhubError
 
-__all__ = ["CONFIG_ENV", "DEFAULT_CONFIG_PATH", "NodeConfig", "load_config"]
+__all__ = ["CONFIG_ENV", "DEFAULT_CONFIG_PATH", "NodeConfig", "load_config", "parse_config"]
 
 CONFIG_ENV = "FLEXHUB_CONFIG"
 DEFAULT_CONFIG_PATH = Path("/etc/flexhub/flexhub.toml")
@@ -122,6 +122,15 @@ def load_config(path: Path | None = None) -> NodeConfig:
         return NodeConfig()
     except OSError as exc:
         raise FlexhubError(f"cannot read node config {path}: {exc.strerror}") from None
+    return parse_config(raw, path)
+
+
+def parse_config(raw: bytes, path: Path) -> NodeConfig:
+    """The node configuration these bytes hold, as :func:`load_config` reads it from
+    ``path`` (named in the messages and kept as the config's source).
+
+    :raises FlexhubError: not valid TOML or a wrong value.
+    """
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -11,8 +11,9 @@ of ``/``):
    the directory must be root's alone (:mod:`flexhub.admin.plugindir`, :mod:`flexhub.admin.trust`);
 3. run the shim's ``init`` as kubelet would (inside the host's root), once the shim and the
    interpreter it starts are checked to be root's alone, and fail if kubelet could not parse
-   it; then record the plugin directory in ``<state_dir>/installed-<vendor~name>.json``,
-   which ``doctor`` probes;
+   it; then, with ``--config-from`` (checked before step 1), write the node config to the
+   host (:func:`place_config`), and record the plugin directory in
+   ``<state_dir>/installed-<vendor~name>.json``, which ``doctor`` probes;
 4. remove runtimes older than the previous one (the newest other), unless a process still
    maps a file of them.
 
@@ -22,6 +23,8 @@ volumes that are still mounted, so uninstalling is an explicit ``flexhub uninsta
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import subprocess
@@ -33,10 +36,17 @@ from flexhub import DRIVER_NAME
 from flexhub.admin.install import RUNTIME_MARKER, current_runtime, install, read_marker
 from flexhub.admin.plugindir import Detection, detect_plugin_dir, write_record
 from flexhub.admin.trust import trusted_path
-from flexhub.config import DEFAULT_CONFIG_PATH, load_config
-from flexhub.errors import FlexhubError
+from flexhub.config import DEFAULT_CONFIG_PATH, load_config, parse_config
+from flexhub.errors import FlexhubError, UntrustedPath
 
-__all__ = ["DEFAULT_RUNTIME_DIR", "Deployment", "deploy", "place_config", "prune_runtimes"]
+__all__ = [
+    "DEFAULT_RUNTIME_DIR",
+    "Deployment",
+    "check_config",
+    "deploy",
+    "place_config",
+    "prune_runtimes",
+]
 
 DEFAULT_RUNTIME_DIR = "/var/lib/flexhub/runtime"
 
@@ -74,37 +84,102 @@ def copy_runtime(source: Path, host_root: Path, runtime_dir: str) -> str:
     return f"{runtime_dir.rstrip('/')}/{name}"
 
 
-def place_config(host_root: Path, source: Path, host_path: str) -> None:
-    """Write the node config ``source`` (the chart's ConfigMap, mounted in the pod) to
-    ``host_path`` on the host, where the driver that kubelet runs reads it.
+def check_config(source: Path) -> bytes:
+    """The bytes of the node config ``source`` (the chart's ConfigMap, mounted in the pod),
+    once they are a config flexhub accepts.
 
-    It is checked first (a config flexhub would refuse fails here, before any driver uses
-    it), then written beside its final name and renamed over it, root's and 0644, so that a
-    driver call never reads half a file.
-
-    :raises FlexhubError: ``source`` cannot be read or is not a valid node config, or
-        ``host_path`` is not absolute.
+    :raises FlexhubError: ``source`` cannot be read or is not a valid node config.
     """
-    from flexhub.config import load_config
-
-    if not host_path.startswith("/"):
-        raise FlexhubError(f"--config {host_path!r} must be an absolute path on the host")
     try:
         text = source.read_bytes()
     except OSError as exc:
         raise FlexhubError(f"cannot read the node config {source}: {exc.strerror}") from None
-    load_config(source)  # one line naming what is wrong
-    final = _host(host_root, host_path)
-    final.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    partial = final.with_name(f".{final.name}.{os.getpid()}.partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    parse_config(text, source)  # one line naming what is wrong
+    return text
+
+
+def place_config(host_root: Path, source: Path | bytes, host_path: str) -> None:
+    """Write the node config ``source`` (a file, or its bytes from :func:`check_config`) to
+    ``host_path`` on the host, where the driver that kubelet runs reads it.
+
+    It is checked first (a config flexhub would refuse fails here, before any driver uses
+    it). ``host_path`` must be trusted (:mod:`flexhub.admin.trust`: it decides where the
+    root driver keeps state; a host symlink is followed inside the host root); missing
+    directories are made 0755. The bytes are written whole beside the final name, read back
+    and compared, then renamed over it, root's and 0644, and the directory synced: a driver
+    call never reads half a file, and a write cut short (a full disk) leaves the old config
+    and no partial file.
+
+    :raises FlexhubError: ``source`` cannot be read or is not a valid node config,
+        ``host_path`` is not absolute or cannot be written.
+    :raises UntrustedPath: ``host_path`` or a directory above it is not root's alone.
+    """
+    if not host_path.startswith("/"):
+        raise FlexhubError(f"--config {host_path!r} must be an absolute path on the host")
+    text = source if isinstance(source, bytes) else check_config(source)
     try:
-        os.write(fd, text)
+        resolved = trusted_path(host_path, host_root, missing_ok=True)
+    except UntrustedPath as exc:
+        raise UntrustedPath(f"refusing the node config path {host_path}: {exc.message}") from None
+    final = _host(host_root, resolved)
+    partial = final.with_name(f".{final.name}.{os.getpid()}.partial")
+    try:
+        missing = [d for d in final.parents if not os.path.lexists(d)]
+        for directory in reversed(missing):  # 0755 whatever the umask, like install
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                continue  # made meanwhile, by root: its parent is trusted
+            os.chmod(directory, 0o755)  # noqa: S103 - the driver, run as root, reads below
+        _remove_partials(final)
+        _write_whole(partial, text)
+        os.rename(partial, final)
+        dir_fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise FlexhubError(
+            f"cannot write the node config {host_path}: {exc.strerror or exc}"
+        ) from None
+
+
+def _remove_partials(final: Path) -> None:
+    """Remove what a killed place_config left beside ``final`` (``.<name>.<pid>.partial``:
+    the directory is root's alone, so only flexhub made them)."""
+    prefix, suffix = f".{final.name}.", ".partial"
+    for entry in os.listdir(final.parent):
+        middle = entry[len(prefix) : -len(suffix)]
+        if entry.startswith(prefix) and entry.endswith(suffix) and middle.isdigit():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(final.parent / entry)
+
+
+def _write_whole(path: Path, text: bytes) -> None:
+    """Create ``path`` (root's, 0644) holding exactly ``text``, on disk.
+
+    :raises OSError: it could not, including a short write or a read-back that differs.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
         os.fchmod(fd, 0o644)
+        view = memoryview(text)
+        while view:
+            written = os.write(fd, view)
+            if written <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            view = view[written:]
         os.fsync(fd)
+        back = bytearray()
+        while chunk := os.pread(fd, 65536, len(back)):
+            back += chunk
+        if bytes(back) != text:
+            raise OSError(errno.EIO, "what was written reads back different")
     finally:
         os.close(fd)
-    partial.rename(final)
 
 
 def _in_use(directory: Path, proc_root: Path) -> bool:
@@ -204,16 +279,25 @@ def deploy(
 ) -> Deployment:
     """Install this runtime and the driver onto the host; see the module docstring.
 
-    With ``config_from``, that file is first written to ``config`` on the host
-    (:func:`place_config`).
+    With ``config_from``, that file is checked first and written to ``config`` on the host
+    (:func:`place_config`) only once the new driver answered ``init`` (which reads none of
+    the config's tables): a deploy that fails leaves the host's config to the driver that
+    reads it.
     """
     source = current_runtime()
     if source is None:
         raise FlexhubError("not running from a flexhub runtime (deploy/build_runtime.py)")
+    new_config = None
     if config_from is not None:
         if not config:
             raise FlexhubError("--config-from needs --config (where the host keeps it)")
-        place_config(host_root, config_from, config)
+        if not config.startswith("/"):
+            raise FlexhubError(f"--config {config!r} must be an absolute path on the host")
+        new_config = check_config(config_from)
+        try:  # refused before anything changes; checked again when it is written
+            trusted_path(config, host_root, missing_ok=True)
+        except UntrustedPath as exc:
+            raise UntrustedPath(f"refusing the node config path {config}: {exc.message}") from None
     runtime = copy_runtime(source, host_root, runtime_dir)
     marker = read_marker(_host(host_root, runtime))
     found = detect_plugin_dir(plugin_dir, proc_root=proc_root, host_root=host_root)
@@ -229,6 +313,8 @@ def deploy(
         marker=marker,
     )
     verify(host_root, f"{found.path.rstrip('/')}/{dir_name}/{exe_name}")
+    if new_config is not None and config:
+        place_config(host_root, new_config, config)
     node_config = load_config(_host(host_root, config or str(DEFAULT_CONFIG_PATH)))
     write_record(_host(host_root, str(node_config.state_dir)), driver, found)
     removed = prune_runtimes(host_root, runtime_dir, Path(runtime).name, proc_root)

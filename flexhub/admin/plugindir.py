@@ -14,15 +14,18 @@ trusted only as far as :mod:`flexhub.admin.trust` allows:
 
 * **only the real kubelet counts.** A process is kubelet when its command line reads like
   kubelet's (``kubelet ...`` or ``hyperkube kubelet ...``) *and* it runs as root (every uid of
-  ``/proc/<pid>/status`` is 0) *and* its executable, resolved through ``/proc/<pid>/exe``
-  inside the process's root (``/proc/<pid>/root``: the host's ``/`` for a kubelet on the
-  host), is a regular file called ``kubelet`` or ``hyperkube`` that is trusted (root's,
-  nothing on the way writable by others) and is the very file the process runs (same device
-  and inode).
+  ``/proc/<pid>/status`` is 0) *and* it runs on the host: its root (``/proc/<pid>/root``,
+  device and inode) and its mount namespace (``/proc/<pid>/ns/mnt``) are those of pid 1 of
+  ``proc_root`` (the host's init) — a root process in any container, whose image is root's
+  too, is not kubelet, and a containerized kubelet needs an explicit ``--plugin-dir`` —
+  *and* its executable, resolved through ``/proc/<pid>/exe`` inside that root, is a regular
+  file called ``kubelet`` or ``hyperkube`` that is trusted (root's, nothing on the way
+  writable by others) and is the very file the process runs (same device and inode).
   Any other process is ignored and named in the answer's detail: anybody can start a
-  process whose ``argv[0]`` is ``kubelet``;
-* the **config file** of the real kubelet is read only when trusted; one that is not is a
-  refusal (kubelet reads it too, so it cannot be skipped);
+  process whose ``argv[0]`` is ``kubelet``. When pid 1 cannot be read, no process is kubelet;
+* the **config file** of the real kubelet is read in the same root as its executable, and
+  only when trusted; one that is not is a refusal (kubelet reads it too, so it cannot be
+  skipped);
 * the **directory** itself, and every directory above it, must be trusted; else detection
   refuses, with one line naming the offending path. A missing tail is fine: root creates it.
 
@@ -38,6 +41,7 @@ into ``host_root/<path>`` to write there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -109,11 +113,40 @@ def _read_at(dir_fd: int, name: str) -> bytes:
         os.close(fd)
 
 
-def _not_kubelet(dir_fd: int, argv: list[str]) -> str | None:
+#: A process's root (device, inode) and mount namespace (device, inode).
+_Place = tuple[tuple[int, int], tuple[int, int]]
+
+
+def _place(dir_fd: int) -> _Place:
+    """Where the process whose ``/proc/<pid>`` is open as ``dir_fd`` lives.
+
+    :raises OSError: it went away, or its root or namespace cannot be read.
+    """
+    root = os.stat("root", dir_fd=dir_fd)
+    mnt = os.stat("ns/mnt", dir_fd=dir_fd)
+    return (root.st_dev, root.st_ino), (mnt.st_dev, mnt.st_ino)
+
+
+def _host_place(proc_root: Path) -> _Place | str:
+    """The root and mount namespace of pid 1 of ``proc_root`` (the host's init), or why
+    they cannot be read."""
+    try:
+        dir_fd = os.open(proc_root / "1", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"pid 1 cannot be read ({exc.strerror})"
+    try:
+        return _place(dir_fd)
+    except OSError as exc:
+        return f"pid 1's root and mount namespace cannot be read ({exc.strerror})"
+    finally:
+        os.close(dir_fd)
+
+
+def _not_kubelet(dir_fd: int, argv: list[str], host: _Place | str) -> str | None:
     """Why the process (its ``/proc/<pid>`` open as ``dir_fd``) is not the real kubelet, or
-    ``None`` when it is. Its executable is checked inside the process's own root
-    (``/proc/<pid>/root``, through ``dir_fd``: the same process), which is the host's ``/``
-    for a kubelet on the host and the container's for a containerized one.
+    ``None`` when it is. It must live where pid 1 does (``host``); its executable is checked
+    inside its own root (``/proc/<pid>/root``, through ``dir_fd``: the same process), which
+    is then the host's ``/``.
 
     :raises OSError: the process went away meanwhile.
     """
@@ -123,6 +156,13 @@ def _not_kubelet(dir_fd: int, argv: list[str]) -> str | None:
     strangers = [u for u in uids if u != "0"]
     if not uids or strangers:
         return f"runs as uid {strangers[0] if strangers else '?'}"
+    if isinstance(host, str):
+        return f"{host}, so no process can be told to run on the host: pass --plugin-dir"
+    if _place(dir_fd) != host:
+        return (
+            "runs in another root or mount namespace than pid 1 (a container; "
+            "a containerized kubelet needs --plugin-dir)"
+        )
     link = os.readlink("exe", dir_fd=dir_fd)
     if not link.startswith("/") or link.endswith(" (deleted)"):
         return f"runs {link}, which is gone"
@@ -143,35 +183,65 @@ def _not_kubelet(dir_fd: int, argv: list[str]) -> str | None:
     return None
 
 
-def kubelet_processes(proc_root: Path) -> tuple[list[tuple[int, list[str]]], list[str]]:
-    """``(pid, argv)`` of every real kubelet (module docstring), by pid; and, for each other
-    process whose command line reads like kubelet's, ``"pid N: why not"``."""
-    found: list[tuple[int, list[str]]] = []
+@dataclass(frozen=True)
+class _Kubelet:
+    """A real kubelet, its ``/proc/<pid>`` held open as ``dir_fd`` (the same process
+    throughout), until the caller closes it."""
+
+    pid: int
+    argv: list[str]
+    dir_fd: int
+
+    @property
+    def root(self) -> Path:
+        """Its root (the host's ``/``), as this process reaches it."""
+        return Path(f"/proc/self/fd/{self.dir_fd}/root")
+
+
+def _scan(proc_root: Path, keep: contextlib.ExitStack) -> tuple[list[_Kubelet], list[str]]:
+    """The real kubelets (their directories closed by ``keep``) and, for each other process
+    whose command line reads like kubelet's, ``"pid N: why not"``."""
+    found: list[_Kubelet] = []
     ignored: list[str] = []
     try:
         names = sorted((n for n in os.listdir(proc_root) if n.isdigit()), key=int)
     except OSError:
         return [], []
+    host: _Place | str | None = None
     for name in names:
         try:  # every file is read through this one directory: the same process throughout
             dir_fd = os.open(proc_root / name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             continue
+        kept = False
         try:
             raw = _read_at(dir_fd, "cmdline")
             argv = [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0") if a]
             if not argv or not _looks_like_kubelet(argv):
                 continue
-            reason = _not_kubelet(dir_fd, argv)
+            if host is None:
+                host = _host_place(proc_root)
+            reason = _not_kubelet(dir_fd, argv, host)
+            if reason is None:
+                found.append(_Kubelet(int(name), argv, dir_fd))
+                keep.callback(os.close, dir_fd)
+                kept = True
+            else:
+                ignored.append(f"pid {name}: {reason}")
         except OSError:
             continue  # it ended
         finally:
-            os.close(dir_fd)
-        if reason is None:
-            found.append((int(name), argv))
-        else:
-            ignored.append(f"pid {name}: {reason}")
+            if not kept:
+                os.close(dir_fd)
     return found, ignored
+
+
+def kubelet_processes(proc_root: Path) -> tuple[list[tuple[int, list[str]]], list[str]]:
+    """``(pid, argv)`` of every real kubelet (module docstring), by pid; and, for each other
+    process whose command line reads like kubelet's, ``"pid N: why not"``."""
+    with contextlib.ExitStack() as keep:
+        found, ignored = _scan(proc_root, keep)
+        return [(k.pid, k.argv) for k in found], ignored
 
 
 def _config_value(text: str) -> str | None:
@@ -208,21 +278,22 @@ def _os_release_id(host_root: Path) -> str:
     return ""
 
 
-def _kubelet_config(pid: int, config: str, host_root: Path) -> str | None:
-    """``volumePluginDir`` of the real kubelet's config file, when it has one.
+def _kubelet_config(pid: int, config: str, root: Path) -> str | None:
+    """``volumePluginDir`` of the real kubelet's config file, when it has one, read in
+    ``root``: the kubelet's own, where its executable was checked.
 
     :raises UntrustedPath: the file (or a directory above it) is not root's alone.
     """
-    if config.startswith("/") and not os.path.lexists(_on_host(host_root, config)):
+    if config.startswith("/") and not os.path.lexists(_on_host(root, config)):
         return None  # kubelet cannot have read it either
     try:
-        resolved = trusted_path(config, host_root)
+        resolved = trusted_path(config, root)
     except UntrustedPath as exc:
         raise UntrustedPath(
             f"refusing kubelet's config file {config} (pid {pid}): {exc.message}"
         ) from None
     try:
-        text = _on_host(host_root, resolved).read_text("utf-8", errors="replace")
+        text = _on_host(root, resolved).read_text("utf-8", errors="replace")
     except OSError:
         return None
     return _config_value(text)
@@ -231,16 +302,19 @@ def _kubelet_config(pid: int, config: str, host_root: Path) -> str | None:
 def _guess(explicit: str | None, proc_root: Path, host_root: Path) -> Detection:
     if explicit:
         return Detection(os.path.abspath(explicit), "explicit", "--plugin-dir")
-    kubelets, ignored = kubelet_processes(proc_root)
-    for pid, argv in kubelets:
-        value = _flag_value(argv, _FLAG)
-        if value:
-            return Detection(value, "kubelet command line", f"pid {pid} {_FLAG}={value}")
-    for pid, argv in kubelets:
-        config = _flag_value(argv, "--config")
-        value = _kubelet_config(pid, config, host_root) if config else None
-        if value:
-            return Detection(value, "kubelet config", f"volumePluginDir in {config} (pid {pid})")
+    with contextlib.ExitStack() as keep:
+        kubelets, ignored = _scan(proc_root, keep)
+        for kubelet in kubelets:
+            value = _flag_value(kubelet.argv, _FLAG)
+            if value:
+                detail = f"pid {kubelet.pid} {_FLAG}={value}"
+                return Detection(value, "kubelet command line", detail)
+        for kubelet in kubelets:
+            config = _flag_value(kubelet.argv, "--config")
+            value = _kubelet_config(kubelet.pid, config, kubelet.root) if config else None
+            if value:
+                detail = f"volumePluginDir in {config} (pid {kubelet.pid})"
+                return Detection(value, "kubelet config", detail)
     not_kubelet = f" (not kubelet: {'; '.join(ignored[:3])})" if ignored else ""
     distribution = _os_release_id(host_root)
     if distribution in DISTRIBUTION_DIRS:

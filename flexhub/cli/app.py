@@ -187,7 +187,8 @@ def daemonset(
     config_from: Annotated[
         Path | None,
         typer.Option(
-            "--config-from", help="write this file (the chart's ConfigMap) to --config first"
+            "--config-from",
+            help="check this file (the chart's ConfigMap), write it to --config once installed",
         ),
     ] = None,
     runtime_dir: Annotated[

@@ -134,3 +134,28 @@ def wait_for_cmdline(pid: int, argv0: str) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"pid {pid} never showed {argv0!r}")
+
+
+class HostProc:
+    """A ``proc_root`` for plugin-directory detection that shows the real ``/proc/<pid>`` of
+    the processes a test names, and this test's own process as pid 1, the host's init.
+
+    Detection believes only processes living where pid 1 does (its root and mount namespace);
+    the real pid 1 of a test machine may be unreadable (a sandbox's init) and the real
+    ``/proc`` holds the fake kubelets of other tests running at the same time. Every entry
+    is a symlink to the real one: the kernel's own root, namespace, exe and status."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.mkdir()
+        (path / "1").symlink_to(f"/proc/{os.getpid()}")
+
+    def show(self, pid: int) -> None:
+        link = self.path / str(pid)
+        if not os.path.lexists(link):
+            link.symlink_to(f"/proc/{pid}")
+
+
+@pytest.fixture
+def host_proc(tmp_path: Path) -> HostProc:
+    return HostProc(tmp_path / "host-proc")

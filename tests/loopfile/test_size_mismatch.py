@@ -107,3 +107,46 @@ def test_larger_file_than_size_mounts_and_says_so(
     log = (node_tree["log"] / "flexhub.log").read_text()
     assert "larger than option 'size'" in log and "not shrunk" in log
     assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
+
+
+def given_image(node_tree: dict[str, Path], size: int) -> Path:
+    """An operator's pre-provisioned image of ``size`` bytes (as `truncate -s` makes it)."""
+    img = image(node_tree, "given.img")
+    img.parent.mkdir(parents=True, exist_ok=True)
+    with open(img, "wb") as handle:
+        handle.truncate(size)
+    os.chmod(img, 0o600)
+    return img
+
+
+def test_a_file_of_exactly_size_bytes_mounts(
+    kube: Kubelet,  # noqa: F811
+    node_tree: dict[str, Path],
+) -> None:
+    """ "100M" is 100,000,000 bytes, not a multiple of 4096: a file of exactly that many bytes
+    is what the PV asks for and mounts, unchanged (only a file flexhub makes is rounded)."""
+    img = given_image(node_tree, 100_000_000)
+    uid = kube.new_pod_uid()
+    reply = mount(kube, uid, {"backend": "loopfile", "file": "given.img", "size": "100M"})
+    assert reply.ok, reply.reply
+    assert fs_size(kube.pod_dir(uid, "pv-1")) > 80 * MiB
+    assert img.stat().st_size == 100_000_000
+    assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
+    assert "larger than option 'size'" not in (node_tree["log"] / "flexhub.log").read_text()
+
+
+def test_a_file_a_byte_short_is_refused_in_exact_bytes(
+    kube: Kubelet,  # noqa: F811
+    node_tree: dict[str, Path],
+) -> None:
+    """One byte short of "100M": refused, and since both print as 95.4 MiB the message gives
+    the exact byte counts."""
+    img = given_image(node_tree, 99_999_999)
+    reply = mount(
+        kube, kube.new_pod_uid(), {"backend": "loopfile", "file": "given.img", "size": "100M"}
+    )
+    assert reply.status == "Failure", reply.reply
+    assert "is 99999999 bytes but option 'size' asks for 100000000 bytes" in reply.message
+    assert "\n" not in reply.message
+    assert img.stat().st_size == 99_999_999
+    assert loops_of(node_tree["loopfiles"]) == [] and mounts_under(node_tree["state"]) == []

@@ -523,24 +523,27 @@ class LoopfileBackend(BlockBackend):
 
     @staticmethod
     def _check_size(path: Path, current: int, size: int, *, note: bool = True) -> None:
-        """An existing file must be at least ``size`` (a larger one is logged if ``note``).
+        """An existing file must be at least ``size`` bytes, as asked (a file flexhub makes is
+        rounded up to whole blocks, a given one need not be); a file larger than ``size``
+        rounded up is logged if ``note``.
 
         :raises VolumeError: the file is smaller than option ``size``.
         """
-        wanted = _round_up(size)
-        if current < wanted:
+        if current < size:
+            have, want = _room.human(current), _room.human(size)
+            if have == want:  # e.g. 99,999,999 and 100,000,000 bytes: both 95.4 MiB
+                have, want = f"{current} bytes", f"{size} bytes"
             raise VolumeError(
-                f"{path} is {_room.human(current)} but option 'size' asks for "
-                f"{_room.human(wanted)}: refusing to mount it at another size (mount it with "
-                f"a 'size' of at most {_room.human(current)}, or none, and expand its PVC; "
-                "or name a new file)"
+                f"{path} is {have} but option 'size' asks for {want}: refusing to mount it at "
+                f"another size (mount it with a 'size' of at most {have}, or none, and expand "
+                "its PVC; or name a new file)"
             )
-        if current > wanted and note:
+        if current > _round_up(size) and note:
             LOG.info(
                 "%s is %d bytes, larger than option 'size' (%d): not shrunk, mounted at its size",
                 path,
                 current,
-                wanted,
+                size,
             )
 
     @staticmethod
