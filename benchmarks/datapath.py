@@ -20,20 +20,22 @@ all on the filesystem that holds the temporary directory (``TMPDIR`` chooses it)
     mounted directly.
 
 The volume gets the host filesystem's type (ext4 or xfs), so that every target runs the
-same filesystem. Direct-I/O jobs use ``--direct=1``; before each job the data file's pages
-(for a loop target: the backing file's pages as well) are written back and dropped, so that
-every job starts cold. Each figure is the median over ``--repeat`` rounds (the targets'
-order rotates between rounds, so that load drifts hit all of them), printed with its spread
-(min-max) and its ratio to ``host`` in the same round, beside the goal (loopfile volume at
-least 0.9x the host for sequential jobs, 0.8x for random and fsync'd small writes); goals are
-reported, never asserted.
+same filesystem (``--fstype`` overrides it; ``--mount-options`` are the volume's
+``mountOptions`` and the loop targets' ``mount -o``). Direct-I/O jobs use ``--direct=1``;
+before each job the data file's pages (for a loop target: the backing file's pages as well)
+are written back and dropped, so that every job starts cold. Each figure is the median over
+``--repeat`` rounds (the targets' order rotates between rounds, so that load drifts hit all
+of them), printed with its spread (min-max) and the median of its per-round ratios to
+``host``, beside the goal (loopfile volume at least 0.9x the host for sequential jobs, 0.8x
+for random and fsync'd small writes); goals are reported, never asserted.
 
 ``--also SPEC`` adds a loop target with other settings, to measure what flexhub could set:
 SPEC is ``NAME:`` followed by comma-separated ``dio`` (direct I/O on), ``sector=N``
 (``losetup --sector-size``) and ``queue.ATTR=VALUE`` (written to
 ``/sys/block/loopN/queue/ATTR`` after attaching), e.g. ``--also dio-4k:dio,sector=4096``.
 
-``--smoke`` runs every job on every target for a fraction of a second (CI runs it). The
+``--job NAME`` runs only the named jobs. ``--smoke`` runs every job on every target for a
+tenth of a second (CI runs it; about 15 s in all, most of it fio starting). The
 benchmark leaves nothing mounted or attached: the volume is unmounted through the driver,
 the plain loop devices are detached, and the temporary tree is removed.
 """
@@ -44,6 +46,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -61,6 +64,7 @@ from flexhub.harness import Kubelet
 MiB = 1 << 20
 DATA = "fio.dat"
 GOALS = {"sequential": 0.9, "random": 0.8}
+RESERVED = ("host", "flexhub", "loop-buffered")
 
 
 @dataclass(frozen=True)
@@ -113,10 +117,20 @@ JOBS = (
 )
 
 
-def run(argv: Sequence[str]) -> str:
-    proc = subprocess.run(
-        list(argv), stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False, cwd="/"
-    )
+def run(argv: Sequence[str], timeout: float = 600.0) -> str:
+    """Run a command (no shell); its output, or exit with a one-line failure."""
+    try:
+        proc = subprocess.run(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd="/",
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"benchmark: {argv[0]} did not finish in {timeout:.0f}s") from None
     if proc.returncode != 0:
         raise SystemExit(f"benchmark: {argv[0]} failed: {(proc.stderr or proc.stdout).strip()}")
     return proc.stdout
@@ -215,7 +229,7 @@ class LoopSpec:
     @classmethod
     def parse(cls, text: str) -> LoopSpec:
         name, sep, rest = text.partition(":")
-        if not sep or not name or name in ("host", "flexhub"):
+        if not sep or not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,13}", name) or name in RESERVED:
             raise argparse.ArgumentTypeError(f"{text!r}: want NAME:SETTING,... (see --help)")
         direct_io, sector, queue = False, None, []
         for item in filter(None, rest.split(",")):
@@ -232,7 +246,9 @@ class LoopSpec:
 
 
 @contextlib.contextmanager
-def plain_loop(spec: LoopSpec, image: Path, fstype: str, mountpoint: Path) -> Iterator[str]:
+def plain_loop(
+    spec: LoopSpec, image: Path, fstype: str, options: str, mountpoint: Path
+) -> Iterator[str]:
     """Attach ``image`` as ``spec`` says, mount it at ``mountpoint``; undo both afterwards."""
     argv = ["losetup", "--find", "--show", f"--direct-io={'on' if spec.direct_io else 'off'}"]
     if spec.sector_size is not None:
@@ -242,9 +258,13 @@ def plain_loop(spec: LoopSpec, image: Path, fstype: str, mountpoint: Path) -> It
     try:
         name = device.rsplit("/", 1)[-1]
         for attr, value in spec.queue:
-            (Path("/sys/block") / name / "queue" / attr).write_text(value)
+            setting = Path("/sys/block") / name / "queue" / attr
+            try:
+                setting.write_text(value)
+            except OSError as exc:
+                raise SystemExit(f"benchmark: cannot set {setting}: {exc.strerror}") from None
         mountpoint.mkdir(parents=True, exist_ok=True)
-        run(["mount", "-t", fstype, device, str(mountpoint)])
+        run(["mount", "-t", fstype, *(["-o", options] if options else []), device, str(mountpoint)])
         mounted = True
         yield device
     finally:
@@ -302,6 +322,7 @@ class DataPath:
     mount_options: str
     specs: list[LoopSpec]
     selected: tuple[Job, ...] = JOBS
+    job_timeout: float = 120.0
     pv: str = "pv-datapath"
     image: Path | None = None
 
@@ -352,7 +373,8 @@ class DataPath:
             if self.image is not None and target != "host":
                 drop_pages(self.image)
             argv = job.argv(directory / DATA, self.size, self.runtime, self.ramp)
-            results.add(job.name, target, fio_figure(job, run(argv)))
+            # a job runs for ramp + runtime; the rest is fio starting and stopping
+            results.add(job.name, target, fio_figure(job, run(argv, self.job_timeout)))
 
     def host(self, results: Results) -> None:
         self.jobs(self.host_dir, results, "host")
@@ -385,7 +407,7 @@ class DataPath:
     def loop(self, spec: LoopSpec, results: Results, notes: list[str]) -> None:
         assert self.image is not None, "the flexhub round makes the file"
         mountpoint = self.bench.root / "plain" / spec.name
-        with plain_loop(spec, self.image, self.fstype, mountpoint) as device:
+        with plain_loop(spec, self.image, self.fstype, self.mount_options, mountpoint) as device:
             if not any(note.startswith(f"# {spec.name}:") for note in notes):
                 _, fstype, options = mount_of(mountpoint)
                 notes.append(f"# {spec.name}: {fstype} ({options}) on {loop_settings(device)}")
@@ -459,6 +481,8 @@ def main() -> int:
         print("benchmark: fio is not installed (.ci/install-system.sh)", file=sys.stderr)
         return 2
     repeat, size, runtime, ramp = args.repeat, args.size, args.runtime, args.ramp
+    if repeat < 1 or runtime < 0.01 or ramp < 0 or size < MiB:
+        parser.error("want --repeat >= 1, --runtime >= 0.01, --ramp >= 0, --size >= 1MiB")
     if args.smoke:
         repeat, size, runtime, ramp = 1, 8 * MiB, 0.1, 0.0
     base = Path(tempfile.gettempdir())
@@ -468,6 +492,8 @@ def main() -> int:
         print(f"benchmark: {base} is {host_fs!r}; pass --fstype ext4 or xfs", file=sys.stderr)
         return 2
     specs = [LoopSpec("loop-buffered"), *args.also]
+    if len({spec.name for spec in specs}) != len(specs):
+        parser.error("every --also needs a name of its own")
     print(
         f"# flexhub data-path benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} "
         f"cpus, {run(['fio', '--version']).strip()}, {os.uname().release}; host {base} "
@@ -486,6 +512,7 @@ def main() -> int:
             args.mount_options,
             specs,
             tuple(job for job in JOBS if not args.job or job.name in args.job),
+            job_timeout=runtime + ramp + 120.0,
         )
         results, notes = node.rounds(repeat)
         for note in notes:
