@@ -48,6 +48,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -500,6 +501,8 @@ def main() -> int:
         f"({host_fs}), volumes {fstype}; data file {size // MiB} MiB, {runtime:g}s "
         f"(+{ramp:g}s ramp) per job, medians of {repeat} round(s)"
     )
+    # SIGTERM unwinds like Ctrl-C: the finally clauses unmount and detach what is ours
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     tmp = Path(tempfile.mkdtemp(prefix="flexhub-bench-"))
     bench = Bench(tmp)
     try:
