@@ -1,8 +1,10 @@
-"""A smoke run of the kubelet-path benchmark: the documented command works and prints every
-figure (the figures themselves are reported, never asserted)."""
+"""Smoke runs of the kubelet-path and data-path benchmarks: the documented commands work,
+print every figure (the figures themselves are reported, never asserted) and leave nothing
+mounted or attached."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -36,6 +38,43 @@ def test_benchmark_smoke_run_prints_every_figure() -> None:
     for figure in FIGURES:
         assert figure in proc.stdout, (figure, proc.stdout)
     assert "(0 failed)" in proc.stdout
+    assert "flexhub-bench-" not in Path("/proc/self/mountinfo").read_text()
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True)
+    assert "flexhub-bench-" not in loops.stdout
+
+
+DATAPATH_JOBS = (
+    "randread-4k-qd1",
+    "randread-4k-qd32",
+    "randwrite-4k-qd1",
+    "randwrite-4k-qd32",
+    "seqread-1m-qd8",
+    "seqwrite-1m-qd8",
+    "fsync-4k-write",
+)
+DATAPATH_TARGETS = ("host", "flexhub", "loop-buffered")
+
+
+@needs_root
+def test_datapath_smoke_run_prints_a_figure_per_job_and_target() -> None:
+    proc = subprocess.run(
+        [PYTHON, str(REPO / "benchmarks" / "datapath.py"), "--smoke"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for job in DATAPATH_JOBS:
+        for target in DATAPATH_TARGETS:
+            unit = "MiB/s" if job.startswith("seq") else "IOPS"
+            figure = re.compile(rf"^{job} +{target} +([0-9.]+) {re.escape(unit)} ", re.M)
+            found = figure.search(proc.stdout)
+            assert found is not None and float(found.group(1)) > 0, (job, target, proc.stdout)
+    # the volume really went through flexhub with direct I/O, the twin without
+    assert re.search(r"^# flexhub volume: (ext4|xfs) .* dio=1 ", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^# loop-buffered: (ext4|xfs) .* dio=0 ", proc.stdout, re.M), proc.stdout
     assert "flexhub-bench-" not in Path("/proc/self/mountinfo").read_text()
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True)
     assert "flexhub-bench-" not in loops.stdout
