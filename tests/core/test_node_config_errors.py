@@ -66,6 +66,11 @@ def test_each_bad_config_fails_every_volume_operation(tmp_path: Path, case: str)
     target.mkdir()
     try:
         for args in operations(target):
+            if case == "unknown section" and args[0] == "unmount":
+                # nothing to unmount: Success whatever the tables say (a Failure would keep
+                # the pod Terminating for a table no mount could have used)
+                assert run_flexhub(args, config).reply == {"status": "Success"}
+                continue
             assert_one_clear_failure(args, config, needle)
         assert run_flexhub(["init"], config).ok  # a failing init makes kubelet drop the driver
         assert not os.path.ismount(target)

@@ -38,7 +38,7 @@ def test_the_changelog_has_the_version() -> None:
 
 def test_the_manifest_runs_this_versions_image() -> None:
     text = (REPO / "deploy" / "kubernetes" / "flexhub.yaml").read_text()
-    tags = set(re.findall(r"image:\s*flexhub:(\S+)", text))
+    tags = set(re.findall(r"image:\s*\"?flexhub:([^\s\"]+)", text))
     assert tags == {flexhub.__version__}
 
 

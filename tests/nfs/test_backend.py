@@ -424,9 +424,9 @@ def test_bad_options_fail_before_any_command(
     config.write_text(f'state_dir = "{tmp_path / "state"}"\nlog_dir = "{tmp_path / "log"}"\n')
     monkeypatch.setenv("FLEXHUB_CONFIG", str(config))
     monkeypatch.setattr(kubelet, "_CONFIG", [])
-    import flexhub.node
+    import flexhub.node.services
 
-    monkeypatch.setattr(flexhub.node, "SubprocessRunner", lambda timeout: runner)
+    monkeypatch.setattr(flexhub.node.services, "SubprocessRunner", lambda timeout: runner)
     options = Kubelet.mount_options({"backend": "nfs", **user}, pv="pv", pod_uid="uid")
     call = kubelet.Call(operation="mount")
     reply = kubelet.handle([str(target), go_json(options)], call)
