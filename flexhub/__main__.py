@@ -13,8 +13,7 @@ The rule (the README's "kubelet's calls and people's commands"):
    pipe), calling an operation of a later version: ``{"status": "Not supported"}`` as always.
 """
 
-from __future__ import annotations
-
+# (no ``from __future__ import annotations``: importing __future__ costs init 0.1 ms)
 import os
 import sys
 

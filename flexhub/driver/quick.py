@@ -16,8 +16,7 @@ with nothing to unmount uses no backend, so a mistake in one is reported by the 
 use it. The call is logged exactly as the full path logs it.
 """
 
-from __future__ import annotations
-
+# (no ``from __future__ import annotations``: importing __future__ costs init 0.1 ms)
 import os
 import time
 
