@@ -219,9 +219,11 @@ def driver_path(plugin_dir: Path, driver: str = DRIVER_NAME) -> Path:
 
 
 def mounted_volumes(driver: Path, config: Path | None = None) -> list[str]:
-    """What flexhub has mounted on this node, from the journal of the node config ``config``
+    """What flexhub holds on this node, from the journal of the node config ``config``
     (default: the one the installed ``driver`` exports, else ``FLEXHUB_CONFIG``): each
-    mounted pod directory, and each staged volume no pod directory accounts for.
+    mounted pod directory, each staged volume no pod directory accounts for, and each volume
+    still recorded without a staging mount (its release waits, or it is attached or its attach
+    was interrupted): only the driver can release those.
 
     :raises FlexhubError: the config cannot be read.
     """
@@ -238,11 +240,15 @@ def mounted_volumes(driver: Path, config: Path | None = None) -> list[str]:
     pods = [p for p in state["pods"] if p["mounted"]]
     shown = [f"{p['target']} ({p['volume_id']})" for p in pods]
     used = {p["volume_id"] for p in pods}
-    shown += [
-        f"{v['staging']} ({v['volume_id']})"
-        for v in state["volumes"]
-        if v["mounted"] and v["volume_id"] not in used
-    ]
+    for vol in state["volumes"]:
+        if vol["volume_id"] in used:
+            continue
+        if vol["mounted"]:
+            shown.append(f"{vol['staging']} ({vol['volume_id']})")
+        elif vol.get("release_deferred"):
+            shown.append(f"{vol['volume_id']}: its release waits (a later unmount finishes it)")
+        else:  # a record is removed when its release ends: anything else is unfinished
+            shown.append(f"{vol['volume_id']}: attached or its attach interrupted")
     return shown
 
 

@@ -313,19 +313,33 @@ def op_unmount(args: list[str], call: Call) -> Reply:
     # kubelet serialises the operations on one pod volume directory, so no mount of this
     # directory can be in flight while it asks to unmount it.
     if nothing_to_unmount(config.state_dir, target):
-        # Nothing to do is Success whatever the backend tables say: a Failure here would keep
-        # the pod Terminating for a typo that no mount could have used (mount fails on it).
         return Reply()
-    check_node_sections(config)  # a table naming no backend fails it as it fails every call
     from flexhub.driver.loader import backend_factory
     from flexhub.driver.logs import configure_logging
     from flexhub.node import Node
     from flexhub.node.volumes import unmount_volume
 
     configure_logging()
+    # An unmount never fails on a table naming no installed backend: it takes its backend from
+    # the journal, and a volume mounted before the table went wrong (an upgrade, a backend
+    # dropped from the image) must still come off. The table is named in the reply and log.
+    warning = ""
+    try:
+        check_node_sections(config)
+    except FlexhubError as exc:
+        warning = f"warning: {exc.message}"
+        _log_warning(warning)
     # Success once nothing is mounted on target, even if something could not be released:
     # a Failure would make kubelet retry forever and keep the pod Terminating.
-    return Reply(message=unmount_volume(Node(config), target, backend_factory(config, call)))
+    message = unmount_volume(Node(config), target, backend_factory(config, call))
+    return Reply(message="; ".join(m for m in (message, warning) if m))
+
+
+def _log_warning(message: str) -> None:
+    """Through the module logger (logging is imported only on this path)."""
+    import logging
+
+    logging.getLogger(__name__).warning("%s", message)
 
 
 def op_expandvolume(args: list[str], call: Call) -> Reply:

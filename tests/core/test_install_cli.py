@@ -73,3 +73,29 @@ def test_uninstall_with_nothing_mounted(node_tree: dict[str, Path]) -> None:
     proc = cli("uninstall", "--plugin-dir", str(node_tree["plugins"]))
     assert proc.returncode == 0 and proc.stdout == "removed\n", proc.stderr
     assert not driver.exists()
+
+
+def test_uninstall_refuses_while_a_release_waits_or_a_volume_is_attached(
+    node_tree: dict[str, Path],
+) -> None:
+    """A volume whose release waits (storage unreachable, or its filesystem alive in another
+    mount namespace) is attached though nothing is mounted: only the driver's next unmount
+    releases it, so uninstalling would strand it (found by a hostile review; failed before:
+    the journal's records were not counted)."""
+    from flexhub.node.journal import Journal, VolumeRecord
+
+    driver = install(node_tree["plugins"], config=node_tree["config"])
+    journal = Journal(node_tree["state"])
+    waiting = "iscsi:iqn.2020-01.org.example:t1:0"
+    attached = "loopfile:/var/lib/flexhub/loopfiles/ns/a.img"
+    for volume_id, device in ((waiting, "/dev/sdz"), (attached, "/dev/loop9")):
+        staging = str(node_tree["state"] / "staging" / volume_id[-4:])
+        journal.put_volume(
+            VolumeRecord(volume_id, volume_id.split(":")[0], device, staging, "ext4", {})
+        )
+    journal.defer_release(waiting)
+    proc = cli("uninstall", "--plugin-dir", str(node_tree["plugins"]))
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert f"{waiting}: its release waits" in proc.stderr
+    assert f"{attached}: attached or its attach interrupted" in proc.stderr
+    assert driver.exists()

@@ -181,3 +181,30 @@ def test_a_backend_without_declared_settings_keeps_any_key(tmp_path: Path) -> No
     )
     reply = run_flexhub(["attach", go_json(Kubelet.base_options(ECHO, pv="pv-1")), "n"], config)
     assert reply.ok, reply.reply
+
+
+@needs_root
+def test_a_mounted_volume_still_unmounts_under_a_table_naming_no_backend(
+    node_tree: dict[str, Path],
+) -> None:
+    """An upgrade that leaves a table no installed backend has (a backend dropped from the
+    image, a typo the previous version ignored) must not strand the volumes mounted before:
+    unmount takes its backend from the journal, answers Success and names the table (found by
+    a hostile review; failed before: "unknown section [nfs_legacy]")."""
+    target = node_tree["kubelet"] / "pods" / "uid-1" / "volumes" / "k8s~flexhub" / "pv-1"
+    target.mkdir(parents=True)
+    options = go_json(Kubelet.mount_options(ECHO, pv="pv-1", pod_uid="uid-1"))
+    assert run_flexhub(["mount", str(target), options], node_tree["config"]).ok
+    clean = node_tree["config"].read_text()
+    node_tree["config"].write_text(clean + "[nfs_legacy]\nmount_timeout = 30\n")
+    try:
+        reply = run_flexhub(["unmount", str(target)], node_tree["config"])
+        assert reply.ok, reply.reply
+        assert "unknown section [nfs_legacy]" in reply.reply.get("message", "")
+        assert not os.path.ismount(target)
+        # a mount still fails on it
+        again = run_flexhub(["mount", str(target), options], node_tree["config"])
+        assert again.returncode == 1 and "unknown section [nfs_legacy]" in again.reply["message"]
+    finally:
+        node_tree["config"].write_text(clean)
+        run_flexhub(["unmount", str(target)], node_tree["config"])
