@@ -26,216 +26,87 @@ staging mount share its root directory: the last fsGroup applied wins.
 Mount options of a block volume apply when its staging mount is made (the first pod on the
 node); later pods share that mount.
 
-Test hook: :func:`checkpoint` is called between steps with the names in :data:`CHECKPOINTS`.
-When the environment variable ``FLEXHUB_TEST_CRASH_AT`` equals the name, the process kills
-itself with SIGKILL, so tests can interrupt a mount at each step; when
-``FLEXHUB_TEST_PAUSE_AT`` does, it stops itself (SIGSTOP) until the test sends SIGCONT, so
-tests can hold a call at a step while another runs. It is inert otherwise.
-``attach-progress-<key>`` follows the journalling of a backend's ``record_progress(<key>=...)``.
+Test hook: :func:`checkpoint` is called between steps with the names in :data:`CHECKPOINTS`
+(see :mod:`flexhub.node.checkpoints`: ``FLEXHUB_TEST_CRASH_AT``, ``FLEXHUB_TEST_PAUSE_AT``).
+
+This module holds the entry points and filesystem volumes; the rest is, one job each:
+
+* :mod:`flexhub.node.podrecords`: staging and pod directories, locks, who uses a staging mount;
+* :mod:`flexhub.node.staging`: a block mount (attach, stage, restage read-write, bind, rollback);
+* :mod:`flexhub.node.release`: a block release (busy device, deferred release, interrupted attach);
+* :mod:`flexhub.node.checkpoints`: the test hook.
+
+The names of those modules that callers used from here (:data:`CHECKPOINTS`,
+:func:`staging_dir`, ...) are still importable from here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import errno
 import logging
-import os
-import signal
-import stat
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from flexhub.backend import Attachment, Backend, BlockBackend, FilesystemBackend
-from flexhub.errors import (
-    MIN_SECRET_CHARS,
-    BackendError,
-    FlexhubError,
-    LockTimeout,
-    ReleaseDeferred,
-    StateError,
-    VolumeError,
-)
+from flexhub.errors import BackendError, FlexhubError, VolumeError
 from flexhub.node import Node
-from flexhub.node.fs import format_and_mount, grow_filesystem
-from flexhub.node.journal import PodRecord, VolumeRecord, record_details
-from flexhub.node.mounts import (
-    MountEntry,
-    bind_mount,
-    check_block_mount_options,
-    check_mount_options,
-    cleanup_mount_point,
-    is_corrupted,
+from flexhub.node.checkpoints import (
+    CHECKPOINTS,
+    CRASH_ENV,
+    PAUSE_ENV,
+    UNMOUNT_CHECKPOINTS,
+    checkpoint,
 )
+from flexhub.node.fs import grow_filesystem
+from flexhub.node.journal import PodRecord, record_details
+from flexhub.node.mounts import check_block_mount_options, check_mount_options, cleanup_mount_point
+from flexhub.node.podrecords import (
+    _abs,
+    _adopt_pod_record,
+    _backend_name,
+    _check_no_secret,
+    _device_number,
+    _forget,
+    _guess_staging,
+    _volume_locks,
+    pod_dir,
+    staging_dir,
+)
+from flexhub.node.release import (
+    OPEN_TIMEOUT,
+    RETRY_MAX,
+    _load_for_unmount,
+    _release,
+    retry_deferred_releases,
+)
+from flexhub.node.staging import STAT_TIMEOUT, _clean_if_corrupted, _mount_block, apply_fs_group
+
+# Moved to flexhub.node.staging; still importable from here (tests build a mount step by step).
+from flexhub.node.staging import _attach_and_record as _attach_and_record
+from flexhub.node.staging import _Progress as _Progress
 from flexhub.node.statedir import secure_state_dir
-from flexhub.volume import PodInfo, Volume
+from flexhub.volume import Volume
 
 __all__ = [
     "CHECKPOINTS",
     "CRASH_ENV",
+    "OPEN_TIMEOUT",
     "PAUSE_ENV",
+    "RETRY_MAX",
+    "STAT_TIMEOUT",
     "UNMOUNT_CHECKPOINTS",
     "apply_fs_group",
     "checkpoint",
     "expand_volume",
     "mount_volume",
     "pod_dir",
+    "retry_deferred_releases",
     "staging_dir",
     "unmount_volume",
 ]
 
 LOG = logging.getLogger(__name__)
-
-CRASH_ENV = "FLEXHUB_TEST_CRASH_AT"
-PAUSE_ENV = "FLEXHUB_TEST_PAUSE_AT"
-
-#: The steps of a block mount, in order, at which :func:`checkpoint` may crash the process.
-CHECKPOINTS = (
-    "pod-record",
-    "volume-intent",
-    "attached",
-    "volume-record",
-    "staged",
-    "bound",
-    "done",
-)
-#: The steps of a block unmount at which :func:`checkpoint` may crash the process.
-UNMOUNT_CHECKPOINTS = ("unbound", "unstaged", "released")
-
-#: Key of the pod's namespace in a volume record's options (never one of a backend's keys).
-_NAMESPACE = "kubernetes.io/pod.namespace"
-_K = TypeVar("_K", str, Path)
-
-#: Seconds given to the ``stat`` of a possibly stale mount point.
-STAT_TIMEOUT = 5.0
-
-
-def checkpoint(name: str) -> None:
-    """Test hook: SIGKILL this process when ``$FLEXHUB_TEST_CRASH_AT`` is ``name``; stop it
-    (SIGSTOP, until a SIGCONT) when ``$FLEXHUB_TEST_PAUSE_AT`` is."""
-    if os.environ.get(CRASH_ENV) == name:
-        LOG.warning("test hook: crashing at checkpoint %s", name)
-        os.kill(os.getpid(), signal.SIGKILL)
-    if os.environ.get(PAUSE_ENV) == name:
-        LOG.warning("test hook: stopping at checkpoint %s until SIGCONT", name)
-        os.kill(os.getpid(), signal.SIGSTOP)
-
-
-def staging_dir(node: Node, volume_id: str) -> Path:
-    """The directory where the block volume ``volume_id`` is mounted once for the node."""
-    import hashlib
-
-    digest = hashlib.sha256(volume_id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-    return _staging_root(node) / digest
-
-
-def _staging_root(node: Node) -> Path:
-    # mountinfo shows resolved paths; state_dir is ours (never stale), so resolving is safe.
-    return Path(os.path.realpath(node.state_dir)) / "staging"
-
-
-def _abs(target: Path) -> Path:
-    return Path(os.path.normpath(os.path.abspath(target)))
-
-
-def pod_dir(target: Path) -> Path:
-    """The pod volume directory as mountinfo names it: kubelet's directories resolved.
-
-    Operators often make ``/var/lib/kubelet`` (or ``.../pods``) a symlink to a data disk;
-    kubelet passes the path as configured, mountinfo shows the resolved one. Only the parent
-    (kubelet's own directory, never a volume) is resolved; the last component is appended as
-    given, because resolving a possibly stale mount point can hang.
-    """
-    absolute = _abs(target)
-    return Path(os.path.realpath(absolute.parent)) / absolute.name
-
-
-def _adopt_pod_record(node: Node, given: Path, target: Path) -> None:
-    """Move a pod record keyed by the unresolved path ``given`` (older flexhub) to ``target``.
-
-    The caller holds the pod lock; a record already under ``target`` wins.
-    """
-    if given == target or node.journal.get_pod(target) is not None:
-        return
-    old = node.journal.get_pod(given)
-    if old is None:
-        return
-    LOG.info("pod record of %s moves to its resolved path %s", given, target)
-    try:
-        node.journal.put_pod(dataclasses.replace(old, target=str(target)))
-        node.journal.delete_pod(given)
-    except StateError as exc:  # a read-only state_dir: the mount table still tells
-        LOG.warning("cannot move the pod record of %s: %s", given, exc)
-
-
-def _backend_name(node: Node, backend: Backend, volume: Volume) -> str:
-    return volume.backend or node.backend or type(backend).__name__
-
-
-def _check_no_secret(backend_name: str, details: dict[str, str], volume: Volume) -> None:
-    # Whole values only: a CHAP user name inside an IQN, or a one-letter value, is no leak;
-    # nor is a value the volume's own options hold in the open (a CHAP user name equal to
-    # initiatorName): the PV shows it already.
-    public = set(volume.options.values())
-    secrets = {
-        form
-        for secret in volume.secrets.revealed()
-        if not {secret, secret.strip()} & public
-        for form in (secret, secret.strip())
-        if len(form) >= MIN_SECRET_CHARS
-    }
-    for key, value in details.items():
-        if value in secrets or value.strip() in secrets or key in secrets:
-            raise BackendError(
-                f"backend {backend_name!r} returned a secret in its details ({key!r}): "
-                "refusing to journal it"
-            )
-
-
-def apply_fs_group(root: Path, gid: int) -> None:
-    """Give ``root`` (a filesystem's root directory) group ``gid``, ``g+rwx`` and setgid."""
-    info = os.stat(root)
-    if info.st_gid != gid:
-        os.chown(root, -1, gid)
-    mode = stat.S_IMODE(info.st_mode) | stat.S_IRWXG | stat.S_ISGID
-    if mode != stat.S_IMODE(info.st_mode):
-        os.chmod(root, mode)
-
-
-@contextlib.contextmanager
-def _volume_locks(node: Node, volume_id: str | None, staging: Path) -> Iterator[None]:
-    with contextlib.ExitStack() as stack:
-        if volume_id is not None:
-            stack.enter_context(node.lock("volume", volume_id))
-        stack.enter_context(node.lock("staging", str(staging)))
-        yield
-
-
-def _same_device(entry: MountEntry | None, other: MountEntry | None) -> bool:
-    return entry is not None and other is not None and entry.major_minor == other.major_minor
-
-
-def _device_number(device: str) -> str | None:
-    try:
-        rdev = os.stat(device).st_rdev
-    except OSError:
-        return None
-    return f"{os.major(rdev)}:{os.minor(rdev)}"
-
-
-def _clean_if_corrupted(node: Node, path: Path) -> MountEntry | None:
-    """Unmount ``path`` if it is a corrupted mount point; return what is mounted there now."""
-    entry = node.mounts.at(path)
-    if entry is not None and is_corrupted(path, STAT_TIMEOUT):
-        LOG.warning(
-            "cleaning corrupted mount point %s (%s from %s)", path, entry.fs_type, entry.source
-        )
-        cleanup_mount_point(node.runner, path, node.config.unmount_timeout, node.mounts)
-        entry = node.mounts.at(path)
-    return entry
 
 
 # -- mount ---------------------------------------------------------------------------------------
@@ -310,410 +181,6 @@ def _undo_filesystem(node: Node, backend: FilesystemBackend, target: Path) -> No
         LOG.error("rollback of the mount on %s failed: %s", target, exc)
 
 
-def _mount_block(
-    node: Node, backend: BlockBackend, target: Path, volume: Volume, volume_id: str
-) -> None:
-    name = _backend_name(node, backend, volume)
-    fs_type = volume.fs_type_or_default()
-    staging = staging_dir(node, volume_id)
-    with _volume_locks(node, volume_id, staging):
-        staged = _clean_if_corrupted(node, staging)
-        here = _clean_if_corrupted(node, target)
-        shared = node.journal.get_volume(volume_id)
-        if staged is not None and _record_matches(shared, staged):
-            assert shared is not None
-            _check_access(backend, volume, volume_id, shared)
-        elif shared is not None and shared.device and volume_id in node.journal.deferred():
-            # Not staged, but still attached with its identity (its release waits for the
-            # storage): reusing the device would skip the login, as sharing a staged one would.
-            _check_access(backend, volume, volume_id, shared)
-        record = node.journal.get_pod(target)
-        if here is not None:
-            if _same_device(here, staged) and here.read_only == volume.read_only:
-                if record is None or record.staging != str(staging):
-                    node.journal.put_pod(
-                        PodRecord(str(target), name, volume_id, str(staging), volume.read_only)
-                    )
-                if not _record_matches(node.journal.get_volume(volume_id), staged):
-                    LOG.warning("re-journalling the staged volume %s", volume_id)
-                    _attach_and_record(
-                        node, backend, volume, volume_id, name, staging, staged, _Progress()
-                    )
-                LOG.info("%s is already mounted (%s): nothing to do", target, volume_id)
-                return
-            if record is None or record.volume_id != volume_id:
-                raise VolumeError(f"{target} is already a mount point of {here.source}")
-            # Our own leftover (an interrupted call, or the wrong mode): start again.
-            cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
-        progress = _Progress()
-        try:
-            _do_mount_block(
-                node, backend, target, volume, volume_id, name, fs_type, staging, staged, progress
-            )
-        except BaseException:
-            _undo_block(node, backend, target, volume_id, staging, progress)
-            raise
-
-
-class _Progress:
-    """What a block mount call changed, for its rollback."""
-
-    def __init__(self) -> None:
-        self.attachment: Attachment | None = None
-        self.staged = False
-        self.pod_record = False
-        self.bound = False
-
-
-def _do_mount_block(
-    node: Node,
-    backend: BlockBackend,
-    target: Path,
-    volume: Volume,
-    volume_id: str,
-    name: str,
-    fs_type: str,
-    staging: Path,
-    staged: MountEntry | None,
-    progress: _Progress,
-) -> None:
-    journal = node.journal
-    journal.put_pod(PodRecord(str(target), name, volume_id, str(staging), volume.read_only))
-    progress.pod_record = True
-    checkpoint("pod-record")
-    vrecord = journal.get_volume(volume_id)
-    restage = staged is not None and not volume.read_only and staged.read_only
-    if restage:
-        _refuse_while_read_only_pods(node, staging, target, volume_id)
-    if staged is None or restage or not _record_matches(vrecord, staged):
-        # Every read-write staging mount follows an attach for writing (idempotent), which
-        # is where a backend fences other writers: also a read-only staging mount (attached
-        # for reading, never fenced) that is restaged read-write.
-        vrecord = _attach_and_record(
-            node, backend, volume, volume_id, name, staging, staged, progress
-        )
-    assert vrecord is not None
-    if restage:
-        _unstage_read_only(node, staging, target)
-        staged = None
-    if staged is None:
-        staging.mkdir(mode=0o700, parents=True, exist_ok=True)
-        formatted = format_and_mount(
-            node.runner,
-            vrecord.device,
-            staging,
-            fs_type,
-            volume.read_only,
-            volume.mount_options,
-            node.config.mount_timeout,
-            blank_hint=progress.attachment.blank if progress.attachment else None,
-            label=_device_label(vrecord),
-            internal_options=_internal_options(backend, volume),
-        )
-        progress.staged = True
-        LOG.info(
-            "staged %s (%s%s) on %s",
-            volume_id,
-            vrecord.device,
-            ", formatted" if formatted else "",
-            staging,
-        )
-        checkpoint("staged")
-        staged = node.mounts.at(staging)
-        if staged is None:
-            raise VolumeError(f"{staging} is not a mount point after mounting it")
-    if staged.fs_type != fs_type:
-        raise VolumeError(
-            f"{vrecord.device} holds a {staged.fs_type} filesystem but fsType {fs_type} was "
-            "requested"
-        )
-    if volume.fs_group is not None and not volume.read_only:
-        # before the bind: once the pod directory is a mount point kubelet never calls again
-        apply_fs_group(staging, volume.fs_group)
-    target.mkdir(mode=0o750, parents=True, exist_ok=True)
-    bind_mount(
-        node.runner, staging, target, volume.read_only, node.mounts, node.config.mount_timeout
-    )
-    progress.bound = True
-    checkpoint("bound")
-    checkpoint("done")
-
-
-def _refuse_while_read_only_pods(node: Node, staging: Path, target: Path, volume_id: str) -> None:
-    """A read-only staging mount is restaged read-write only once no pod uses it.
-
-    A read-only mount skipped ``fsck`` (and may skip journal recovery); remounting it
-    read-write would write to a filesystem nobody checked. It is unmounted instead and staged
-    again through the full first-mount path (attach for writing, fsck, mount read-write),
-    which is impossible while read-only pods use it (their binds keep the filesystem
-    mounted): refused then, before any attach, and kubelet retries once they are gone.
-
-    :raises VolumeError: read-only pods use the staging mount.
-    """
-    users = _users(node, staging, exclude=target)
-    if users:
-        raise VolumeError(
-            f"volume {volume_id} is mounted read-only by {len(users)} pod(s) on this node; a "
-            "read-write mount needs the filesystem checked first, which needs them gone"
-        )
-
-
-def _unstage_read_only(node: Node, staging: Path, target: Path) -> None:
-    """Unmount a read-only staging mount (no pod uses it) that a read-write pod restages."""
-    LOG.info("unmounting the read-only staging mount %s to check it for %s", staging, target)
-    cleanup_mount_point(node.runner, staging, node.config.unmount_timeout, node.mounts)
-
-
-def _device_label(record: VolumeRecord) -> str:
-    """The device of ``record`` for messages, with its backing file when the backend says."""
-    file = record.details.get("file")
-    return f"{record.device} (file {file})" if file else record.device
-
-
-def _internal_options(backend: BlockBackend, volume: Volume) -> tuple[str, ...]:
-    """flexhub's own options of a staging mount: a read-only mount of a device that another
-    node may be writing never replays its journal (``norecovery``: ext4 and xfs)."""
-    return ("norecovery",) if volume.read_only and backend.shared_device else ()
-
-
-def _record_matches(record: VolumeRecord | None, staged: MountEntry | None) -> bool:
-    """Whether ``record`` names the device that is mounted on the staging directory."""
-    return (
-        record is not None
-        and staged is not None
-        and not record.pending
-        and _device_number(record.device) == staged.major_minor
-    )
-
-
-def _check_access(
-    backend: BlockBackend,
-    volume: Volume,
-    volume_id: str,
-    record: VolumeRecord,
-    what: str = "is already staged on this node",
-) -> None:
-    """Refuse to share a staged volume with a volume of another connection identity.
-
-    :raises VolumeError: naming the keys of :meth:`BlockBackend.access` that differ, never
-        their values.
-    """
-    wanted = record_details(backend.access(volume))
-    differ = sorted(
-        k for k in wanted.keys() | record.access.keys() if wanted.get(k) != record.access.get(k)
-    )
-    if differ:
-        raise VolumeError(
-            f"volume {volume_id} {what} with another connection identity: "
-            f"{', '.join(differ)} differ(s); refusing to share it"
-        )
-
-
-def _attach_and_record(
-    node: Node,
-    backend: BlockBackend,
-    volume: Volume,
-    volume_id: str,
-    name: str,
-    staging: Path,
-    staged: MountEntry | None,
-    progress: _Progress,
-) -> VolumeRecord:
-    """Journal the intent, attach (idempotent), journal the attachment."""
-    fs_type = volume.fs_type_or_default()
-    options = record_details(volume.options)
-    _check_no_secret(name, options, volume)
-    if volume.pod is not None and volume.pod.namespace:
-        # a backend may resolve the volume in its namespace (loopfile): _detach needs it too
-        options[_NAMESPACE] = volume.pod.namespace
-    access = record_details(backend.access(volume))
-    _check_no_secret(name, access, volume)
-    earlier = node.journal.get_volume(volume_id)
-    if earlier is not None and earlier.pending and earlier.partial:
-        # An attach interrupted earlier left something (an iSCSI session logged in with its
-        # CHAP): a volume of another identity must not inherit it. Refused; the rollback
-        # releases the leftover, so kubelet's retry attaches with its own identity.
-        _check_access(
-            backend, volume, volume_id, earlier, "was being attached on this node (interrupted)"
-        )
-    # An attach interrupted earlier may have left something: keep what it reported.
-    partial = dict(earlier.partial) if earlier is not None and earlier.pending else {}
-    intent = VolumeRecord(
-        volume_id,
-        name,
-        "",
-        str(staging),
-        fs_type,
-        {},
-        options=options,
-        partial=partial,
-        access=access,
-    )
-    if earlier is None or earlier.pending or not earlier.device:
-        node.journal.put_volume(intent)
-    # else: a device attached before and never released (its release waits for the storage,
-    # or its backend was broken) keeps its record until this attach returns: a failure here
-    # must still know what to release.
-    checkpoint("volume-intent")
-    attachment = _attach_reporting(node, backend, volume, intent)
-    progress.attachment = attachment
-    checkpoint("attached")
-    details = record_details(attachment.details)
-    _check_no_secret(name, details, volume)
-    if staged is not None and _device_number(attachment.device) != staged.major_minor:
-        raise VolumeError(
-            f"{staging} holds {staged.source}, not {attachment.device}: refusing to share it"
-        )
-    record = VolumeRecord(
-        volume_id,
-        name,
-        attachment.device,
-        str(staging),
-        fs_type,
-        details,
-        options=options,
-        access=access,
-    )
-    node.journal.put_volume(record)
-    checkpoint("volume-record")
-    return record
-
-
-def _attach_reporting(
-    node: Node, backend: BlockBackend, volume: Volume, intent: VolumeRecord
-) -> Attachment:
-    """``backend.attach``, journalling each ``record_progress`` into the intent at once."""
-    record = [intent]
-
-    def journal(details: Mapping[str, str]) -> None:
-        _check_no_secret(intent.backend, dict(details), volume)
-        record[0] = dataclasses.replace(record[0], partial={**record[0].partial, **details})
-        node.journal.put_volume(record[0])
-        for key in details:
-            checkpoint(f"attach-progress-{key}")
-
-    previous = backend.node.progress
-    backend.node.progress = journal
-    try:
-        return backend.attach(volume)
-    finally:
-        backend.node.progress = previous
-
-
-def _undo_block(
-    node: Node,
-    backend: BlockBackend,
-    target: Path,
-    volume_id: str,
-    staging: Path,
-    progress: _Progress,
-) -> None:
-    """Undo a failed block mount: the bind, and the staging and device if nobody uses them."""
-    try:
-        if progress.bound or node.mounts.is_mount_point(target):
-            cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
-        node.journal.delete_pod(target)
-        if _users(node, staging, exclude=target):
-            return
-        cleanup_mount_point(node.runner, staging, node.config.unmount_timeout, node.mounts)
-        record = node.journal.get_volume(volume_id)
-        try:
-            if progress.attachment is not None:
-                _check_free(backend, progress.attachment, volume_id)
-                backend.detach(progress.attachment)
-            elif record is not None:
-                _check_free(backend, _attachment(record), volume_id)
-                _detach(backend, record)
-        except ReleaseDeferred as exc:
-            _keep_for_later(node, volume_id, staging, exc, [])
-            return
-        node.journal.delete_volume(volume_id)
-        _remove_dir(staging)
-        if progress.attachment is not None:
-            backend.discard(progress.attachment)  # e.g. the file this call's attach created
-    except (FlexhubError, OSError) as exc:
-        LOG.error("rollback of the mount of %s on %s failed: %s", volume_id, target, exc)
-
-
-def _users(node: Node, staging: Path, exclude: Path) -> list[str]:
-    """The pod directories still bound to the staging mount (journal checked by mountinfo).
-
-    Pod records of this staging directory whose target is no longer bound to it are stale
-    (a crash, a reboot) and are pruned; the caller holds the volume's locks, so no mount of
-    it is in flight. Binds found in mountinfo but missing from the journal (a lost record)
-    count too: a staging mount is never pulled from under a pod.
-    """
-    staged = node.mounts.at(staging)
-    users: set[str] = set()
-    for record in node.journal.pods():
-        if record.staging != str(staging) or record.target == str(exclude):
-            continue
-        bound = node.mounts.at(record.target)
-        if _same_device(bound, staged):
-            users.add(record.target)
-        else:
-            LOG.info("pruning stale pod record of %s (not bound to %s)", record.target, staging)
-            with contextlib.suppress(FlexhubError):
-                node.journal.delete_pod(record.target)
-    if staged is not None:
-        for entry in node.mounts.users_of(staged):
-            point = entry.mount_point
-            if point in (str(staging), str(exclude)) or point in users:
-                continue
-            if Path(point).parent == staging.parent:
-                continue  # another staging dir of the same device: not a pod
-            LOG.warning("%s is bound to %s without a pod record: counting it", point, staging)
-            users.add(point)
-    return sorted(users)
-
-
-def _detach(backend: BlockBackend, record: VolumeRecord) -> None:
-    """Release the device of ``record``; for an intent, what the attach reported (or, for a
-    backend that reports nothing, attach again (idempotent) first)."""
-    if not record.pending:
-        backend.detach(Attachment(record.device, dict(record.details)))
-        return
-    if backend.releases_partial:
-        LOG.info(
-            "%s was interrupted during attach: releasing what it reported (%s)",
-            record.volume_id,
-            ", ".join(f"{k}={v}" for k, v in sorted(record.partial.items())) or "nothing",
-        )
-        backend.release(dict(record.partial))
-        return
-    if not record.options:
-        LOG.warning("intent record of %s has no options: cannot release it", record.volume_id)
-        return
-    LOG.info("%s was interrupted during attach: re-attaching to detach it", record.volume_id)
-    own = {k: v for k, v in record.options.items() if k != _NAMESPACE}
-    namespace = record.options.get(_NAMESPACE, "")
-    volume = Volume(
-        options=own,
-        fs_type=record.fs_type,
-        pod=PodInfo(namespace=namespace) if namespace else None,
-    )
-    try:
-        attachment = backend.attach(volume)
-    except FlexhubError as exc:
-        LOG.warning(
-            "cannot re-attach %s to release it (%s): assuming nothing is attached",
-            record.volume_id,
-            exc,
-        )
-        return
-    backend.detach(attachment)
-
-
-def _remove_dir(path: Path) -> None:
-    try:
-        path.rmdir()
-    except OSError as exc:
-        if exc.errno == errno.EROFS:
-            LOG.warning("cannot remove %s: %s", path, exc.strerror)
-        elif exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EBUSY):
-            raise
-
-
 # -- unmount -------------------------------------------------------------------------------------
 
 
@@ -765,90 +232,6 @@ def _unmount_pod(node: Node, target: Path, load_backend: Callable[[str], Backend
     return notes
 
 
-#: The longest wait between two tries of a release deferred for unreachable storage.
-RETRY_MAX = 900.0
-
-
-def retry_deferred_releases(node: Node, load_backend: Callable[[str], Backend]) -> None:
-    """Try again each release that waited for its storage (usually there is none).
-
-    Each is tried ``release_retry_interval`` seconds after it was deferred, then after twice
-    as long each time (up to :data:`RETRY_MAX`), so that storage that stays unreachable (or a
-    target that takes writes and never answers) cannot make every unmount on the node slow.
-    A volume that a call holds is skipped (never waited for), one that is staged again is no
-    longer waiting (its own last unmount releases it). Nothing here fails the call: it is
-    logged.
-    """
-    now = time.time()
-    for waiting in node.journal.deferred_releases():
-        pause = min(node.config.release_retry_interval * 2**waiting.attempts, RETRY_MAX)
-        if now - waiting.since < pause:
-            continue
-        volume_id = waiting.volume_id
-        staging = staging_dir(node, volume_id)
-        try:
-            with node.lock("volume", volume_id, 0), node.lock("staging", str(staging), 0):
-                if not _retry_release(node, volume_id, staging, load_backend):
-                    node.journal.defer_release(volume_id, waiting.attempts + 1)
-        except LockTimeout:
-            LOG.info("the deferred release of %s waits: a call holds the volume", volume_id)
-        except (FlexhubError, OSError) as exc:
-            LOG.error("the deferred release of %s failed: %s", volume_id, exc)
-            with contextlib.suppress(FlexhubError):
-                node.journal.defer_release(volume_id, waiting.attempts + 1)
-
-
-def _retry_release(
-    node: Node, volume_id: str, staging: Path, load_backend: Callable[[str], Backend]
-) -> bool:
-    """One try; ``False`` when the release still waits."""
-    record = node.journal.get_volume(volume_id)
-    if record is None or node.mounts.at(staging) is not None:
-        # released meanwhile, or mounted again: its next last unmount releases it
-        node.journal.clear_deferred(volume_id)
-        return True
-    backend = _load_for_unmount(load_backend, record.backend, volume_id)
-    if not isinstance(backend, BlockBackend):
-        return False
-    try:
-        _check_free(backend, _attachment(record), volume_id)
-        _detach(backend, record)
-    except ReleaseDeferred as exc:
-        LOG.info("the release of %s still waits: %s", volume_id, exc)
-        return False
-    node.journal.delete_volume(volume_id)
-    node.journal.clear_deferred(volume_id)
-    _remove_dir(staging)
-    LOG.info("released %s (its release had waited for the storage)", volume_id)
-    return True
-
-
-def _keep_for_later(
-    node: Node, volume_id: str, staging: Path, exc: ReleaseDeferred, notes: list[str]
-) -> None:
-    """The storage is unreachable: the device and its record stay, so that writes still
-    queued reach the storage when it returns; a later unmount retries
-    (:func:`retry_deferred_releases`)."""
-    LOG.error("%s: %s", volume_id, exc.message)
-    notes.append(exc.message)
-    try:
-        node.journal.defer_release(volume_id)
-    except StateError as state_exc:
-        LOG.warning("the deferred release was not recorded: %s", state_exc)
-        notes.append(f"journal not updated: {state_exc}")
-    _remove_dir(staging)
-
-
-def _forget(delete: Callable[[_K], None], key: _K, notes: list[str]) -> None:
-    """Delete a journal record after the unmount it describes: a failure is only a warning
-    (the next call finds nothing mounted and deletes it then)."""
-    try:
-        delete(key)
-    except StateError as exc:
-        LOG.warning("unmounted, but the journal was not updated: %s", exc)
-        notes.append(f"journal not updated: {exc}")
-
-
 def _unmount_filesystem(
     node: Node, target: Path, record: PodRecord, load_backend: Callable[[str], Backend]
 ) -> None:
@@ -864,165 +247,6 @@ def _unmount_filesystem(
             backend.collect_leftovers()
         except Exception as exc:  # a hook that must not raise: the unmount is done
             LOG.error("backend %r: collecting leftovers failed: %s", record.backend, exc)
-
-
-def _load_for_unmount(
-    load_backend: Callable[[str], Backend], name: str, volume_id: str
-) -> Backend | None:
-    """The backend ``name``, or ``None`` (logged) when it cannot be loaded: unmount goes on
-    with what the core can do alone."""
-    try:
-        return load_backend(name)
-    except FlexhubError as exc:
-        LOG.warning("backend %r unusable for unmounting %s: %s", name, volume_id, exc)
-        return None
-
-
-def _guess_staging(node: Node, target: Path) -> tuple[Path | None, str | None]:
-    """Without a pod record: find the staging mount ``target`` is a bind of, from mountinfo."""
-    here = node.mounts.at(target)
-    if here is None:
-        return None, None
-    root = str(_staging_root(node))
-    for entry in node.mounts.users_of(here):
-        if entry.mount_point != str(target) and str(Path(entry.mount_point).parent) == root:
-            staging = Path(entry.mount_point)
-            record = node.journal.volume_by_staging(staging)
-            LOG.warning(
-                "no readable record for %s: it is a bind of %s (volume %s)",
-                target,
-                staging,
-                record.volume_id if record else "unknown",
-            )
-            return staging, record.volume_id if record else None
-    return None, None
-
-
-def _release(
-    node: Node,
-    staging: Path,
-    volume_id: str | None,
-    target: Path,
-    load_backend: Callable[[str], Backend],
-    notes: list[str],
-) -> None:
-    """Unmount the staging directory and detach the device, unless another pod uses them."""
-    users = _users(node, staging, exclude=target)
-    if users:
-        LOG.info("%s stays staged: still used by %d pod(s)", staging, len(users))
-        return
-    record = (
-        node.journal.get_volume(volume_id)
-        if volume_id is not None
-        else node.journal.volume_by_staging(staging)
-    )
-    staged = node.mounts.at(staging)
-    cleanup_mount_point(node.runner, staging, node.config.unmount_timeout, node.mounts)
-    checkpoint("unstaged")
-    if record is None:
-        if staged is not None:
-            LOG.warning(
-                "no readable record for %s: %s unmounted but left attached", staging, staged.source
-            )
-        _forget(node.journal.delete_volume_by_prefix, staging.name, notes)
-    else:
-        backend = _load_for_unmount(load_backend, record.backend, record.volume_id)
-        if not isinstance(backend, BlockBackend):
-            # The core unmounted everything; only the backend knows how to release its device.
-            # The record stays: the next mount of the volume reuses the device, `flexhub state`
-            # shows it, and an unmount after the backend is repaired releases it.
-            left = (
-                f"{record.device or 'the device'} of {record.volume_id} left attached: "
-                f"backend {record.backend!r} cannot be loaded to release it"
-            )
-            LOG.warning("%s", left)
-            notes.append(left)
-            _remove_dir(staging)
-            return
-        try:
-            _check_free(backend, _attachment(record), record.volume_id)
-            _detach(backend, record)
-        except ReleaseDeferred as exc:
-            _keep_for_later(node, record.volume_id, staging, exc, notes)
-            return
-        _forget(node.journal.delete_volume, record.volume_id, notes)
-    _remove_dir(staging)
-    LOG.info("released %s", record.volume_id if record else staging)
-
-
-#: Seconds the exclusive open of a device to release may take (it does no I/O).
-OPEN_TIMEOUT = 5.0
-#: Tries of that open, :data:`_BUSY_PAUSE` apart, before the release waits.
-_BUSY_TRIES = 5
-_BUSY_PAUSE = 0.2
-
-
-def _attachment(record: VolumeRecord) -> Attachment:
-    return Attachment(record.device, dict(record.details))
-
-
-def _check_free(backend: BlockBackend, attachment: Attachment, volume_id: str) -> None:
-    """Refuse to release the device of ``attachment`` while its filesystem (or anything)
-    still holds it.
-
-    An unmount, lazy or not, is no proof that the filesystem is gone: another mount
-    namespace (a container that copied the host's mounts) may still have it mounted, and
-    then the host's umount neither synced nor shut it down. An exclusive open (``O_EXCL``
-    on a block device) fails with EBUSY while the device is mounted anywhere or held by a
-    holder. A few tries, briefly apart: a filesystem whose last mount just went needs a
-    moment to let go. The backend is asked first (:meth:`BlockBackend.release_waits`): a
-    filesystem lazily unmounted while its storage is unreachable is busy too, and then the
-    storage is the reason to name.
-
-    :raises ReleaseDeferred: the device is busy (or its open hangs): it stays attached
-        with its record, and a later unmount tries again.
-    """
-    device = attachment.device
-    if not device:
-        return  # an intent: nothing of it was mounted
-    waits = backend.release_waits(attachment)
-    if waits:
-        raise ReleaseDeferred(waits)
-    try:
-        if not stat.S_ISBLK(os.stat(device).st_mode):
-            return
-    except OSError:
-        return  # gone already: the backend's release deals with what is left
-    why = ""
-    for attempt in range(_BUSY_TRIES):
-        why = _open_exclusive(device)
-        if why != "busy":
-            break  # free, or an open that hangs (trying again would hang again)
-        if attempt + 1 < _BUSY_TRIES:
-            time.sleep(_BUSY_PAUSE)
-    if not why:
-        return
-    raise ReleaseDeferred(
-        f"{device} of {volume_id} is still in use after its unmount ({why}: its filesystem "
-        "is still mounted elsewhere, e.g. in another mount namespace, or a process holds "
-        "it): it stays attached; a later unmount releases it once it is free"
-    )
-
-
-def _open_exclusive(device: str) -> str:
-    """``""`` if ``device`` opens with ``O_EXCL`` (closed at once), else why not."""
-    outcome: list[str] = []
-
-    def probe() -> None:
-        try:
-            fd = os.open(device, os.O_RDONLY | os.O_EXCL | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError as exc:
-            outcome.append("busy" if exc.errno == errno.EBUSY else "")
-            return
-        os.close(fd)
-        outcome.append("")
-
-    thread = threading.Thread(target=probe, name="flexhub-open-exclusive", daemon=True)
-    thread.start()
-    thread.join(OPEN_TIMEOUT)
-    if thread.is_alive():
-        return f"opening it did not finish within {OPEN_TIMEOUT:g}s"
-    return outcome[0]
 
 
 # -- expand --------------------------------------------------------------------------------------

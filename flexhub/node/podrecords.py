@@ -1,0 +1,191 @@
+"""Where a block volume is staged and which pods use it: paths, locks, pod records.
+
+A block volume is mounted once per node on ``<state_dir>/staging/<sha256(volume id)[:32]>``
+and bound into each pod directory. Who uses a staging mount is derived from the journal's
+pod records and checked against mountinfo (:func:`_users`), so the count heals after a
+crash or a reboot. Also the journal glue every mount and unmount shares: a record moved to
+its resolved pod directory, a secret never journalled, a record forgotten after the unmount
+it describes.
+
+Locks: ``("volume", volume id)`` then ``("staging", staging dir)`` (:func:`_volume_locks`),
+taken under the caller's ``("pod", target)`` lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+from flexhub.backend import Backend
+from flexhub.errors import MIN_SECRET_CHARS, BackendError, FlexhubError, StateError
+from flexhub.node import Node
+from flexhub.node.mounts import MountEntry
+from flexhub.volume import Volume
+
+__all__ = ["pod_dir", "staging_dir"]
+
+LOG = logging.getLogger(__name__)
+
+
+#: Key of the pod's namespace in a volume record's options (never one of a backend's keys).
+_NAMESPACE = "kubernetes.io/pod.namespace"
+_K = TypeVar("_K", str, Path)
+
+
+def staging_dir(node: Node, volume_id: str) -> Path:
+    """The directory where the block volume ``volume_id`` is mounted once for the node."""
+    import hashlib
+
+    digest = hashlib.sha256(volume_id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return _staging_root(node) / digest
+
+
+def _staging_root(node: Node) -> Path:
+    # mountinfo shows resolved paths; state_dir is ours (never stale), so resolving is safe.
+    return Path(os.path.realpath(node.state_dir)) / "staging"
+
+
+def _abs(target: Path) -> Path:
+    return Path(os.path.normpath(os.path.abspath(target)))
+
+
+def pod_dir(target: Path) -> Path:
+    """The pod volume directory as mountinfo names it: kubelet's directories resolved.
+
+    Operators often make ``/var/lib/kubelet`` (or ``.../pods``) a symlink to a data disk;
+    kubelet passes the path as configured, mountinfo shows the resolved one. Only the parent
+    (kubelet's own directory, never a volume) is resolved; the last component is appended as
+    given, because resolving a possibly stale mount point can hang.
+    """
+    absolute = _abs(target)
+    return Path(os.path.realpath(absolute.parent)) / absolute.name
+
+
+def _adopt_pod_record(node: Node, given: Path, target: Path) -> None:
+    """Move a pod record keyed by the unresolved path ``given`` (older flexhub) to ``target``.
+
+    The caller holds the pod lock; a record already under ``target`` wins.
+    """
+    if given == target or node.journal.get_pod(target) is not None:
+        return
+    old = node.journal.get_pod(given)
+    if old is None:
+        return
+    LOG.info("pod record of %s moves to its resolved path %s", given, target)
+    try:
+        node.journal.put_pod(dataclasses.replace(old, target=str(target)))
+        node.journal.delete_pod(given)
+    except StateError as exc:  # a read-only state_dir: the mount table still tells
+        LOG.warning("cannot move the pod record of %s: %s", given, exc)
+
+
+def _backend_name(node: Node, backend: Backend, volume: Volume) -> str:
+    return volume.backend or node.backend or type(backend).__name__
+
+
+def _check_no_secret(backend_name: str, details: dict[str, str], volume: Volume) -> None:
+    # Whole values only: a CHAP user name inside an IQN, or a one-letter value, is no leak;
+    # nor is a value the volume's own options hold in the open (a CHAP user name equal to
+    # initiatorName): the PV shows it already.
+    public = set(volume.options.values())
+    secrets = {
+        form
+        for secret in volume.secrets.revealed()
+        if not {secret, secret.strip()} & public
+        for form in (secret, secret.strip())
+        if len(form) >= MIN_SECRET_CHARS
+    }
+    for key, value in details.items():
+        if value in secrets or value.strip() in secrets or key in secrets:
+            raise BackendError(
+                f"backend {backend_name!r} returned a secret in its details ({key!r}): "
+                "refusing to journal it"
+            )
+
+
+@contextlib.contextmanager
+def _volume_locks(node: Node, volume_id: str | None, staging: Path) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        if volume_id is not None:
+            stack.enter_context(node.lock("volume", volume_id))
+        stack.enter_context(node.lock("staging", str(staging)))
+        yield
+
+
+def _same_device(entry: MountEntry | None, other: MountEntry | None) -> bool:
+    return entry is not None and other is not None and entry.major_minor == other.major_minor
+
+
+def _device_number(device: str) -> str | None:
+    try:
+        rdev = os.stat(device).st_rdev
+    except OSError:
+        return None
+    return f"{os.major(rdev)}:{os.minor(rdev)}"
+
+
+def _users(node: Node, staging: Path, exclude: Path) -> list[str]:
+    """The pod directories still bound to the staging mount (journal checked by mountinfo).
+
+    Pod records of this staging directory whose target is no longer bound to it are stale
+    (a crash, a reboot) and are pruned; the caller holds the volume's locks, so no mount of
+    it is in flight. Binds found in mountinfo but missing from the journal (a lost record)
+    count too: a staging mount is never pulled from under a pod.
+    """
+    staged = node.mounts.at(staging)
+    users: set[str] = set()
+    for record in node.journal.pods():
+        if record.staging != str(staging) or record.target == str(exclude):
+            continue
+        bound = node.mounts.at(record.target)
+        if _same_device(bound, staged):
+            users.add(record.target)
+        else:
+            LOG.info("pruning stale pod record of %s (not bound to %s)", record.target, staging)
+            with contextlib.suppress(FlexhubError):
+                node.journal.delete_pod(record.target)
+    if staged is not None:
+        for entry in node.mounts.users_of(staged):
+            point = entry.mount_point
+            if point in (str(staging), str(exclude)) or point in users:
+                continue
+            if Path(point).parent == staging.parent:
+                continue  # another staging dir of the same device: not a pod
+            LOG.warning("%s is bound to %s without a pod record: counting it", point, staging)
+            users.add(point)
+    return sorted(users)
+
+
+def _forget(delete: Callable[[_K], None], key: _K, notes: list[str]) -> None:
+    """Delete a journal record after the unmount it describes: a failure is only a warning
+    (the next call finds nothing mounted and deletes it then)."""
+    try:
+        delete(key)
+    except StateError as exc:
+        LOG.warning("unmounted, but the journal was not updated: %s", exc)
+        notes.append(f"journal not updated: {exc}")
+
+
+def _guess_staging(node: Node, target: Path) -> tuple[Path | None, str | None]:
+    """Without a pod record: find the staging mount ``target`` is a bind of, from mountinfo."""
+    here = node.mounts.at(target)
+    if here is None:
+        return None, None
+    root = str(_staging_root(node))
+    for entry in node.mounts.users_of(here):
+        if entry.mount_point != str(target) and str(Path(entry.mount_point).parent) == root:
+            staging = Path(entry.mount_point)
+            record = node.journal.volume_by_staging(staging)
+            LOG.warning(
+                "no readable record for %s: it is a bind of %s (volume %s)",
+                target,
+                staging,
+                record.volume_id if record else "unknown",
+            )
+            return staging, record.volume_id if record else None
+    return None, None
