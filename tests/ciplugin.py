@@ -10,8 +10,9 @@
   ``host``; the counts are printed at the end and, when ``FLEXHUB_TIER_REPORT`` names a file,
   written there as JSON for ``.ci/run``.
 - When ``FLEXHUB_FILE_DURATIONS`` names a file, the seconds each test file took (setup, call
-  and teardown of its tests, summed) are written there as JSON: ``.ci/run`` balances its VM
-  groups with them (``.ci/durations.json``).
+  and teardown of its tests, summed) and the 50 slowest tests are written there as JSON:
+  ``.ci/run`` balances its VM groups with the files' (``.ci/durations.json``) and merges the
+  slowest tests of its concurrent sessions.
 - The session runs with ``FLEXHUB_CONFIG`` naming a throw-away node config (state and log
   directories in a temporary directory), so a driver call a test forgot to configure lands
   there; and the node's real paths (``/etc/flexhub``, ``/var/lib/flexhub``,
@@ -100,7 +101,7 @@ class CiGuard:
         self.tiers: dict[str, str] = {}
         self.outcomes: dict[str, str] = {}
         self.touched: list[str] = []
-        self.file_seconds: Counter[str] = Counter()
+        self.test_seconds: Counter[str] = Counter()
         self.before: Snapshot = {}
         self.base = Path(tempfile.mkdtemp(prefix="flexhub-test-node-"))
         self.saved_env = os.environ.get("FLEXHUB_CONFIG")
@@ -167,7 +168,7 @@ class CiGuard:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """A test's outcome is its worst phase: skipped, failed, or else passed."""
-        self.file_seconds[report.nodeid.split("::", 1)[0]] += report.duration
+        self.test_seconds[report.nodeid] += report.duration
         if hasattr(report, "wasxfail"):
             self.outcomes[report.nodeid] = "xfailed" if report.skipped else "xpassed"
         elif report.skipped:
@@ -201,8 +202,14 @@ class CiGuard:
             Path(report).write_text(json.dumps(self.summary()) + "\n")
         durations = os.environ.get(DURATIONS_ENV)
         if durations:
-            seconds = {name: round(t, 1) for name, t in sorted(self.file_seconds.items())}
-            Path(durations).write_text(json.dumps(seconds, indent=1) + "\n")
+            files: Counter[str] = Counter()
+            for nodeid, seconds in self.test_seconds.items():
+                files[nodeid.split("::", 1)[0]] += seconds
+            data = {
+                "files": {name: round(t, 1) for name, t in sorted(files.items())},
+                "slowest": [[n, round(t, 2)] for n, t in self.test_seconds.most_common(50)],
+            }
+            Path(durations).write_text(json.dumps(data, indent=1) + "\n")
 
 
 def _reason(report: pytest.TestReport | pytest.CollectReport) -> object:
