@@ -1,10 +1,12 @@
 """Split the VM and Go tiers' test files into groups of about equal measured duration.
 
-    python3 .ci/split.py N COLLECTED DURATIONS     # prints N lines, one group's files each
+    python3 .ci/split.py N COLLECTED DURATIONS...  # prints N lines, one group's files each
 
 COLLECTED is ``pytest --collect-only -q -m "vm or goharness"``'s output (one node id a line);
-DURATIONS is ``.ci/durations.json``: the seconds each file took in a measured run (written by
-``tests/ciplugin.py`` under ``FLEXHUB_FILE_DURATIONS``). A file not in it is estimated at its
+each DURATIONS file (``.ci/durations.json``, then the last run's on this machine, which wins)
+holds the seconds each file took in a measured run (written by ``tests/ciplugin.py`` under
+``FLEXHUB_FILE_DURATIONS``; a missing or broken file counts as empty). A file in none is
+estimated at its
 number of tests times the mean seconds per test of the measured files. Longest file first, each
 into the group with the least time so far; within a group the files keep the order of the
 collection (pytest's own order), except that the Go harness's files go last: its binary builds
@@ -57,8 +59,11 @@ def split(
 
 
 def main() -> None:
-    groups, collected, durations = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
-    buckets, totals = split(collected.read_text().splitlines(), load_durations(durations), groups)
+    groups, collected = int(sys.argv[1]), Path(sys.argv[2])
+    durations: dict[str, float] = {}
+    for path in sys.argv[3:]:
+        durations.update(load_durations(Path(path)))
+    buckets, totals = split(collected.read_text().splitlines(), durations, groups)
     for bucket, total in zip(buckets, totals, strict=True):
         print(f"group of ~{total:.0f}s: {' '.join(bucket) or '(empty)'}", file=sys.stderr)
         print(" ".join(bucket))
