@@ -1,11 +1,18 @@
 """pytest plugin: the suite never goes green by skipping, and never touches the node's paths.
 
-- With ``CI=true`` every skipped test is reported as a failure (xfail is not a skip): a missing
-  capability (root, loop devices, ``/dev/fuse``, qemu, multipathd in the guest) must break CI,
-  not empty it silently.
+- With ``CI=true`` every skipped test is reported as a failure: a missing capability (root,
+  loop devices, ``/dev/fuse``, qemu, multipathd in the guest) must break CI, not empty it
+  silently. That holds for a skip at collection time too (a module-level
+  ``pytest.importorskip`` or ``pytest.skip(allow_module_level=True)``: the module's collection
+  fails), and for ``xfail``: an expected failure is a known defect, and CI does not go green
+  around one (an unexpected pass of a non-strict xfail fails as well).
 - Every test is counted per tier: ``go`` (marker ``goharness``), ``vm`` (marker ``vm``) or
   ``host``; the counts are printed at the end and, when ``FLEXHUB_TIER_REPORT`` names a file,
   written there as JSON for ``.ci/run``.
+- When ``FLEXHUB_FILE_DURATIONS`` names a file, the seconds each test file took (setup, call
+  and teardown of its tests, summed) and the 50 slowest tests are written there as JSON:
+  ``.ci/run`` balances its VM groups with the files' (``.ci/durations.json``) and merges the
+  slowest tests of its concurrent sessions.
 - The session runs with ``FLEXHUB_CONFIG`` naming a throw-away node config (state and log
   directories in a temporary directory), so a driver call a test forgot to configure lands
   there; and the node's real paths (``/etc/flexhub``, ``/var/lib/flexhub``,
@@ -28,6 +35,7 @@ import pytest
 NODE_PATHS = (Path("/etc/flexhub"), Path("/var/lib/flexhub"), Path("/var/log/flexhub"))
 TIERS = ("host", "vm", "go")
 REPORT_ENV = "FLEXHUB_TIER_REPORT"
+DURATIONS_ENV = "FLEXHUB_FILE_DURATIONS"
 PATHS_ENV = "FLEXHUB_TEST_NODE_PATHS"  # the guard's own tests point it elsewhere (colon-separated)
 
 Snapshot = dict[str, tuple[int, int, int]]
@@ -93,6 +101,7 @@ class CiGuard:
         self.tiers: dict[str, str] = {}
         self.outcomes: dict[str, str] = {}
         self.touched: list[str] = []
+        self.test_seconds: Counter[str] = Counter()
         self.before: Snapshot = {}
         self.base = Path(tempfile.mkdtemp(prefix="flexhub-test-node-"))
         self.saved_env = os.environ.get("FLEXHUB_CONFIG")
@@ -116,10 +125,28 @@ class CiGuard:
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
-        if report.skipped and not hasattr(report, "wasxfail") and on_ci():
-            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        if not on_ci():
+            return report
+        if hasattr(report, "wasxfail"):
+            what = "be an expected failure" if report.skipped else "pass while marked xfail"
+            reason = report.wasxfail or "no reason given"
+            del report.wasxfail
             report.outcome = "failed"
-            report.longrepr = f"CI=true, so a test may not skip: {reason}"
+            report.longrepr = f"CI=true, so a test may not {what}: {reason}"
+        elif report.skipped:
+            report.outcome = "failed"
+            report.longrepr = f"CI=true, so a test may not skip: {_reason(report)}"
+        return report
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_make_collect_report(
+        self, collector: pytest.Collector
+    ) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+        """A module that skips while it is collected (``importorskip`` at module level) fails."""
+        report = yield
+        if report.skipped and on_ci():
+            report.outcome = "failed"
+            report.longrepr = f"CI=true, so a module may not skip: {_reason(report)}"
         return report
 
     @pytest.hookimpl(tryfirst=True)
@@ -141,6 +168,7 @@ class CiGuard:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """A test's outcome is its worst phase: skipped, failed, or else passed."""
+        self.test_seconds[report.nodeid] += report.duration
         if hasattr(report, "wasxfail"):
             self.outcomes[report.nodeid] = "xfailed" if report.skipped else "xpassed"
         elif report.skipped:
@@ -172,6 +200,21 @@ class CiGuard:
         report = os.environ.get(REPORT_ENV)
         if report:
             Path(report).write_text(json.dumps(self.summary()) + "\n")
+        durations = os.environ.get(DURATIONS_ENV)
+        if durations:
+            files: Counter[str] = Counter()
+            for nodeid, seconds in self.test_seconds.items():
+                files[nodeid.split("::", 1)[0]] += seconds
+            data = {
+                "files": {name: round(t, 1) for name, t in sorted(files.items())},
+                "slowest": [[n, round(t, 2)] for n, t in self.test_seconds.most_common(50)],
+            }
+            Path(durations).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def _reason(report: pytest.TestReport | pytest.CollectReport) -> object:
+    longrepr = report.longrepr
+    return longrepr[2] if isinstance(longrepr, tuple) else longrepr
 
 
 def pytest_configure(config: pytest.Config) -> None:

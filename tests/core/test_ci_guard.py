@@ -39,6 +39,10 @@ def test_import():
 def test_expected_failure():
     assert False
 
+@pytest.mark.xfail(reason="flaky")
+def test_unexpected_pass():
+    pass
+
 @pytest.mark.vm
 def test_in_vm():
     pass
@@ -76,24 +80,63 @@ def test_every_kind_of_skip_fails_under_ci(
     result, tiers = run_inner(pytester, monkeypatch, "true")
     outcomes = result.parseoutcomes()
     assert outcomes.get("skipped", 0) == 0, result.stdout.str()
-    # the skipif marker and the fixture skip in setup (errors), the inline skip and
-    # importorskip in the call (failures)
-    assert outcomes["failed"] == 2 and outcomes["errors"] == 2, outcomes
-    assert outcomes["xfailed"] == 1 and outcomes["passed"] == 3
+    # the skipif marker and the fixture skip in setup (errors); the inline skip, importorskip,
+    # the strict xfail that failed and the non-strict one that passed in the call (failures)
+    assert outcomes["failed"] == 4 and outcomes["errors"] == 2, outcomes
+    assert "xfailed" not in outcomes and "xpassed" not in outcomes, outcomes
+    assert outcomes["passed"] == 3, outcomes
     result.stdout.fnmatch_lines(["*CI=true, so a test may not skip: *no /dev/thing*"])
+    result.stdout.fnmatch_lines(["*CI=true, so a test may not be an expected failure: known*"])
+    result.stdout.fnmatch_lines(["*CI=true, so a test may not pass while marked xfail: flaky*"])
     assert result.ret == 1
-    assert tiers["host"] == {"failed": 4, "passed": 1, "xfailed": 1}
+    assert tiers["host"] == {"failed": 6, "passed": 1}
     assert tiers["vm"] == {"passed": 1} and tiers["go"] == {"passed": 1}
-    result.stdout.fnmatch_lines(["*tests per tier*", "host *6*", "vm *1*", "go *1*"])
+    result.stdout.fnmatch_lines(["*tests per tier*", "host *7*", "vm *1*", "go *1*"])
 
 
 def test_without_ci_skips_stay_skips_and_are_counted(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     result, tiers = run_inner(pytester, monkeypatch, None)
-    assert result.parseoutcomes()["skipped"] == 4
+    outcomes = result.parseoutcomes()
+    assert outcomes["skipped"] == 4 and outcomes["xfailed"] == 1 and outcomes["xpassed"] == 1
     assert result.ret == 0
-    assert tiers["host"] == {"skipped": 4, "passed": 1, "xfailed": 1}
+    assert tiers["host"] == {"skipped": 4, "passed": 1, "xfailed": 1, "xpassed": 1}
+
+
+MODULE_SKIP = """
+import pytest
+
+pytest.importorskip("no_such_module_anywhere")
+
+def test_never_collected():
+    pass
+"""
+
+
+@pytest.mark.parametrize("ci", ["true", None])
+def test_a_module_that_skips_at_collection_fails_under_ci(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ci: str | None
+) -> None:
+    """A module-level importorskip skips the whole module before any test item exists, so
+    the item-level hook never sees it: the collection report must fail under CI."""
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    pytester.makepyfile(test_optional="\n", test_module_skip=MODULE_SKIP)
+    (pytester.path / "test_optional.py").write_text("def test_here():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "tests.ciplugin", "-p", "no:cacheprovider")
+    outcomes = result.parseoutcomes()
+    if ci:
+        assert outcomes.get("skipped", 0) == 0 and outcomes["errors"] == 1, outcomes
+        result.stdout.fnmatch_lines(
+            ["*ERROR collecting test_module_skip.py*", "*CI=true, so a module may not skip: *"]
+        )
+        assert result.ret != 0
+    else:
+        assert outcomes == {"passed": 1, "skipped": 1}, outcomes
+        assert result.ret == 0
 
 
 TOUCHING = """

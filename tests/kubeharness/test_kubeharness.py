@@ -10,6 +10,7 @@ driver and must fail there. Go's own output is shown when a run goes wrong.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -27,6 +28,7 @@ from tests.rig.vm import VM
 
 HERE = Path(__file__).resolve().parent
 BINARY = HERE / "build" / "kubeharness.test"
+BUILD_LOCK = HERE / "build" / ".lock"
 MiB = 1024 * 1024
 #: Bound for one harness run (the lifecycle is about 15 driver calls; in the VM 3-10 s each).
 RUN_TIMEOUT = 900
@@ -55,15 +57,19 @@ def harness() -> Path:
         pytest.skip(reason)
     BINARY.parent.mkdir(exist_ok=True)
     started = time.monotonic()
-    build = subprocess.run(
-        ["go", "test", "-c", "-o", str(BINARY), "."],
-        cwd=HERE,
-        env={**os.environ, "CGO_ENABLED": "0"},
-        capture_output=True,
-        text=True,
-        timeout=BUILD_TIMEOUT,
-        check=False,
-    )
+    # One build at a time: .ci/run's background pre-build holds this lock (flock(1)) until it
+    # is done, so this build then only relinks instead of compiling everything a second time.
+    with open(BUILD_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        build = subprocess.run(
+            ["go", "test", "-c", "-o", str(BINARY), "."],
+            cwd=HERE,
+            env={**os.environ, "CGO_ENABLED": "0"},
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT,
+            check=False,
+        )
     if build.returncode != 0:
         pytest.fail(f"go test -c failed:\n{build.stdout}{build.stderr}", pytrace=False)
     print(f"kubeharness built in {time.monotonic() - started:.1f}s")

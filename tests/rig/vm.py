@@ -265,6 +265,8 @@ atexit.register(_close_all)
 
 
 WORKDIR_PREFIX = "flexhub-rig-"
+#: Seconds between the pings that wait for the guest agent at boot.
+PING_INTERVAL = 2.0
 
 
 def _remove_stale_workdirs() -> None:
@@ -405,10 +407,17 @@ class VM:
                 time.sleep(0.02)
 
     def _wait_agent(self, deadline: float) -> None:
+        # A ping every few seconds, not every second: until the agent reads the port, qemu
+        # reads nothing from the socket, and on a loaded machine (a boot of minutes) pings
+        # sent each second filled the socket's buffer, so that sendall timed out and failed
+        # the boot. A ping that still cannot be sent is retried with the next.
         while True:
-            req_id = self._send({"op": "ping"})
             try:
-                self._recv(req_id, min(deadline, time.monotonic() + 1.0))
+                req_id = self._send({"op": "ping"})
+            except TimeoutError:
+                req_id = 0  # answers carry ids >= 1: wait out the interval, then ping again
+            try:
+                self._recv(req_id, min(deadline, time.monotonic() + PING_INTERVAL))
                 return
             except TimeoutError:
                 if time.monotonic() > deadline:

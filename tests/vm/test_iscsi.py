@@ -114,7 +114,13 @@ def kubelet(vm: VM) -> Iterator[Kubelet]:
     vm.write_file(
         CONFIG,
         f'state_dir = "{STATE}"\nlog_dir = "{LOGS}"\nlog_level = "debug"\n'
-        "[iscsi]\ndevice_timeout = 30\nmultipath_timeout = 20\n",
+        # Short bounds where the tests are about the behaviour, not the default: the
+        # target-down unmount waits one unmount_timeout and retries the release every
+        # release_retry_interval (30 s each by default); the dead and hung portals of these
+        # modules wait out login_timeout (60 s by default), which stays long enough for the
+        # other volume's calls that must finish while a mount hangs there.
+        "unmount_timeout = 10\nrelease_retry_interval = 5\n"
+        "[iscsi]\ndevice_timeout = 30\nmultipath_timeout = 20\nlogin_timeout = 30\n",
     )
     driver = vm.install_flexhub(PLUGINS, config=CONFIG)
     yield Kubelet(vm, driver)

@@ -32,7 +32,8 @@ def kubelet(vm: VM) -> Iterator[Kubelet]:
     vm.write_file(
         config,
         f'state_dir = "{ROOT}/state"\nlog_dir = "{ROOT}/log"\nlog_level = "debug"\n'
-        f"[iscsi]\ndevice_timeout = {DEVICE_TIMEOUT}\nlogin_timeout = 30\n",
+        # every portal down waits login_timeout per portal: short, the test is the refusal
+        f"[iscsi]\ndevice_timeout = {DEVICE_TIMEOUT}\nlogin_timeout = 15\n",
     )
     yield Kubelet(vm, vm.install_flexhub(f"{ROOT}/plugins", config=config))
 
