@@ -26,7 +26,7 @@ CHART = REPO / "deploy" / "helm" / "flexhub"
 MANIFEST = REPO / "deploy" / "kubernetes" / "flexhub.yaml"
 #: The helm release the chart is tested and rendered with (its Go module, built here).
 HELM_VERSION = "v3.22.0"
-CACHE = Path(os.environ.get("FLEXHUB_CI_CACHE", "/var/cache/flexhub-ci"))
+CACHE = Path(os.environ.get("FLEXHUB_CI_CACHE") or "/var/cache/flexhub-ci")
 RELEASE, NAMESPACE = "flexhub", "flexhub-system"
 #: The cluster version rendered for (a helm built by ``go install`` has no default of its own
 #: newer than 1.20, which the chart's kubeVersion refuses).
@@ -51,10 +51,18 @@ def helm_binary(build: bool = True) -> Path:
     if shutil.which("go") is None:
         sys.exit("render_manifest: helm is built with Go, which is not installed")
     binary.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "GOBIN": str(binary.parent), "CGO_ENABLED": "0"}
-    subprocess.run(
-        ["go", "install", f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"], env=env, check=True
-    )
+    import fcntl
+
+    # one build at a time (CI starts one in the background; a test may ask meanwhile)
+    with open(binary.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not binary.is_file():
+            env = {**os.environ, "GOBIN": str(binary.parent), "CGO_ENABLED": "0"}
+            subprocess.run(
+                ["go", "install", f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"],
+                env=env,
+                check=True,
+            )
     return binary
 
 
