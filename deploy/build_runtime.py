@@ -1,6 +1,7 @@
 """Build flexhub's relocatable node runtime: one directory that runs on a node with no Python.
 
     python3 deploy/build_runtime.py OUT_DIR        # prints the runtime directory it made
+    python3 deploy/build_runtime.py OUT_DIR --with flexhub-backend-mystore --with ./x.whl
 
 The directory holds the interpreter, its standard library, flexhub, the four backends and
 their dependencies, every shared library they load (glibc included) and glibc's own dynamic
@@ -9,6 +10,11 @@ bundled loader resolves every library inside the runtime, the node's libc and li
 never loaded, and, unlike ``LD_LIBRARY_PATH``, the library path is not inherited by the
 commands flexhub runs (mount, losetup, iscsiadm are the node's own, with its environment).
 Bytecode is compiled at build time with unchecked hashes, so a read-only copy starts fast.
+
+``--with PACKAGE_OR_WHEEL`` (repeatable) installs more distributions into the runtime beside
+flexhub and its four backends, the way a third-party backend reaches nodes: a package name
+pip can fetch, a wheel, or a project directory. They are part of the runtime's content, so of
+its name and of the image built from it.
 
 The runtime is built from the interpreter that runs this script (3.11, shared or static
 libpython) and installs flexhub from this checkout with pip; the name of the directory is
@@ -81,8 +87,9 @@ def _copy_stdlib(source: Path, target: Path) -> None:
     shutil.copytree(source, target, ignore=ignore, symlinks=False)
 
 
-def build(out_dir: Path, python: str = sys.executable) -> Path:
-    """Build the runtime under ``out_dir`` and return its directory."""
+def build(out_dir: Path, python: str = sys.executable, extras: tuple[str, ...] = ()) -> Path:
+    """Build the runtime under ``out_dir`` and return its directory; ``extras`` are more
+    distributions to install into it (``--with``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=out_dir))
     try:
@@ -97,7 +104,7 @@ def build(out_dir: Path, python: str = sys.executable) -> Path:
         _run(
             [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
              "--no-compile", "--no-warn-script-location", "--target", str(site),
-             str(REPO), *(str(REPO / "backends" / b) for b in BACKENDS)],
+             str(REPO), *(str(REPO / "backends" / b) for b in BACKENDS), *extras],
             env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"},
         )  # fmt: skip
         libpython = sysconfig.get_config_var("LDLIBRARY") or ""
@@ -166,7 +173,30 @@ def _digest(root: Path) -> str:
     return h.hexdigest()
 
 
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="build_runtime.py", description="Build flexhub's relocatable node runtime."
+    )
+    parser.add_argument("out_dir", metavar="OUT_DIR", type=Path)
+    parser.add_argument(
+        "--with",
+        dest="extras",
+        action="append",
+        default=[],
+        metavar="PACKAGE_OR_WHEEL",
+        help="another distribution to install (a third-party backend); repeatable",
+    )
+    args = parser.parse_args(argv)
+    if str(args.out_dir).startswith("-"):
+        parser.error("OUT_DIR must not start with '-'")
+    try:
+        print(build(args.out_dir, extras=tuple(args.extras)))
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"build_runtime: {exc.cmd[2]} failed (exit {exc.returncode})") from None
+    return 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
-        raise SystemExit("usage: build_runtime.py OUT_DIR")
-    print(build(Path(sys.argv[1])))
+    sys.exit(main())

@@ -99,11 +99,29 @@ def runtime_inputs_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def build_runtime(out: Path) -> Path:
+#: The third-party backend every test runtime is built with (``--with``): the one
+#: ``flexhub new-backend`` writes, as a backend author would ship it.
+THIRD_PARTY = "mystore"
+
+
+def third_party_backend(base: Path) -> Path:
+    """``flexhub new-backend mystore`` in ``base``: a project directory pip installs."""
     proc = subprocess.run(
-        [sys.executable, str(REPO / "deploy" / "build_runtime.py"), str(out)],
+        [sys.executable, "-m", "flexhub", "new-backend", THIRD_PARTY, "--directory", str(base)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (project,) = base.iterdir()
+    return project
+
+
+def build_runtime(out: Path) -> Path:
+    extra = third_party_backend(Path(tempfile.mkdtemp(prefix="third-party-")))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "deploy" / "build_runtime.py"), str(out), "--with", str(extra)],
         capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
+    shutil.rmtree(extra.parent, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     path = Path(proc.stdout.strip().splitlines()[-1])
     assert (path / "flexhub-runtime.json").is_file()

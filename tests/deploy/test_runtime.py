@@ -186,3 +186,31 @@ def test_the_runtime_and_its_flexhub_agree_on_the_version(runtime: Path) -> None
         [str(runtime / "bin" / "flexhub"), "--version"], capture_output=True, text=True, check=False
     )
     assert proc.stdout == f"flexhub {flexhub.__version__}\n", proc.stderr
+
+
+def test_a_third_party_backend_baked_in_with_with_reaches_the_node(
+    runtime: Path, tmp_path: Path
+) -> None:
+    """`build_runtime.py --with` (the test runtime is built with the backend `flexhub
+    new-backend mystore` writes): the runtime's own flexhub finds it through its entry point
+    and checks its options against its schema, as the node's driver will."""
+    pv = tmp_path / "pv.yaml"
+
+    def validate(options: str) -> subprocess.CompletedProcess[str]:
+        pv.write_text(
+            "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: pv-1}\n"
+            "spec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n"
+            f"  flexVolume:\n    driver: k8s/flexhub\n    options: {options}\n"
+        )
+        return subprocess.run(
+            [str(runtime / "bin" / "flexhub"), "validate", str(pv)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+
+    good = validate("{backend: mystore, directory: data}")
+    assert good.returncode == 0, good.stdout + good.stderr
+    bad = validate("{backend: mystore, direktory: data}")
+    assert bad.returncode == 1
+    assert "spec.flexVolume.options.direktory" in bad.stdout + bad.stderr
+    sites = list((runtime / "lib").glob("python3*/site-packages/flexhub_mystore"))
+    assert sites, "the backend is not in the runtime"
