@@ -28,8 +28,11 @@ node); later pods share that mount.
 
 Test hook: :func:`checkpoint` is called between steps with the names in :data:`CHECKPOINTS`.
 When the environment variable ``FLEXHUB_TEST_CRASH_AT`` equals the name, the process kills
-itself with SIGKILL, so tests can interrupt a mount at each step. It is inert otherwise.
-``attach-progress-<key>`` follows the journalling of a backend's ``record_progress(<key>=...)``.
+itself with SIGKILL, so tests can interrupt a mount at each step. When
+``FLEXHUB_TEST_TRACE`` names a file, each checkpoint reached is appended to it (one name a
+line), so a test learns which steps a backend's calls really take. Both are inert otherwise.
+``attach-progress-<key>`` follows the journalling of a backend's ``record_progress(<key>=...)``
+(``<key>``: the first key of that report).
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ from flexhub.volume import PodInfo, Volume
 __all__ = [
     "CHECKPOINTS",
     "CRASH_ENV",
+    "TRACE_ENV",
     "UNMOUNT_CHECKPOINTS",
     "apply_fs_group",
     "checkpoint",
@@ -86,6 +90,8 @@ __all__ = [
 LOG = logging.getLogger(__name__)
 
 CRASH_ENV = "FLEXHUB_TEST_CRASH_AT"
+#: Test hook: the file each checkpoint reached is appended to.
+TRACE_ENV = "FLEXHUB_TEST_TRACE"
 
 #: The steps of a block mount, in order, at which :func:`checkpoint` may crash the process.
 CHECKPOINTS = (
@@ -97,7 +103,8 @@ CHECKPOINTS = (
     "bound",
     "done",
 )
-#: The steps of a block unmount at which :func:`checkpoint` may crash the process.
+#: The steps of a block unmount at which :func:`checkpoint` may crash the process (a filesystem
+#: unmount reaches only ``unbound``).
 UNMOUNT_CHECKPOINTS = ("unbound", "unstaged", "released")
 
 #: Key of the pod's namespace in a volume record's options (never one of a backend's keys).
@@ -109,7 +116,16 @@ STAT_TIMEOUT = 5.0
 
 
 def checkpoint(name: str) -> None:
-    """Test hook: SIGKILL this process when ``$FLEXHUB_TEST_CRASH_AT`` is ``name``."""
+    """Test hook: SIGKILL this process when ``$FLEXHUB_TEST_CRASH_AT`` is ``name``; append
+    ``name`` to the file ``$FLEXHUB_TEST_TRACE`` when set."""
+    trace = os.environ.get(TRACE_ENV)
+    if trace:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(trace, flags, 0o600)
+        try:
+            os.write(fd, f"{name}\n".encode())
+        finally:
+            os.close(fd)
     if os.environ.get(CRASH_ENV) == name:
         LOG.warning("test hook: crashing at checkpoint %s", name)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -555,8 +571,8 @@ def _attach_reporting(
         _check_no_secret(intent.backend, dict(details), volume)
         record[0] = dataclasses.replace(record[0], partial={**record[0].partial, **details})
         node.journal.put_volume(record[0])
-        for key in details:
-            checkpoint(f"attach-progress-{key}")
+        if details:  # one step per report, named after its first key
+            checkpoint(f"attach-progress-{next(iter(details))}")
 
     previous = backend.node.progress
     backend.node.progress = journal
@@ -708,6 +724,7 @@ def _unmount_pod(node: Node, target: Path, load_backend: Callable[[str], Backend
         record = node.journal.get_pod(target)
         if record is not None and record.staging is None:
             _unmount_filesystem(node, target, record, load_backend)
+            checkpoint("unbound")
             _forget(node.journal.delete_pod, target, notes)
             return notes
         staging: Path | None = Path(record.staging) if record and record.staging else None

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from flexhub.testing import Conformance, Sample
+from flexhub.testing import Sample
 from tests.rig import services
-from tests.vm.kithost import VM_OVERHEAD, vm_kit_host
+from tests.vm.kithost import VM_OVERHEAD, VMConformance, vm_kit_host
 
 flexhub_host = vm_kit_host("cifs")
 
@@ -25,10 +25,15 @@ def smb_server(vm: Any) -> None:
     services.start_smb_server(vm, PASSWORD, shares=("kit",))
 
 
-class TestCifsConformance(Conformance):
+class TestCifsConformance(VMConformance):
     backend = "cifs"
     call_timeout = 40
     overhead = VM_OVERHEAD
+    # with smbd stopped: a mount is refused or runs into mount_timeout, then the clean-up of
+    # its directory (stat, forced umount); an unmount of the dead mount: stat, then the plain,
+    # forced and lazy umount
+    mount_bound = 8 + 3 + 5
+    unmount_bound = 3 + 8 + 5
 
     def settings(self, base: str) -> Mapping[str, Any]:
         return {
