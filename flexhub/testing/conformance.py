@@ -326,10 +326,12 @@ class Conformance:
             )
         self._mount(env, check, c, sample, read_only=True)
         touch = env.host.run(["touch", f"{c}/kit-ro"], env=KUBELET_ENV, timeout=60)
-        if touch.rc == 0:
+        flags = [m.options.split(",") for m in env.host.mounts() if m.target == c]
+        if touch.rc == 0 or b"Read-only file system" not in touch.output or "ro" not in flags[-1]:
             fail(
                 check,
-                "a read-only pod (kubernetes.io/readwrite=ro) could write",
+                "a read-only pod (kubernetes.io/readwrite=ro) is not mounted ro"
+                f" (options {','.join(flags[-1])}; touch: {touch.output[:100]!r})",
                 "mount read-only when kubernetes.io/readwrite is ro",
             )
         pods = [b, c, a]

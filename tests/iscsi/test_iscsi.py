@@ -359,10 +359,15 @@ def test_login_error_echoing_secret_is_scrubbed(backend: IscsiBackend, runner: F
 
 
 def test_timeout_message_is_scrubbed(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    """Transcript (a timeout whose text holds a CHAP value cannot be provoked on a real target):
+    the runner's timeout carries what iscsiadm had printed, here the session password; the
+    VolumeError must not."""
     from flexhub.errors import CommandTimeout
 
     def hang(args: tuple[str, ...]) -> object:
-        raise CommandTimeout(f"iscsiadm {' '.join(args)} timed out")
+        raise CommandTimeout(
+            f"iscsiadm {' '.join(args)} timed out; output: node.session.auth.password = {PASSWORD}"
+        )
 
     runner.answers.append((("--login",), hang))  # type: ignore[arg-type]
     with pytest.raises(VolumeError) as info:

@@ -401,15 +401,25 @@ def test_fs_group_never_chowns(
 
 
 @pytest.mark.parametrize(
-    "user",
+    ("user", "needle"),
     [
-        {"server": "srv1", "share": "/x", "mountOptions": "hard,soft"},
-        {"server": "srv1", "share": "/x", "mountOptions": "bind"},
-        {"server": "srv1", "share": "/x", "nfsVersion": "3", "mountOptions": "vers=4.2"},
-        {"server": "srv1;id", "share": "/x"},
-        {"server": "srv1", "share": "/x/../etc"},
-        {"server": "srv1", "share": "/x", "subPath": "../y", "createSubPath": "true"},
-        {"server": "srv1", "share": "/x", "mountOptions": "nconnect=99"},
+        ({"server": "srv1", "share": "/x", "mountOptions": "hard,soft"}, ""),
+        ({"server": "srv1", "share": "/x", "mountOptions": "bind"}, ""),
+        ({"server": "srv1", "share": "/x", "nfsVersion": "3", "mountOptions": "vers=4.2"}, ""),
+        ({"server": "srv1;id", "share": "/x"}, ""),
+        ({"server": "srv1", "share": "/x/../etc"}, ""),
+        ({"server": "srv1", "share": "/x", "subPath": "../y", "createSubPath": "true"}, ""),
+        ({"server": "srv1", "share": "/x", "mountOptions": "nconnect=99"}, ""),
+        # moved from the VM (tests/vm/test_nfs.py): refused before any command is run
+        (
+            {"server": "srv1", "share": "/x", "mountOptions": "vers=3", "nfsVersion": "4.2"},
+            "contradicts nfsVersion",
+        ),
+        ({"server": "srv1", "share": "/x", "mountOptions": "hard,bind"}, "mountOptions"),
+        (
+            {"server": "srv1", "share": "/x", "subPath": "../../etc", "createSubPath": "true"},
+            "subPath",
+        ),
     ],
 )
 def test_bad_options_fail_before_any_command(
@@ -418,21 +428,31 @@ def test_bad_options_fail_before_any_command(
     runner: RecordingRunner,
     target: Path,
     user: dict[str, str],
+    needle: str,
 ) -> None:
-    """The kubelet path: a Failure reply, and not one command run."""
+    """The kubelet path: a Failure reply naming the problem, not one command run (no runner
+    call), nothing made in the pod directory and no command in the call's log."""
+    log_dir = tmp_path / "log"
     config = tmp_path / "flexhub.toml"
-    config.write_text(f'state_dir = "{tmp_path / "state"}"\nlog_dir = "{tmp_path / "log"}"\n')
+    config.write_text(
+        f'state_dir = "{tmp_path / "state"}"\nlog_dir = "{log_dir}"\nlog_level = "debug"\n'
+    )
     monkeypatch.setenv("FLEXHUB_CONFIG", str(config))
     monkeypatch.setattr(kubelet, "_CONFIG", [])
     import flexhub.node
 
     monkeypatch.setattr(flexhub.node, "SubprocessRunner", lambda timeout: runner)
+    target.mkdir(parents=True, exist_ok=True)
     options = Kubelet.mount_options({"backend": "nfs", **user}, pv="pv", pod_uid="uid")
     call = kubelet.Call(operation="mount")
     reply = kubelet.handle([str(target), go_json(options)], call)
     assert reply.status == "Failure"
     assert reply.message.startswith(("invalid option", "mount option", "mount options"))
+    assert needle in reply.message, reply.message
     assert runner.calls == []
+    assert list(target.iterdir()) == []
+    logged = "".join(p.read_text() for p in log_dir.glob("*.log")) if log_dir.exists() else ""
+    assert "mount -t nfs" not in logged and " exited " not in logged
     assert json.loads(reply.to_json())["status"] == "Failure"
 
 

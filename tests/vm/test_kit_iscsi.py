@@ -1,7 +1,8 @@
 """The conformance kit (``flexhub.testing``) against iscsi, in the VM rig: a LIO target with
 CHAP for discovery and session (so the kit's secret scan looks for real secrets), the
 installed driver called as kubelet calls it. "Unreachable" takes the target's portal down.
-Beyond the kit's default, an iSCSI session of the target left logged in counts as attached."""
+Beyond the kit's default, an iSCSI session of the target left logged in, or its node record
+left in open-iscsi's database, counts as attached."""
 
 from __future__ import annotations
 
@@ -91,7 +92,13 @@ class TestIscsiConformance(VMConformance):
             for line in out.output.decode().splitlines()
             if target.iqn in line.split()
         ]
-        return default_attached(env) + sessions
+        nodes = env.host.run(
+            ["iscsiadm", "-m", "node", "-T", target.iqn],
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            timeout=60,
+        )
+        records = [] if nodes.rc == 21 else [f"node record of {target.iqn}"]  # 21: none
+        return default_attached(env) + sessions + records
 
     @contextlib.contextmanager
     def unreachable(self, sample: Sample) -> Iterator[None]:
