@@ -73,7 +73,12 @@ def test_entrypoint_installs_and_upgrades_the_driver_on_the_host(
         executable="/bin/bash",
     )
     try:
-        time.sleep(0.3)
+        # what the entrypoint's detection reads: the "kubelet" command line in /proc
+        deadline = time.monotonic() + 10
+        cmdline = Path(f"/proc/{kubelet.pid}/cmdline")
+        while f"--volume-plugin-dir={PLUGINS}".encode() not in cmdline.read_bytes().split(b"\0"):
+            assert time.monotonic() < deadline, "the fake kubelet never showed its command line"
+            time.sleep(0.01)
         steps = []
         for tag, (rootfs, args) in bundles.items():
             for directory in ("host", "proc", "dev"):

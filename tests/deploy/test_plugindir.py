@@ -109,10 +109,12 @@ def test_install_without_plugin_dir_follows_the_running_kubelet(tmp_path: Path) 
         executable="/bin/bash",
     )
     try:
-        for _ in range(50):
+        for _ in range(200):
             if Path(f"/proc/{fake.pid}/cmdline").read_bytes().startswith(b"kubelet\0"):
                 break
             time.sleep(0.05)
+        else:  # never install then: it would fall back to the real default plugin directory
+            raise AssertionError("the fake kubelet never showed its command line")
         proc = subprocess.run(
             [PYTHON, "-m", "flexhub", "install", "--config", str(tmp_path / "none.toml")],
             env=dict(KUBELET_ENV),

@@ -25,6 +25,7 @@ import pytest
 from flexhub.harness import Kubelet, go_json, parse_reply
 from tests.rig import services
 from tests.rig.vm import GUEST_PYTHON, VM
+from tests.vm.test_nfs import wait_blocked, wait_holding
 
 LOG = logging.getLogger(__name__)
 
@@ -415,10 +416,11 @@ def test_server_stopped_while_mounted(rig: Rig) -> None:
         assert rig.mount(target, user)[0] == {"status": "Success"}
         rig.vm.write_file(f"{target}/before-{kind}", "x")
     holder = rig.vm.spawn(["/bin/sh", "-c", f"exec 3<{targets['hard']}/before-hard; sleep 600"])
+    wait_holding(rig.vm, holder, f"{targets['hard']}/before-hard")
     services.stop_smbd(rig.vm)
     try:
         hung = rig.vm.spawn(["stat", "-f", f"{targets['hard']}/"])
-        time.sleep(1)
+        wait_blocked(rig.vm, hung, "stat")
         rig.vm.run(["kill", "-9", str(holder), str(hung)], check=False)
         for kind, target in targets.items():
             reply, elapsed = rig.unmount(target)

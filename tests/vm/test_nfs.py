@@ -56,6 +56,32 @@ stat_timeout = {STAT_TIMEOUT}
 force_unmount_timeout = {FORCE_TIMEOUT}
 """
 
+
+def wait_holding(vm: VM, pid: int, path: str, timeout: float = 30) -> None:
+    """Wait until process ``pid`` has ``path`` open as its fd 3; fail if it never does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        link = vm.run(["readlink", f"/proc/{pid}/fd/3"], check=False)
+        if link.rc == 0 and link.stdout.strip() == path:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} never opened {path}")
+
+
+def wait_blocked(vm: VM, pid: int, comm: str, timeout: float = 30) -> None:
+    """Wait until process ``pid`` runs ``comm`` and sleeps in a system call (state D or S:
+    once exec'd, the only sleeping call of the short commands used here is on the dead
+    mount); fail if it never does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stat = vm.run(["cat", f"/proc/{pid}/stat"], check=False).stdout
+        name, _, rest = stat.partition(") ")
+        if name.endswith(f"({comm}") and rest[:1] in ("D", "S"):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} ({comm}) never blocked on the dead mount")
+
+
 SILENT_SERVER = f"""
 import socket
 server = socket.socket()
@@ -450,11 +476,12 @@ def test_server_stopped_while_mounted(rig: Rig) -> None:
         assert reply["status"] == "Success", reply
         rig.vm.write_file(f"{target}/before-{version}", "x")
     holder = rig.vm.spawn(["/bin/sh", "-c", f"exec 3<{targets['4.2']}/before-4.2; sleep 600"])
+    wait_holding(rig.vm, holder, f"{targets['4.2']}/before-4.2")
     rig.sh("rpc.nfsd 0")
     try:
         # A pod process touching the dead mount hangs (hard); kubelet kills it first.
         hung = rig.vm.spawn(["ls", "-l", f"{targets['4.2']}/"])
-        time.sleep(1)
+        wait_blocked(rig.vm, hung, "ls")
         rig.vm.run(["kill", "-9", str(holder), str(hung)], check=False)
         bound = STAT_TIMEOUT + FORCE_TIMEOUT + OVERHEAD
         for version, target in targets.items():
