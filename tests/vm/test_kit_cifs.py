@@ -32,6 +32,9 @@ class TestCifsConformance(VMConformance):
     # with smbd stopped: a mount is refused or runs into mount_timeout, then the clean-up of
     # its directory (stat, forced umount); an unmount of the dead mount: stat, then the plain,
     # forced and lazy umount
+    # with an fsGroup, the share is mounted with gid=<fsGroup> and dir_mode 0770: group rwx,
+    # no setgid bit (the modes are the mount's, not the server's)
+    fs_group_mode = 0o070
     mount_bound = 8 + 3 + 5
     unmount_bound = 3 + 8 + 5
 
