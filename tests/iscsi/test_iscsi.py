@@ -696,7 +696,7 @@ def test_an_attach_killed_after_login_is_released_without_logging_in_again(
     after_restart.sysfs = sysfs
     assert unmount_volume(node, target, lambda name: after_restart) == ""
     # never a login (kubelet gave unmount no secret): a command that must not run, a transcript;
-    # the real crash is tests/vm/test_iscsi_crash.py
+    # the real crash is tests/vm/test_iscsi_crash_xfs.py (its attached case)
     assert not any("--login" in c for c in runner.iscsiadm_calls())
     assert sysfs.sessions_of(IQN, "default") == [] and runner.node_files(IQN) == []
     assert node.journal.volumes() == [] and node.journal.pods() == []
