@@ -20,6 +20,7 @@ from tests.vm.test_iscsi import (
     LOGS,
     REPLIES,
     SESSION_CHAP,
+    USED_SECRETS,
     Kubelet,
     assert_no_chap_shown,
     chap_secrets,
@@ -50,6 +51,7 @@ def options(target: IscsiTarget, directory: str, fs_type: str = "ext4") -> str:
         "kubernetes.io/serviceAccount.name": "default",
     }
     for key, value in chap_secrets(SESSION_CHAP).items():
+        USED_SECRETS.add(value)  # what assert_no_chap_shown looks for
         opts[f"kubernetes.io/secret/{key}"] = base64.b64encode(value.encode()).decode()
     return go_json(opts)
 
