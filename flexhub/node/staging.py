@@ -350,8 +350,8 @@ def _attach_reporting(
         _check_no_secret(intent.backend, dict(details), volume)
         record[0] = dataclasses.replace(record[0], partial={**record[0].partial, **details})
         node.journal.put_volume(record[0])
-        for key in details:
-            checkpoint(f"attach-progress-{key}")
+        if details:  # one step per report, named after its first key
+            checkpoint(f"attach-progress-{next(iter(details))}")
 
     previous = backend.node.progress
     backend.node.progress = journal

@@ -27,7 +27,8 @@ Mount options of a block volume apply when its staging mount is made (the first 
 node); later pods share that mount.
 
 Test hook: :func:`checkpoint` is called between steps with the names in :data:`CHECKPOINTS`
-(see :mod:`flexhub.node.checkpoints`: ``FLEXHUB_TEST_CRASH_AT``, ``FLEXHUB_TEST_PAUSE_AT``).
+(see :mod:`flexhub.node.checkpoints`: ``FLEXHUB_TEST_CRASH_AT``, ``FLEXHUB_TEST_PAUSE_AT``,
+``FLEXHUB_TEST_TRACE``).
 
 This module holds the entry points and filesystem volumes; the rest is, one job each:
 
@@ -55,6 +56,7 @@ from flexhub.node.checkpoints import (
     CHECKPOINTS,
     CRASH_ENV,
     PAUSE_ENV,
+    TRACE_ENV,
     UNMOUNT_CHECKPOINTS,
     checkpoint,
 )
@@ -95,6 +97,7 @@ __all__ = [
     "PAUSE_ENV",
     "RETRY_MAX",
     "STAT_TIMEOUT",
+    "TRACE_ENV",
     "UNMOUNT_CHECKPOINTS",
     "apply_fs_group",
     "checkpoint",
@@ -213,6 +216,7 @@ def _unmount_pod(node: Node, target: Path, load_backend: Callable[[str], Backend
         record = node.journal.get_pod(target)
         if record is not None and record.staging is None:
             _unmount_filesystem(node, target, record, load_backend)
+            checkpoint("unbound")
             _forget(node.journal.delete_pod, target, notes)
             return notes
         staging: Path | None = Path(record.staging) if record and record.staging else None

@@ -39,4 +39,4 @@ __all__ = [
 ]
 
 #: The version of the kit's API (see the module).
-KIT_VERSION = "1"
+KIT_VERSION = "2"

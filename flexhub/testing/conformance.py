@@ -16,7 +16,6 @@ from typing import Any, ClassVar
 import pytest
 
 from flexhub.admin.harness import KUBELET_ENV, Kubelet, go_json
-from flexhub.node.volumes import CHECKPOINTS, UNMOUNT_CHECKPOINTS
 from flexhub.testing.env import Call, KitEnv, fail_line
 
 
@@ -62,17 +61,28 @@ class Conformance:
     (more top-level settings of it: ``unmount_timeout``, ...), :meth:`attached`
     (what the backend may leave attached on the node), :attr:`call_timeout` (the node's
     ``call_timeout`` in the kit's config), :attr:`overhead` (seconds a call may take beyond
-    it: interpreter start-up) and :attr:`recovery` (seconds a deferred release may take to
+    it: interpreter start-up), :attr:`mount_bound` and :attr:`unmount_bound` (the longest a
+    mount and an unmount may take with the storage unreachable, from the step bounds of the
+    node config: the sum of the timeouts of the steps the call can run into; ``None``:
+    :attr:`call_timeout`), :attr:`recovery` (seconds a deferred release may take to
     finish once the storage is back; the node retries one ``release_retry_interval``, 30 s by
-    default, after the deferral). While a check runs, :attr:`env` is the run's
-    :class:`~flexhub.testing.env.KitEnv` (its ``base`` directory, its ``host``).
+    default, after the deferral), :attr:`fs_group_mode` (the mode bits the volume's root must
+    have in a pod with the sample's ``fs_group``) and :attr:`fs_overhead` (the share of
+    ``expand_to`` the filesystem's own metadata may take). While a check runs, :attr:`env` is
+    the run's :class:`~flexhub.testing.env.KitEnv` (its ``base`` directory, its ``host``).
     """
 
     backend: ClassVar[str] = ""
     call_timeout: ClassVar[float] = 60.0
     overhead: ClassVar[float] = 10.0
+    mount_bound: ClassVar[float | None] = None
+    unmount_bound: ClassVar[float | None] = None
     recovery: ClassVar[float] = 60.0
     node_settings: ClassVar[Mapping[str, Any]] = {}
+    #: flexhub's block volumes: group rwx and setgid on the root (``g+rwxs``).
+    fs_group_mode: ClassVar[int] = 0o2070
+    #: xfs of 600 MiB keeps about 11% for its log and metadata reserves.
+    fs_overhead: ClassVar[float] = 0.15
 
     #: The run's installed driver and directories, while a check runs.
     env: KitEnv
@@ -276,6 +286,7 @@ class Conformance:
         env = flexhub_env
         sample = self._sample()
         target = env.new_pod()
+        since = len(env.calls)
         call = env.mount(target, self._options(env, target, sample, extra={UNKNOWN_OPTION: "x"}))
         assert call is not None
         if call.ok or call.status != "Failure" or call.rc != 1:
@@ -292,6 +303,7 @@ class Conformance:
                 "reply one line that names the bad option",
             )
         self._assert_clean(env, "bad-options", "a refused mount")
+        self._no_secret_shown(env, "bad-options", sample, since)
 
     # -- checks that mount ----------------------------------------------------------------
 
@@ -301,6 +313,7 @@ class Conformance:
         writes; (an fsGroup pod D); unmount in a different order than mount; pod E remounts and
         finds the data; expandfs to ``expand_to`` grows E's filesystem; nothing left."""
         env, sample, check = flexhub_env, self._sample(), "sequence"
+        since = len(env.calls)
         a, b, c = env.new_pod(), env.new_pod(), env.new_pod()
         self._mount(env, check, a, sample)
         self._write(env, a, "kit-a")
@@ -313,16 +326,19 @@ class Conformance:
             )
         self._mount(env, check, c, sample, read_only=True)
         touch = env.host.run(["touch", f"{c}/kit-ro"], env=KUBELET_ENV, timeout=60)
-        if touch.rc == 0:
+        flags = [m.options.split(",") for m in env.host.mounts() if m.target == c]
+        if touch.rc == 0 or b"Read-only file system" not in touch.output or "ro" not in flags[-1]:
             fail(
                 check,
-                "a read-only pod (kubernetes.io/readwrite=ro) could write",
+                "a read-only pod (kubernetes.io/readwrite=ro) is not mounted ro"
+                f" (options {','.join(flags[-1])}; touch: {touch.output[:100]!r})",
                 "mount read-only when kubernetes.io/readwrite is ro",
             )
         pods = [b, c, a]
         if sample.fs_group is not None:
             d = env.new_pod()
             self._mount(env, check, d, sample, fs_group=sample.fs_group)
+            self._check_fs_group(env, check, d, sample.fs_group)
             pods.insert(1, d)
         for target in pods:  # not the order of the mounts
             self._unmount(env, check, target)
@@ -338,6 +354,20 @@ class Conformance:
             self._expand(env, check, e, sample)
         self._unmount(env, check, e)
         self._assert_clean(env, check, "the sequence")
+        self._no_secret_shown(env, check, sample, since)
+
+    def _check_fs_group(self, env: KitEnv, check: str, target: str, group: int) -> None:
+        __tracebackhide__ = True
+        out = env.host.run(["stat", "-c", "%g %a", target], env=KUBELET_ENV, timeout=60)
+        gid, mode = out.output.decode().split()
+        want = self.fs_group_mode
+        if int(gid) != group or int(mode, 8) & want != want:
+            fail(
+                check,
+                f"in a pod with fsGroup {group}, the volume's root is group {gid}, mode {mode}"
+                f" (want group {group}, mode bits {want:o})",
+                "give the volume's root the pod's fsGroup (kubernetes.io/mounterArgs.FsGroup)",
+            )
 
     def _expand(self, env: KitEnv, check: str, target: str, sample: Sample) -> None:
         __tracebackhide__ = True
@@ -354,21 +384,33 @@ class Conformance:
                     f"{attempt} failed: {call.describe()}",
                     "expandfs must grow the filesystem and be idempotent",
                 )
-        after = _fs_size(env, target)
-        if after <= before:
+        want = int(sample.expand_to * (1 - self.fs_overhead))
+        if before >= want:
             fail(
                 check,
-                f"expandfs replied Success but the filesystem is still {after} bytes",
-                "grow the device and the filesystem in expandfs",
+                f"the filesystem is already {before} bytes before expandfs to {sample.expand_to}",
+                "give Sample.expand_to well above the volume's size",
+            )
+        after = _fs_size(env, target)
+        if after < want:
+            fail(
+                check,
+                f"expandfs to {sample.expand_to} bytes replied Success but the filesystem is"
+                f" {after} bytes (was {before}; at least {want} expected)",
+                "grow the device and the filesystem to the requested size in expandfs",
             )
 
     @storage
     def test_idempotency(self, flexhub_env: KitEnv) -> None:
-        """A repeated mount of the same directory is Success and still one mount; a repeated
-        unmount (before kubelet removes the directory) is Success and leaves nothing."""
+        """After a mount, a kubelet restart (``init`` again); a repeated mount of the same
+        directory is Success and still one mount; a repeated unmount (before kubelet removes
+        the directory; kubelet passes only the directory) is Success and leaves nothing."""
         env, sample, check = flexhub_env, self._sample(), "idempotent"
+        since = len(env.calls)
         target = env.new_pod()
         self._mount(env, check, target, sample)
+        if not env.call("init").ok:
+            fail(check, "init failed after a mount (a kubelet restart)", "init must always succeed")
         again = env.call("mount", target, self._options(env, target, sample))
         if not again.ok:
             fail(
@@ -393,67 +435,104 @@ class Conformance:
                 "the pod directory is not empty or still mounted after unmount",
                 "unmount must leave the directory empty",
             )
-        self._assert_clean(env, check, "mount, mount, unmount, unmount")
+        self._assert_clean(env, check, "mount, init, mount, unmount, unmount")
+        self._no_secret_shown(env, check, sample, since)
 
-    @storage
-    def test_kubelet_restart(self, flexhub_env: KitEnv) -> None:
-        """After a kubelet restart (``init`` again, the pod gone), kubelet has only the
-        directory: ``unmount`` of it must clean up everything."""
-        env, sample, check = flexhub_env, self._sample(), "restart"
-        target = env.new_pod()
-        self._mount(env, check, target, sample)
-        if not env.call("init").ok:
-            fail(check, "init failed after a mount", "init must always succeed")
-        self._unmount(env, check, target)
-        self._assert_clean(env, check, "unmount after a kubelet restart")
+    def _traced(self, env: KitEnv, sample: Sample) -> dict[str, list[str]]:
+        """The checkpoints (flexhub/node/volumes.py) a mount and an unmount of the sample
+        reach, from one traced mount and unmount (once per run)."""
+        __tracebackhide__ = True
+        if env.traced is None:
+            check = "crash-trace"
+            target = env.new_pod()
+            files = {
+                phase: f"{env.base}/trace-{phase}-{target.split('/')[-4]}"
+                for phase in ("mount", "unmount")
+            }
+            call = env.mount(target, self._options(env, target, sample), trace=files["mount"])
+            if call is None or not call.ok or not env.is_mounted(target):
+                env.cleanup()
+                fail(check, f"the traced mount failed: {call and call.describe()}", "see above")
+            unmount = env.unmount(target, trace=files["unmount"])
+            if unmount is None or not unmount.ok:
+                env.cleanup()
+                fail(check, f"the traced unmount failed: {unmount and unmount.describe()}", "")
+            env.traced = {}
+            for phase, path in files.items():
+                text = (env.host.read_file(path) or b"").decode()
+                env.host.run(["rm", "-f", "--", path], env=KUBELET_ENV, timeout=60)
+                env.traced[phase] = list(dict.fromkeys(text.split()))
+        for phase, points in env.traced.items():
+            if not points:
+                fail(
+                    f"crash-{phase}",
+                    f"a {phase} of the sample reached no checkpoint",
+                    "the driver must run flexhub.node.volumes (FLEXHUB_TEST_TRACE unset?)",
+                )
+        return env.traced
 
-    @storage
-    @pytest.mark.parametrize("point", CHECKPOINTS)
-    def test_crash_during_mount(self, flexhub_env: KitEnv, point: str) -> None:
-        """SIGKILL at a step of mount, the mount again (kubelet retries), then unmount:
-        nothing left mounted, attached or recorded."""
-        env, sample, check = flexhub_env, self._sample(), f"crash-mount[{point}]"
-        target = env.new_pod()
-        options = self._options(env, target, sample)
-        first = env.mount(target, options, crash_at=point)
-        assert first is not None
-        if not first.killed and not first.ok:
-            fail(check, f"mount with a crash point set: {first.describe()}", "see the reply")
-        retry = env.call("mount", target, options)
-        if not retry.ok:
+    def _killed(self, check: str, point: str, call: Call | None) -> None:
+        __tracebackhide__ = True
+        if call is None or not call.killed:
             fail(
                 check,
-                f"the retry after a SIGKILL at {point} failed: {retry.describe()}",
-                "a mount must finish (or redo) what a killed mount left",
+                f"the call was not killed at {point}: {call and call.describe()}",
+                f"the driver must SIGKILL itself at checkpoint {point} (FLEXHUB_TEST_CRASH_AT)",
             )
-        self._write(env, target, "kit-crash")
-        self._unmount(env, check, target)
-        self._assert_clean(env, check, f"a SIGKILL at {point}, a retry and an unmount")
 
     @storage
-    @pytest.mark.parametrize("point", UNMOUNT_CHECKPOINTS)
-    def test_crash_during_unmount(self, flexhub_env: KitEnv, point: str) -> None:
-        """SIGKILL at a step of unmount, then unmount again: nothing left."""
-        env, sample, check = flexhub_env, self._sample(), f"crash-unmount[{point}]"
-        target = env.new_pod()
-        self._mount(env, check, target, sample)
-        first = env.call("unmount", target, crash_at=point)
-        if not first.killed and not first.ok:
-            fail(check, f"unmount with a crash point set: {first.describe()}", "see the reply")
-        self._unmount(env, check, target)
-        self._assert_clean(env, check, f"a SIGKILL at {point} and a retried unmount")
+    def test_crash_during_mount(self, flexhub_env: KitEnv) -> None:
+        """For each checkpoint a mount of the sample reaches (from a traced run): SIGKILL
+        there (the mount must really be killed), the mount again (kubelet retries), a write,
+        then unmount: nothing left mounted, attached or recorded."""
+        env, sample = flexhub_env, self._sample()
+        since = len(env.calls)
+        for point in self._traced(env, sample)["mount"]:
+            check = f"crash-mount[{point}]"
+            target = env.new_pod()
+            options = self._options(env, target, sample)
+            self._killed(check, point, env.mount(target, options, crash_at=point))
+            retry = env.call("mount", target, options)
+            if not retry.ok:
+                env.cleanup()
+                fail(
+                    check,
+                    f"the retry after a SIGKILL at {point} failed: {retry.describe()}",
+                    "a mount must finish (or redo) what a killed mount left",
+                )
+            self._write(env, target, "kit-crash")
+            self._unmount(env, check, target)
+            self._assert_clean(env, check, f"a SIGKILL at {point}, a retry and an unmount")
+        self._no_secret_shown(env, "crash-mount", sample, since)
+
+    @storage
+    def test_crash_during_unmount(self, flexhub_env: KitEnv) -> None:
+        """For each checkpoint an unmount of the sample reaches (from a traced run): SIGKILL
+        there (the unmount must really be killed), then unmount again: nothing left."""
+        env, sample = flexhub_env, self._sample()
+        since = len(env.calls)
+        for point in self._traced(env, sample)["unmount"]:
+            check = f"crash-unmount[{point}]"
+            target = env.new_pod()
+            self._mount(env, check, target, sample)
+            self._killed(check, point, env.call("unmount", target, crash_at=point))
+            self._unmount(env, check, target)
+            self._assert_clean(env, check, f"a SIGKILL at {point} and a retried unmount")
+        self._no_secret_shown(env, "crash-unmount", sample, since)
 
     @storage
     def test_bounded_when_unreachable(self, flexhub_env: KitEnv) -> None:
         """With the storage unreachable, the unmount of a volume mounted before succeeds and
         then a new mount (nothing of the volume left on the node) fails, each within the
-        node's call_timeout plus start-up (:attr:`call_timeout`, :attr:`overhead`).
+        bound of its steps in the node config plus start-up (:attr:`unmount_bound`,
+        :attr:`mount_bound`, :attr:`overhead`; :attr:`call_timeout` when not given).
 
         A block backend may keep its device while the storage is unreachable
         (``ReleaseDeferred``): once the storage is back, the node's next unmount calls must
         release it within :attr:`recovery` seconds (the kit calls ``unmount`` of a pod
         directory with nothing on it every two seconds, as a busy kubelet would)."""
         env, sample, check = flexhub_env, self._sample(), "bounded"
+        since = len(env.calls)
         mounted, new = env.new_pod(), env.new_pod()
         self._mount(env, check, mounted, sample)
         try:
@@ -480,10 +559,12 @@ class Conformance:
                     "unmount must succeed without the storage (forced/lazy unmount)",
                 )
             )
-        if unmount.seconds > env.bound or unmount.timed_out:
+        unmount_bound = self._bound(self.unmount_bound)
+        mount_bound = self._bound(self.mount_bound)
+        if unmount.seconds > unmount_bound or unmount.timed_out:
             problems.append(
                 (
-                    f"unmount took {unmount.seconds:.1f}s (bound {env.bound:g}s)",
+                    f"unmount took {unmount.seconds:.1f}s (bound {unmount_bound:g}s)",
                     "bound every step of unmount",
                 )
             )
@@ -494,10 +575,10 @@ class Conformance:
                     "make unreachable() really cut the storage off",
                 )
             )
-        if mount.seconds > env.bound or mount.timed_out:
+        if mount.seconds > mount_bound or mount.timed_out:
             problems.append(
                 (
-                    f"mount took {mount.seconds:.1f}s (bound {env.bound:g}s)",
+                    f"mount took {mount.seconds:.1f}s (bound {mount_bound:g}s)",
                     "bound every step of mount (node.runner timeouts; no blocking "
                     "call that ignores signals)",
                 )
@@ -508,6 +589,13 @@ class Conformance:
         env.cleanup()
         self._await_deferred_release(env)
         self._assert_clean(env, check, "the calls with the storage unreachable")
+        self._no_secret_shown(env, check, sample, since)
+
+    def _bound(self, steps: float | None) -> float:
+        """The longest a call whose steps are bounded by ``steps`` seconds may take."""
+        return min(self.call_timeout if steps is None else steps, self.call_timeout) + (
+            self.overhead
+        )
 
     def _await_deferred_release(self, env: KitEnv) -> None:
         """Call ``unmount`` of an empty pod directory until nothing of the check's volumes is
@@ -524,26 +612,31 @@ class Conformance:
             env.unmount(idle)
             time.sleep(2)
 
-    @storage
-    def test_secrets_never_shown(self, flexhub_env: KitEnv) -> None:
-        """A mount, a refused mount and an unmount with the sample's secrets; then every reply
-        of this run and every file under the state, log and plugin directories is scanned for
-        each secret value, raw and base64 (runs last: it scans the whole run)."""
-        env, sample, check = flexhub_env, self._sample(), "secrets"
-        target, refused = env.new_pod(), env.new_pod()
-        self._mount(env, check, target, sample)
-        env.mount(refused, self._options(env, refused, sample, extra={UNKNOWN_OPTION: "x"}))
-        self._unmount(env, check, target)
+    def _no_secret_shown(self, env: KitEnv, check: str, sample: Sample, since: int) -> None:
+        """Every reply of the check's calls (from ``env.calls[since]``) and every file under
+        the state, log and plugin directories scanned for each of the sample's secret values,
+        raw and base64, after the check's calls; nothing to look for without secrets."""
+        __tracebackhide__ = True
         needles = _needles(sample.secrets)
+        if not needles:
+            return
+        calls = env.calls[since:]
+        given = [c for c in calls if any(n in "\0".join(c.argv).encode() for n in needles.values())]
+        if not given:
+            fail(
+                "secrets",
+                f"{check} made no call with the sample's secrets to scan after",
+                "a secret scan must follow calls that carry the secrets",
+            )
         written = env.files_written()
         if not any(path.startswith(env.log_dir + "/") for path in written):
             fail(
-                check,
-                f"no log file under {env.log_dir} to scan",
+                "secrets",
+                f"no log file under {env.log_dir} to scan after {check}",
                 "the kit's Host must list the files it writes (Host.list_files)",
             )
         found = []
-        for call in env.calls:
+        for call in calls:
             for name, needle in needles.items():
                 if needle in call.output:
                     found.append(f"{name} in the reply to {call.argv[1]}")
@@ -554,8 +647,8 @@ class Conformance:
                     found.append(f"{name} in {path}")
         if found:
             fail(
-                check,
-                f"secret values shown: {', '.join(sorted(set(found)))}",
+                "secrets",
+                f"after {check}, secret values shown: {', '.join(sorted(set(found)))}",
                 "never put a secret in a message, log or state file (mask with secrets=[...])",
             )
 
@@ -597,10 +690,13 @@ def detach_loops(env: KitEnv) -> None:
 
 
 def default_attached(env: KitEnv) -> list[str]:
-    """Loop devices backed by a file under the run's directory, and block devices that
-    appeared since the run started (``KitEnv.devices_at_start``)."""
+    """Loop devices backed by a file under the run's directory and, on a host where only the
+    kit makes block devices (``Host.isolated``: a dedicated VM), block devices that appeared
+    since the run started (``KitEnv.devices_at_start``). On a shared machine other processes
+    make devices too: extend :meth:`Conformance.attached` with what the backend attaches."""
     found = [f"{device} ({path})" for device, path in _loops(env)]
-    found += [f"/dev/{name}" for name in sorted(block_devices(env) - env.devices_at_start)]
+    if getattr(env.host, "isolated", False):
+        found += [f"/dev/{name}" for name in sorted(block_devices(env) - env.devices_at_start)]
     return found
 
 

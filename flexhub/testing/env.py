@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flexhub.admin.harness import KUBELET_ENV, Kubelet, ReplyError, go_json, parse_reply
-from flexhub.node.volumes import CRASH_ENV
+from flexhub.node.volumes import CRASH_ENV, TRACE_ENV
 from flexhub.testing.host import Host
 
 __all__ = ["Call", "KitEnv", "KitFailure", "fail_line"]
@@ -86,6 +86,9 @@ class KitEnv:
     driver: str = ""
     #: Whole block devices (not loop) present when the run started.
     devices_at_start: set[str] = field(default_factory=set)
+    #: The checkpoints a traced mount and unmount of the sample reached (the crash checks'
+    #: steps), once a check has traced them.
+    traced: dict[str, list[str]] | None = None
 
     @property
     def state_dir(self) -> str:
@@ -131,11 +134,21 @@ class KitEnv:
 
     # -- calls ----------------------------------------------------------------------------
 
-    def call(self, *args: str, crash_at: str | None = None, timeout: float | None = None) -> Call:
-        """Run the installed driver exactly as kubelet does (argv, bare env, cwd ``/``)."""
+    def call(
+        self,
+        *args: str,
+        crash_at: str | None = None,
+        trace: str | None = None,
+        timeout: float | None = None,
+    ) -> Call:
+        """Run the installed driver exactly as kubelet does (argv, bare env, cwd ``/``);
+        ``crash_at``: the checkpoint to SIGKILL it at; ``trace``: the file it appends each
+        checkpoint it reaches to."""
         env = dict(KUBELET_ENV)
         if crash_at:
             env[CRASH_ENV] = crash_at
+        if trace:
+            env[TRACE_ENV] = trace
         argv = [self.driver, *args]
         # the kit waits a little longer than the bound, so that a slow call is measured
         result = self.host.run(argv, env=env, timeout=timeout or self.bound + 30)
@@ -174,21 +187,25 @@ class KitEnv:
             )
         )
 
-    def mount(self, target: str, options: str, crash_at: str | None = None) -> Call | None:
+    def mount(
+        self, target: str, options: str, crash_at: str | None = None, trace: str | None = None
+    ) -> Call | None:
         """kubelet's SetUpAt: mkdir 0750, skip if mounted, call, rmdir after a failure."""
         if self.is_mounted(target):
             return None
         self.host.make_dirs(target, 0o750)
-        call = self.call("mount", target, options, crash_at=crash_at)
+        call = self.call("mount", target, options, crash_at=crash_at, trace=trace)
         if not call.ok and not call.killed:
             self.host.remove_dir(target)
         return call
 
-    def unmount(self, target: str, crash_at: str | None = None) -> Call | None:
+    def unmount(
+        self, target: str, crash_at: str | None = None, trace: str | None = None
+    ) -> Call | None:
         """kubelet's TearDownAt: skip if the directory is gone, call, rmdir after Success."""
         if not self.host.exists(target):
             return None
-        call = self.call("unmount", target, crash_at=crash_at)
+        call = self.call("unmount", target, crash_at=crash_at, trace=trace)
         if call.ok:
             self.host.remove_dir(target)
         return call

@@ -102,7 +102,11 @@ def parse_proc_mounts(text: str) -> list[MountPoint]:
 
 
 class LocalHost:
-    """This machine (the default)."""
+    """This machine (the default). Not ``isolated``: other processes here make block devices
+    too, so the kit does not count a new one as the backend's (a Host may set ``isolated =
+    True`` when only the kit's driver makes block devices on it, as a dedicated VM)."""
+
+    isolated = False
 
     def run(
         self, argv: Sequence[str], *, env: Mapping[str, str], timeout: float, cwd: str = "/"

@@ -99,3 +99,49 @@ def test_unmount_of_a_dead_server_goes_forced_and_lazy(harness: Harness, tmp_pat
     harness.runner.calls.clear()
     harness.backend.unmount(target, {})
     assert harness.runner.calls == [["umount", "-c", "-i", "-f", "-l", "--", str(target)]]
+
+
+#: A password typed into mountOptions (it must never be quoted back).
+TYPED = "Typed-Pw-4kq9"
+
+
+@pytest.mark.parametrize(
+    ("user", "needle"),
+    [
+        ({"vers": "1.0"}, "SMB1 (vers 1.0) is refused"),
+        ({"mountOptions": "vers=1.0"}, "SMB1 is insecure"),
+        ({"mountOptions": f"noatime,password={TYPED}"}, "credentials come only from"),
+        ({"mountOptions": "uid=0"}, "use the option 'uid'"),
+        ({"subPath": "../../etc"}, "subPath"),
+    ],
+)
+def test_refused_options_fail_before_any_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user: dict[str, str], needle: str
+) -> None:
+    """The kubelet path (moved from the VM, tests/vm/test_cifs.py: no command runs, so no real
+    system is needed): SMB1, a credential or an ownership option in mountOptions and a path
+    escape are a Failure naming the problem, never quoting the password, with no command run
+    (a recording runner), nothing made in the pod directory and no credentials file."""
+    import flexhub.node
+    from flexhub.admin.harness import Kubelet, go_json
+    from flexhub.driver import kubelet
+    from flexhub.node.runner import RecordingRunner
+
+    state = tmp_path / "state"
+    config = tmp_path / "flexhub.toml"
+    config.write_text(f'state_dir = "{state}"\nlog_dir = "{tmp_path / "log"}"\n')
+    monkeypatch.setenv("FLEXHUB_CONFIG", str(config))
+    monkeypatch.setattr(kubelet, "_CONFIG", [])
+    runner = RecordingRunner()
+    monkeypatch.setattr(flexhub.node, "SubprocessRunner", lambda timeout: runner)
+    target = tmp_path / "pods" / "uid" / "volumes" / "k8s~flexhub" / "pv"
+    target.mkdir(parents=True)
+    base = {"backend": "cifs", "server": "files.example.com", "share": "team"}
+    secrets = {"username": "bob", "password": PASSWORD}
+    options = Kubelet.mount_options({**base, **user}, pv="pv", pod_uid="uid", secrets=secrets)
+    reply = kubelet.handle([str(target), go_json(options)], kubelet.Call(operation="mount"))
+    assert reply.status == "Failure" and needle in reply.message, reply.message
+    assert PASSWORD not in reply.message and TYPED not in reply.message
+    assert runner.calls == []
+    assert list(target.iterdir()) == []
+    assert list(state.rglob("*.cred")) == []

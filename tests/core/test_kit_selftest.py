@@ -44,7 +44,9 @@ class TestKit(Conformance):
         return {{"root": base + "/storage"}}
 
     def sample(self):
-        return Sample(options={options!r}, secrets={{"token": "kit-Secret-Token-42"}})
+        return Sample(
+            options={options!r}, secrets={{"token": "kit-Secret-Token-42"}}, fs_group={fs_group!r}
+        )
 
     @contextlib.contextmanager
     def unreachable(self, sample):
@@ -66,6 +68,7 @@ def run_kit(
     flaw: str = "",
     select: str = "",
     options: dict[str, str] | None = None,
+    fs_group: int | None = None,
 ) -> pytest.RunResult:
     """Run the kit against ``backend`` (with the driver's ``flaw``), only the checks
     ``select`` (a ``-k`` expression) if given."""
@@ -79,7 +82,10 @@ def run_kit(
     wrapper.chmod(0o755)
     pytester.makepyfile(
         test_conformance=TEST_FILE.format(
-            python=str(wrapper), backend=backend, options=options or {"dir": "vol-1"}
+            python=str(wrapper),
+            backend=backend,
+            options=options or {"dir": "vol-1"},
+            fs_group=fs_group,
         )
     )
     monkeypatch.setenv("PYTHONPATH", str(KITSITE))
@@ -100,7 +106,7 @@ def test_a_conforming_backend_passes_every_check(
     result = run_kit(pytester, monkeypatch, "kitgood")
     assert failed_checks(result) == [], result.stdout.str()
     outcomes = result.parseoutcomes()
-    assert outcomes.get("passed", 0) >= 20 and "failed" not in outcomes, outcomes
+    assert outcomes.get("passed", 0) == 11 and "failed" not in outcomes, outcomes  # every check
 
 
 def test_a_release_deferred_while_unreachable_and_finished_later_passes_bounded(
@@ -178,30 +184,38 @@ BROKEN = [
         "flexhub-kit idempotent: a second mount of a mounted directory: *already mounted*",
     ),
     (
-        "restart",
+        "idempotent-restart",
         "kitgood",
         "init-fails-while-mounted",
         None,
-        "restart",
-        "flexhub-kit restart: init failed after a mount; init must always succeed",
+        "idempotency",
+        "flexhub-kit idempotent: init failed after a mount (a kubelet restart); init must always*",
     ),
     (
         "crash-mount",
         "kitleakyblock",
         "",
         None,
-        "crash_during_mount and attached",
+        "crash_during_mount",
         "flexhub-kit crash-mount[[]attached]: after a SIGKILL at attached, a retry and an unmount,"
         " left behind: attached: /dev/loop* (*/storage/vol-1.img); unmount must undo*",
+    ),
+    (
+        "crash-mount-not-killed",
+        "kitgood",
+        "ignores-crash-hook",
+        None,
+        "crash_during_mount",
+        "flexhub-kit crash-mount[[]pod-record]: the call was not killed at pod-record: exit 0,*",
     ),
     (
         "crash-unmount",
         "kitleakyblock",
         "unmount-forgets-first",
         None,
-        "crash_during_unmount and released",
-        "flexhub-kit crash-unmount[[]released]: after a SIGKILL at released and a retried unmount,"
-        " left behind: attached: /dev/loop*",
+        "crash_during_unmount",
+        "flexhub-kit crash-unmount[[]unbound]: after a SIGKILL at unbound and a retried unmount,"
+        " left behind: mounted: */state/staging/*, attached: /dev/loop*",
     ),
     (
         "bounded",
@@ -225,8 +239,9 @@ BROKEN = [
         "kitcreds",
         "",
         None,
-        "secrets",
-        "flexhub-kit secrets: secret values shown: secret 'token' in */state/kit-credentials; never*",
+        "sequence",
+        "flexhub-kit secrets: after sequence, secret values shown: secret 'token' in"
+        " */state/kit-credentials; never*",
     ),
 ]
 
@@ -261,3 +276,15 @@ def test_the_same_checks_pass_without_the_flaws(
     result = run_kit(pytester, monkeypatch, "kitgood", select=selection)
     assert failed_checks(result) == [], result.stdout.str()
     assert "failed" not in result.parseoutcomes(), result.stdout.str()
+
+
+def test_sequence_fails_when_the_fs_group_pod_does_not_get_the_group(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kitgood bind-mounts a directory and ignores the pod's fsGroup: the sequence's fsGroup
+    pod must see the group and g+rwxs on the volume's root (kit 1 only mounted that pod)."""
+    result = run_kit(pytester, monkeypatch, "kitgood", select="sequence", fs_group=4242)
+    result.stdout.fnmatch_lines(
+        ["flexhub-kit sequence: in a pod with fsGroup 4242, the volume's root is group 0, *"]
+    )
+    assert result.parseoutcomes().get("failed") == 1, result.stdout.str()

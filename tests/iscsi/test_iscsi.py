@@ -359,10 +359,15 @@ def test_login_error_echoing_secret_is_scrubbed(backend: IscsiBackend, runner: F
 
 
 def test_timeout_message_is_scrubbed(backend: IscsiBackend, runner: FakeIscsi) -> None:
+    """Transcript (a timeout whose text holds a CHAP value cannot be provoked on a real target):
+    the runner's timeout carries what iscsiadm had printed, here the session password; the
+    VolumeError must not."""
     from flexhub.errors import CommandTimeout
 
     def hang(args: tuple[str, ...]) -> object:
-        raise CommandTimeout(f"iscsiadm {' '.join(args)} timed out")
+        raise CommandTimeout(
+            f"iscsiadm {' '.join(args)} timed out; output: node.session.auth.password = {PASSWORD}"
+        )
 
     runner.answers.append((("--login",), hang))  # type: ignore[arg-type]
     with pytest.raises(VolumeError) as info:
@@ -691,7 +696,7 @@ def test_an_attach_killed_after_login_is_released_without_logging_in_again(
     after_restart.sysfs = sysfs
     assert unmount_volume(node, target, lambda name: after_restart) == ""
     # never a login (kubelet gave unmount no secret): a command that must not run, a transcript;
-    # the real crash is tests/vm/test_iscsi_crash.py
+    # the real crash is tests/vm/test_iscsi_crash_xfs.py (its attached case)
     assert not any("--login" in c for c in runner.iscsiadm_calls())
     assert sysfs.sessions_of(IQN, "default") == [] and runner.node_files(IQN) == []
     assert node.journal.volumes() == [] and node.journal.pods() == []

@@ -7,6 +7,7 @@ arithmetic on scripted sizes).
 
 from __future__ import annotations
 
+import re
 import struct
 import subprocess
 from collections.abc import Iterator
@@ -63,6 +64,18 @@ def test_blank_device_is_formatted_then_mounted(device: str, target: Path, fs_ty
     assert blkid(device, "TYPE") == fs_type
     source, kind, options = mounted(target)  # type: ignore[misc]
     assert (source, kind) == (device, fs_type) and "noatime" in options and "rw" in options
+    if fs_type != "xfs":  # mkfs -m0: no blocks reserved for root; errors=remount-ro by default
+        listed = subprocess.run(
+            ["tune2fs", "-l", device], check=True, capture_output=True, text=True
+        ).stdout
+        assert re.search(r"^Reserved block count:\s+0$", listed, re.M), listed
+        shown = subprocess.run(
+            ["findmnt", "-n", "-o", "OPTIONS", "--mountpoint", str(target)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        assert "errors=remount-ro" in shown.strip().split(","), shown
     (target / "f").write_text("x")
     subprocess.run(["umount", str(target)], check=True)
     # mounted again: the filesystem is kept, not formatted a second time

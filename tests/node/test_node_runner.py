@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -126,15 +126,9 @@ def test_timeout_returns_even_if_an_escaped_grandchild_holds_the_pipes(tmp_path:
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
 
-FREEZE_SELF = """
-import os, sys, time
-cgroup = sys.argv[1]
-with open(cgroup + "/cgroup.procs", "w") as handle:
-    handle.write(str(os.getpid()))
-with open(cgroup + "/freezer.state", "w") as handle:
-    handle.write("FROZEN")
-time.sleep(60)
-"""
+#: The command: joins the freezer group, then becomes ``sleep`` (the readiness the test waits
+#: for before it freezes the group: a shell starts in milliseconds, Python did not).
+JOIN_AND_SLEEP = 'echo $$ > "$1/cgroup.procs" && exec sleep 60'
 
 
 @pytest.fixture
@@ -166,24 +160,28 @@ def freezer_cgroup() -> Iterator[Path]:
 def test_a_killed_command_stuck_in_the_kernel_does_not_hang_the_call(
     freezer_cgroup: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import sys
     import threading
 
     run = SubprocessRunner(timeout=10)
     outcome: list[BaseException] = []
+    bound = 5.0  # the command's timeout: the test freezes it well before
 
     def call() -> None:
         try:
-            run([sys.executable, "-c", FREEZE_SELF, str(freezer_cgroup)], timeout=1)
+            run(["sh", "-c", JOIN_AND_SLEEP, "sh", str(freezer_cgroup)], timeout=bound)
         except BaseException as exc:
             outcome.append(exc)
 
     with caplog.at_level(logging.ERROR):
         thread = threading.Thread(target=call, daemon=True)
+        started = time.monotonic()
         thread.start()
+        pid = _wait_for_sleep_in(freezer_cgroup, started + bound)
+        (freezer_cgroup / "freezer.state").write_text("FROZEN")
+        _wait_until(lambda: (freezer_cgroup / "freezer.state").read_text().strip() == "FROZEN")
+        assert time.monotonic() - started < bound, "frozen only after the command's timeout"
         thread.join(60)  # generous; without a bound on the reap it would wait for ever
         returned = not thread.is_alive()
-        (pid,) = map(int, (freezer_cgroup / "cgroup.procs").read_text().split())
         assert Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "D"
         (freezer_cgroup / "freezer.state").write_text("THAWED")
         thread.join(60)
@@ -191,6 +189,24 @@ def test_a_killed_command_stuck_in_the_kernel_does_not_hang_the_call(
     assert len(outcome) == 1 and isinstance(outcome[0], CommandTimeout)
     assert f"pid {pid} is stuck in the kernel and was left behind" in str(outcome[0])
     assert f"pid {pid} did not exit" in caplog.text
+
+
+def _wait_until(done: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "the event did not come"
+        time.sleep(0.01)
+
+
+def _wait_for_sleep_in(cgroup: Path, deadline: float) -> int:
+    """The pid of the command once it is in ``cgroup`` and has become ``sleep``; fails at
+    ``deadline``."""
+    while time.monotonic() < deadline:
+        pids = (cgroup / "cgroup.procs").read_text().split()
+        if pids and Path(f"/proc/{pids[0]}/comm").read_text().strip() == "sleep":
+            return int(pids[0])
+        time.sleep(0.01)
+    raise AssertionError("the command never joined the freezer group and became sleep")
 
 
 def test_recording_runner_scripts_by_longest_prefix() -> None:

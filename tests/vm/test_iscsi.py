@@ -35,7 +35,7 @@ PLUGINS = f"{ROOT}/plugins"
 CONFIG = f"{ROOT}/flexhub.toml"
 PODS = "/var/lib/kubelet/pods"
 
-#: Every CHAP value used by a test, and every reply, for the final scan.
+#: Every CHAP value used by a test, and every reply, for the scans after each CHAP test.
 USED_SECRETS: set[str] = set()
 REPLIES: list[str] = []
 TIMINGS: dict[str, list[float]] = {}
@@ -177,6 +177,19 @@ def scan_files(vm: VM) -> list[str]:
     return files
 
 
+def assert_no_chap_shown(vm: VM, since: int) -> None:
+    """After a test's calls with CHAP: no reply since ``REPLIES[since]`` and no file under
+    flexhub's state, log and plugin directories holds a CHAP value used so far (raw or
+    base64). Fails when the test made no call to judge."""
+    replies = REPLIES[since:]
+    assert replies and USED_SECRETS, "no driver call with CHAP to scan after"
+    files = scan_files(vm)
+    assert any(f.endswith("flexhub.log") for f in files), files
+    for reply in replies:
+        for needle in needles():
+            assert needle not in reply, "a CHAP value is in a reply"
+
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -232,6 +245,7 @@ def chap_secrets(session: Chap, discovery: Chap | None = None) -> dict[str, str]
 
 
 def test_chap_discovery_and_session(vm: VM, kubelet: Kubelet, clean: None) -> None:
+    since = len(REPLIES)
     target = services.iscsi_target(
         vm,
         session_chap=SESSION_CHAP,
@@ -259,6 +273,7 @@ def test_chap_discovery_and_session(vm: VM, kubelet: Kubelet, clean: None) -> No
         check=False,
     )
     assert found.rc == 1, found.stdout
+    assert_no_chap_shown(vm, since)
 
 
 @pytest.mark.parametrize("which", ["session", "discovery"])
@@ -271,6 +286,7 @@ def test_chap_wrong_password_fails_clearly(
         discovery_chap=DISCOVERY_CHAP,
         initiators=[services.GUEST_INITIATOR],
     )
+    since = len(REPLIES)
     wrong = f"Wrong-{which}-Pw-55xq"
     session = Chap(SESSION_CHAP.userid, wrong if which == "session" else SESSION_CHAP.password)
     discovery = Chap(
@@ -291,6 +307,7 @@ def test_chap_wrong_password_fails_clearly(
         assert base64.b64encode(value.encode()).decode() not in message
     assert sessions(vm, target.iqn) == []
     assert vm.run(["mountpoint", "-q", directory], check=False).rc != 0
+    assert_no_chap_shown(vm, since)
 
 
 def test_foreign_filesystem_is_refused_and_kept(vm: VM, kubelet: Kubelet, clean: None) -> None:
@@ -464,12 +481,3 @@ def test_unmount_with_the_target_unreachable_waits_then_releases(
     assert read(vm, again, "kept") == "written before the outage"
     assert kubelet.unmount(again) == {"status": "Success"}
     assert sessions(vm, target.iqn) == []
-
-
-def test_no_chap_value_in_any_file_flexhub_wrote(vm: VM, kubelet: Kubelet) -> None:
-    assert USED_SECRETS, "the CHAP tests did not run"
-    files = scan_files(vm)
-    assert any(f.endswith("flexhub.log") for f in files)
-    for reply in REPLIES:
-        for needle in needles():
-            assert needle not in reply

@@ -13,9 +13,11 @@ from tests.rig.vm import KUBELET_ENV, VM
 from tests.vm import test_iscsi
 from tests.vm.test_iscsi import (
     DISCOVERY_CHAP,
+    REPLIES,
     SESSION_CHAP,
     USED_SECRETS,
     Kubelet,
+    assert_no_chap_shown,
     chap_secrets,
     go_json,
     node_records,
@@ -78,6 +80,7 @@ def test_chap_identity_argv_and_discovery_records(vm: VM, kubelet: Kubelet, clea
     )
     other = services.iscsi_target(vm, discovery_chap=DISCOVERY_CHAP)
     USED_SECRETS.add(WRONG)
+    since = len(REPLIES)
     needles = [SESSION_CHAP.password, DISCOVERY_CHAP.password, WRONG, SESSION_CHAP.userid]
     vm.write_file("/tmp/sampler.py", SAMPLER.encode())
     vm.run(["rm", "-f", "/tmp/sampler.stop"])
@@ -136,6 +139,7 @@ def test_chap_identity_argv_and_discovery_records(vm: VM, kubelet: Kubelet, clea
     scans, iscsiadm = (int(x) for x in done[0].split()[1:3])
     assert scans > 0 and iscsiadm > 0, done  # it did see iscsiadm running
     assert argv_hits(vm) == [], "a CHAP value was on a command line"
+    assert_no_chap_shown(vm, since)  # nor in a reply or a file flexhub wrote
 
 
 LISTENER = r"""

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from flexhub.testing import Conformance, Sample
+from flexhub.testing import Sample
 from tests.rig import services
-from tests.vm.kithost import VM_OVERHEAD, vm_kit_host
+from tests.vm.kithost import VM_OVERHEAD, VMConformance, vm_kit_host
 
 flexhub_host = vm_kit_host("cifs")
 
@@ -25,10 +25,18 @@ def smb_server(vm: Any) -> None:
     services.start_smb_server(vm, PASSWORD, shares=("kit",))
 
 
-class TestCifsConformance(Conformance):
+class TestCifsConformance(VMConformance):
     backend = "cifs"
     call_timeout = 40
     overhead = VM_OVERHEAD
+    # with smbd stopped: a mount is refused or runs into mount_timeout, then the clean-up of
+    # its directory (stat, forced umount); an unmount of the dead mount: stat, then the plain,
+    # forced and lazy umount
+    # with an fsGroup, the share is mounted with gid=<fsGroup> and dir_mode 0770: group rwx,
+    # no setgid bit (the modes are the mount's, not the server's)
+    fs_group_mode = 0o070
+    mount_bound = 8 + 3 + 5
+    unmount_bound = 3 + 8 + 5
 
     def settings(self, base: str) -> Mapping[str, Any]:
         return {

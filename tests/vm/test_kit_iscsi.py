@@ -1,7 +1,8 @@
 """The conformance kit (``flexhub.testing``) against iscsi, in the VM rig: a LIO target with
 CHAP for discovery and session (so the kit's secret scan looks for real secrets), the
 installed driver called as kubelet calls it. "Unreachable" takes the target's portal down.
-Beyond the kit's default, an iSCSI session of the target left logged in counts as attached."""
+Beyond the kit's default, an iSCSI session of the target left logged in, or its node record
+left in open-iscsi's database, counts as attached."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from flexhub.testing import Conformance, KitEnv, Sample
+from flexhub.testing import KitEnv, Sample
 from flexhub.testing.conformance import default_attached
 from tests.rig import services
 from tests.rig.services import Chap, IscsiTarget
-from tests.vm.kithost import VM_OVERHEAD, vm_kit_host
+from tests.vm.kithost import VM_OVERHEAD, VMConformance, vm_kit_host
 
 flexhub_host = vm_kit_host("iscsi")
 
@@ -40,7 +41,7 @@ def target(vm: Any) -> Iterator[IscsiTarget]:
     services.reset_iscsi(vm)
 
 
-class TestIscsiConformance(Conformance):
+class TestIscsiConformance(VMConformance):
     backend = "iscsi"
     # With the target gone, an unmount runs its umount steps to their bounds (umount, forced
     # umount: unmount_timeout each), then the release waits for the target (ReleaseDeferred):
@@ -51,6 +52,12 @@ class TestIscsiConformance(Conformance):
         "release_retry_interval": 5,
     }
     overhead = VM_OVERHEAD
+    # With the portal down, a mount runs into the session listing and discovery
+    # (command_timeout), the login (login_timeout) and the wait for the disk (device_timeout);
+    # an unmount into the staging umount, forced and lazy (unmount_timeout each) and the flush
+    # whose release is then deferred (command_timeout).
+    mount_bound = 20 + 15 + 20
+    unmount_bound = 3 * 10 + 20
 
     def settings(self, base: str) -> Mapping[str, Any]:
         return {"device_timeout": 20, "login_timeout": 15, "command_timeout": 20}
@@ -85,7 +92,13 @@ class TestIscsiConformance(Conformance):
             for line in out.output.decode().splitlines()
             if target.iqn in line.split()
         ]
-        return default_attached(env) + sessions
+        nodes = env.host.run(
+            ["iscsiadm", "-m", "node", "-T", target.iqn],
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            timeout=60,
+        )
+        records = [] if nodes.rc == 21 else [f"node record of {target.iqn}"]  # 21: none
+        return default_attached(env) + sessions + records
 
     @contextlib.contextmanager
     def unreachable(self, sample: Sample) -> Iterator[None]:

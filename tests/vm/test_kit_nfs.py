@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from flexhub.testing import Conformance, Sample
+from flexhub.testing import Sample
 from tests.rig import services
-from tests.vm.kithost import VM_OVERHEAD, vm_kit_host
+from tests.vm.kithost import VM_OVERHEAD, VMConformance, vm_kit_host
 from tests.vm.test_nfs import short_nfs_grace
 
 flexhub_host = vm_kit_host("nfs")
@@ -24,10 +24,14 @@ def nfs_server(vm: Any) -> None:
     services.start_nfs_server(vm)
 
 
-class TestNfsConformance(Conformance):
+class TestNfsConformance(VMConformance):
     backend = "nfs"
     call_timeout = 40
     overhead = VM_OVERHEAD
+    # with nfsd stopped: a mount runs into mount_timeout, then the clean-up of its directory
+    # (stat, forced umount); an unmount of the dead mount: stat, then forced and lazy umount
+    mount_bound = 8 + 3 + 5
+    unmount_bound = 3 + 8 + 5
 
     def settings(self, base: str) -> Mapping[str, Any]:
         return {

@@ -1,5 +1,7 @@
 """SIGKILL at each step of an NFS mount (the shipped backend) through the installed driver in
-the VM: the next call (a retried mount, or the unmount) converges, and nothing stays mounted."""
+the VM, then only the unmount (the pod deleted while its mount was failing): it converges and
+nothing stays mounted. A crash followed by a retried mount is the conformance kit's
+crash-mount check (tests/vm/test_kit_nfs.py, at every step a traced NFS mount reaches)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,8 @@ from tests.vm.test_nfs import Rig, rig, share  # noqa: F401 (fixture)
 STEPS = ("pod-record", "bound", "done")
 
 
-@pytest.mark.parametrize("retry", [True, False], ids=["retry-then-unmount", "unmount"])
 @pytest.mark.parametrize("step", STEPS)
-def test_sigkill_at_each_mount_step(rig: Rig, step: str, retry: bool) -> None:  # noqa: F811
+def test_sigkill_at_each_mount_step_then_unmount(rig: Rig, step: str) -> None:  # noqa: F811
     target = rig.pod_dir()
     user = {"backend": "nfs", **share(rig, "4.2"), "nfsVersion": "4.2"}
     options = Kubelet.mount_options(
@@ -31,10 +32,6 @@ def test_sigkill_at_each_mount_step(rig: Rig, step: str, retry: bool) -> None:  
         timeout=120,
     )
     assert crashed.rc in (-9, 128 + 9) and crashed.output == "", (crashed.rc, crashed.output)
-    if retry:
-        assert rig.mount(target, user)[0] == {"status": "Success"}
-        assert len(rig.mounts(target)) == 1
-        rig.vm.write_file(f"{target}/after-{step}", "ok")
     assert rig.unmount(target)[0] == {"status": "Success"}
     assert rig.mounts(target) == []
     assert rig.sh(f"test -e {target} || echo gone") == "gone\n"
