@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(build(args.out_dir, extras=tuple(args.extras)))
     except subprocess.CalledProcessError as exc:
-        raise SystemExit(f"build_runtime: {exc.cmd[2]} failed (exit {exc.returncode})") from None
+        step = " ".join(str(word) for word in exc.cmd)
+        raise SystemExit(f"build_runtime: failed (exit {exc.returncode}): {step[:400]}") from None
     return 0
 
 
