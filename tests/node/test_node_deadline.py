@@ -10,12 +10,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_node_runner import FREEZE_SELF, freezer_cgroup
+from test_node_runner import freezer_cgroup
 
 from flexhub.node.locks import lock
 from tests.conftest import run_flexhub
 
 __all__ = ["freezer_cgroup"]  # the fixture
+
+#: The stuck command: it joins the freezer group and freezes it, itself included (a process
+#: cannot be killed out of a frozen cgroup-v1 group: as stuck as a command in state D).
+FREEZE_SELF = """
+import os, sys, time
+cgroup = sys.argv[1]
+with open(cgroup + "/cgroup.procs", "w") as handle:
+    handle.write(str(os.getpid()))
+with open(cgroup + "/freezer.state", "w") as handle:
+    handle.write("FROZEN")
+time.sleep(60)
+"""
 
 REPO = Path(__file__).resolve().parents[2]
 
