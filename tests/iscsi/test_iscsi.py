@@ -651,12 +651,17 @@ def test_attach_reports_its_progress_without_a_secret(
     node.progress = lambda details: reports.append((len(runner.calls), dict(details)))
     volume = make_volume(SESSION_SECRETS, chapAuthSession="true", portals="127.0.0.2:3260")
     backend.attach(volume)
-    # the target before any command (a crash in the login is undone), the device last
+    # the target before any command (a crash in the login is undone), then the device, and
+    # the reservation key before it is registered (a crash in the fencing unregisters it)
     assert reports[0] == (
         0,
         {"iqn": IQN, "lun": "0", "iface": "default", "portals": "127.0.0.1:3260,127.0.0.2:3260"},
     )
-    assert reports[-1][1] == {"multipath": ""}
+    assert reports[-2][1] == {"multipath": ""}
+    at, last = reports[-1]
+    assert list(last) == ["reservation"]
+    registering = next(i for i, c in enumerate(runner.calls) if "--register-ignore" in c)
+    assert at <= registering
     for value in ALL_SECRETS:
         assert value not in json.dumps(reports)
 

@@ -41,6 +41,10 @@ class _Fencing(_Devices):
         fence = Fence(
             self.node.runner, settings.command_timeout, key, self._paths(disks), initiators
         )
+        # Journalled before the key is registered: an attach killed from here on is undone
+        # by release() from what it reported, and that unregisters the key (ending its
+        # reservation) instead of leaving the LUN held by this node.
+        self.node.record_progress(reservation=format_key(key))
         try:
             fence.acquire(target.volume_id, self.node.state_dir)
         except NoReservations as exc:
