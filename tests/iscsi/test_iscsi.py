@@ -775,3 +775,24 @@ def test_the_used_disk_on_a_dead_path_waits_even_with_another_path_up(
     with pytest.raises(ReleaseDeferred, match="unreachable"):
         backend.detach(attachment)
     assert backend.sysfs.deleted == []  # type: ignore[attr-defined]
+
+
+def test_still_attached_tells_a_reused_device_name(backend: IscsiBackend, sysfs: FakeSysfs) -> None:
+    """The core's busy check of a release asks whether the journalled device still is the
+    LUN's (fake sysfs): its disk or a map over it is; after the LUN's session is gone
+    (a reboot) the same name given to a disk of another target is not, and a record naming
+    no device or a device that is gone is unknown."""
+    details = {"iqn": IQN, "lun": "0", "iface": "default"}
+    session = sysfs.add_session(IQN, "127.0.0.1:3260")
+    disk = sysfs.add_disk(session, 0)
+    dm = sysfs.add_map("mpatha", [disk])
+    assert backend.still_attached(Attachment(str(sysfs.dev / disk), details)) is True
+    assert backend.still_attached(Attachment(str(sysfs.dev / dm), details)) is True
+    sysfs.remove_map("mpatha")
+    sysfs.remove_session(session.sid)
+    assert backend.still_attached(Attachment(str(sysfs.dev / disk), details)) is None  # gone
+    sysfs.next_disk = 0  # after boot the kernel names another target's disk the same
+    other = sysfs.add_session("iqn.2024-01.test:other", "127.0.0.9:3260")
+    assert sysfs.add_disk(other, 0) == disk
+    assert backend.still_attached(Attachment(str(sysfs.dev / disk), details)) is False
+    assert backend.still_attached(Attachment("", details)) is None

@@ -362,6 +362,20 @@ class IscsiBackend(_Sessions, _Fencing):
                 "iscsi: cleaning up after the failed attach of %s failed: %s", target.iqn, exc
             )
 
+    def still_attached(self, attachment: Attachment) -> bool | None:
+        """Whether the journalled device still is the LUN's: one of its SCSI disks in the
+        target's sessions through the iface, or a map holding one of them (only reads
+        sysfs). ``None`` when the record names no target/LUN or the device is gone."""
+        details = attachment.details
+        lun = details.get("lun", "")
+        if not details.get("iqn") or not lun.isdigit() or not attachment.device:
+            return None
+        name = self.sysfs.block_name(attachment.device)
+        if name is None:
+            return None
+        disks = self._lun_disks(details["iqn"], details.get("iface") or "default", int(lun))
+        return name in disks or any(name in self.sysfs.holders(disk) for disk in disks)
+
     def release_waits(self, attachment: Attachment) -> str:
         """The target is unreachable: see :meth:`_defer_if_unreachable` (only reads sysfs)."""
         details = attachment.details

@@ -519,7 +519,7 @@ class Fence:
         """
         holder, generation = self.reservation()
         preempting = holder is not None and holder != self.key
-        if preempting:
+        if holder is not None and holder != self.key:
             grant = pending_preempt(state_dir, volume_id)
             refusal = _refusal(grant, holder, generation, time.time())
             if refusal:
