@@ -796,3 +796,18 @@ def test_still_attached_tells_a_reused_device_name(backend: IscsiBackend, sysfs:
     assert sysfs.add_disk(other, 0) == disk
     assert backend.still_attached(Attachment(str(sysfs.dev / disk), details)) is False
     assert backend.still_attached(Attachment("", details)) is None
+
+
+def test_a_detach_leaves_a_reused_multipath_map_name_alone(
+    backend: IscsiBackend, runner: FakeIscsi, sysfs: FakeSysfs
+) -> None:
+    """After a reboot the friendly name the record journalled (``mpatha``) is another
+    target's map: the stale record's detach neither flushes nor removes it (fake sysfs)."""
+    other = sysfs.add_session("iqn.2024-01.test:other", "127.0.0.9:3260")
+    dm = sysfs.add_map("mpatha", [sysfs.add_disk(other, 0)])
+    details = {"iqn": IQN, "lun": "0", "iface": "default", "multipath": "mpatha"}
+    attachment = Attachment(str(sysfs.dev / dm), details)
+    assert backend.still_attached(attachment) is False
+    backend.detach(attachment)
+    assert not any(c[:2] == ["multipath", "-f"] for c in runner.calls), runner.calls
+    assert sysfs.find_map("mpatha") == dm

@@ -527,3 +527,21 @@ def test_full_status_as_lio_prints_it() -> None:
     assert foreign_registrations(registrations, 0x1234, mine) == registrations[1:]
     assert foreign_registrations(registrations, 0x9, mine) == []
     assert parse_full_status("  PR generation=0x2\n  No full status descriptors\n") == (2, [])
+
+
+def test_a_refused_fencing_leaves_nothing_for_the_rollback_to_unregister(
+    a: IscsiBackend, b: IscsiBackend, pr: FakePR
+) -> None:
+    """B's read-write mount is refused (A holds the LUN) before B registered: what it
+    reported names no reservation, so the rollback from it runs no unregistration (and logs
+    no "reservation cannot be released" for a key that was never registered)."""
+    first = a.attach(volume())
+    partial: dict[str, str] = {}
+    b.node.progress = partial.update
+    with pytest.raises(VolumeError, match="reserved for writing"):
+        b.attach(volume())
+    assert partial["reservation"] == ""
+    b.release(partial)
+    assert not any("--register-ignore" in c for c in runner(b).calls)
+    assert pr.holder == (first.device, key(a))
+    a.detach(first)

@@ -11,7 +11,14 @@ import logging
 from flexhub.backend import FlexhubError, Volume, VolumeError
 from flexhub_iscsi._devices import _Devices
 from flexhub_iscsi._options import Settings, Target, dedicated_iface
-from flexhub_iscsi._reservation import Fence, NoReservations, format_key, node_key, parse_key
+from flexhub_iscsi._reservation import (
+    Fence,
+    FenceConflict,
+    NoReservations,
+    format_key,
+    node_key,
+    parse_key,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -47,7 +54,12 @@ class _Fencing(_Devices):
         self.node.record_progress(reservation=format_key(key))
         try:
             fence.acquire(target.volume_id, self.node.state_dir)
+        except FenceConflict:
+            # refused before registering, or after unregistering again: nothing to release
+            self.node.record_progress(reservation="")
+            raise
         except NoReservations as exc:
+            self.node.record_progress(reservation="")
             raise VolumeError(
                 f"iscsi: the target of {target.volume_id} does not support SCSI-3 persistent "
                 "reservations, so flexhub cannot keep other nodes from writing to it: read-write "
