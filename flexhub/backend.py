@@ -321,6 +321,20 @@ class BlockBackend(Backend):
         """
         return ""
 
+    def still_attached(self, attachment: Attachment) -> bool | None:
+        """Whether the device path of ``attachment`` still is that attachment's device, found
+        without changing anything: ``False`` when the name now maps something else (after a
+        reboot, or the loss of the device, the kernel reused it), ``None`` when unknown.
+
+        The core asks before its exclusive-open busy check of a release: a device that is
+        no longer the volume's is not probed (another volume, or anything else, may hold it),
+        and :meth:`detach` goes on (it must leave a device that is not the attachment's
+        alone). Default: ``None``, the device is probed.
+
+        .. versionadded:: 0.2
+        """
+        return None
+
     #: Whether :meth:`release` is implemented (the backend reports its attach's progress).
     releases_partial: ClassVar[bool] = False
 

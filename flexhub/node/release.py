@@ -195,7 +195,8 @@ def _check_free(backend: BlockBackend, attachment: Attachment, volume_id: str) -
     holder. A few tries, briefly apart: a filesystem whose last mount just went needs a
     moment to let go. The backend is asked first (:meth:`BlockBackend.release_waits`): a
     filesystem lazily unmounted while its storage is unreachable is busy too, and then the
-    storage is the reason to name.
+    storage is the reason to name. A device the backend says is no longer the attachment's
+    (:meth:`BlockBackend.still_attached`: the name was reused) is not probed.
 
     :raises ReleaseDeferred: the device is busy (or its open hangs): it stays attached
         with its record, and a later unmount tries again.
@@ -206,6 +207,11 @@ def _check_free(backend: BlockBackend, attachment: Attachment, volume_id: str) -
     waits = backend.release_waits(attachment)
     if waits:
         raise ReleaseDeferred(waits)
+    if backend.still_attached(attachment) is False:
+        # The name now maps another device (after a reboot, or the loss of this one): its
+        # being busy says nothing about this volume; the backend's detach leaves it alone.
+        LOG.info("%s of %s is no longer its device: not waiting for it", device, volume_id)
+        return
     try:
         if not stat.S_ISBLK(os.stat(device).st_mode):
             return

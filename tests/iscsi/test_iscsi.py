@@ -656,12 +656,17 @@ def test_attach_reports_its_progress_without_a_secret(
     node.progress = lambda details: reports.append((len(runner.calls), dict(details)))
     volume = make_volume(SESSION_SECRETS, chapAuthSession="true", portals="127.0.0.2:3260")
     backend.attach(volume)
-    # the target before any command (a crash in the login is undone), the device last
+    # the target before any command (a crash in the login is undone), then the device, and
+    # the reservation key before it is registered (a crash in the fencing unregisters it)
     assert reports[0] == (
         0,
         {"iqn": IQN, "lun": "0", "iface": "default", "portals": "127.0.0.1:3260,127.0.0.2:3260"},
     )
-    assert reports[-1][1] == {"multipath": ""}
+    assert reports[-2][1] == {"multipath": ""}
+    at, last = reports[-1]
+    assert list(last) == ["reservation"]
+    registering = next(i for i, c in enumerate(runner.calls) if "--register-ignore" in c)
+    assert at <= registering
     for value in ALL_SECRETS:
         assert value not in json.dumps(reports)
 
@@ -775,3 +780,39 @@ def test_the_used_disk_on_a_dead_path_waits_even_with_another_path_up(
     with pytest.raises(ReleaseDeferred, match="unreachable"):
         backend.detach(attachment)
     assert backend.sysfs.deleted == []  # type: ignore[attr-defined]
+
+
+def test_still_attached_tells_a_reused_device_name(backend: IscsiBackend, sysfs: FakeSysfs) -> None:
+    """The core's busy check of a release asks whether the journalled device still is the
+    LUN's (fake sysfs): its disk or a map over it is; after the LUN's session is gone
+    (a reboot) the same name given to a disk of another target is not, and a record naming
+    no device or a device that is gone is unknown."""
+    details = {"iqn": IQN, "lun": "0", "iface": "default"}
+    session = sysfs.add_session(IQN, "127.0.0.1:3260")
+    disk = sysfs.add_disk(session, 0)
+    dm = sysfs.add_map("mpatha", [disk])
+    assert backend.still_attached(Attachment(str(sysfs.dev / disk), details)) is True
+    assert backend.still_attached(Attachment(str(sysfs.dev / dm), details)) is True
+    sysfs.remove_map("mpatha")
+    sysfs.remove_session(session.sid)
+    assert backend.still_attached(Attachment(str(sysfs.dev / disk), details)) is None  # gone
+    sysfs.next_disk = 0  # after boot the kernel names another target's disk the same
+    other = sysfs.add_session("iqn.2024-01.test:other", "127.0.0.9:3260")
+    assert sysfs.add_disk(other, 0) == disk
+    assert backend.still_attached(Attachment(str(sysfs.dev / disk), details)) is False
+    assert backend.still_attached(Attachment("", details)) is None
+
+
+def test_a_detach_leaves_a_reused_multipath_map_name_alone(
+    backend: IscsiBackend, runner: FakeIscsi, sysfs: FakeSysfs
+) -> None:
+    """After a reboot the friendly name the record journalled (``mpatha``) is another
+    target's map: the stale record's detach neither flushes nor removes it (fake sysfs)."""
+    other = sysfs.add_session("iqn.2024-01.test:other", "127.0.0.9:3260")
+    dm = sysfs.add_map("mpatha", [sysfs.add_disk(other, 0)])
+    details = {"iqn": IQN, "lun": "0", "iface": "default", "multipath": "mpatha"}
+    attachment = Attachment(str(sysfs.dev / dm), details)
+    assert backend.still_attached(attachment) is False
+    backend.detach(attachment)
+    assert not any(c[:2] == ["multipath", "-f"] for c in runner.calls), runner.calls
+    assert sysfs.find_map("mpatha") == dm

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -200,6 +201,75 @@ def test_race_lost_between_read_and_reserve_unregisters(
         b.attach(volume())
     assert set(pr.registered.values()) == {key(a)}
     a.detach(first)
+
+
+def test_a_rollback_from_progress_releases_the_reservation(tmp_path: Path) -> None:
+    """An attach killed after it reserved the LUN, before the core journalled its return, is
+    undone from what it reported (``release(partial)``): the reservation is reported before
+    the key is registered, so the rollback unregisters it and the LUN is free for another
+    node (before the fix the key stayed registered, holding the LUN)."""
+    pr = FakePR()
+    a = make_node(tmp_path / "a", pr)
+    b = make_node(tmp_path / "b", pr)
+    partial: dict[str, str] = {}
+
+    def report(details: Mapping[str, str]) -> None:
+        partial.update(details)
+
+    a.node.progress = report
+    a.attach(volume())  # SIGKILL right after it returns: the core journalled only the
+    assert pr.holder is not None  # intent and its reports
+    assert partial["reservation"] == format_key(key(a))
+    a.release(partial)  # the next call's rollback of that intent
+    assert a.sysfs.sessions() == []
+    assert pr.registered == {} and pr.holder is None, (pr.registered, pr.holder)
+    b.detach(b.attach(volume()))  # another node can now take the LUN
+
+
+@pytest.mark.parametrize("failure", ["full-status", "interrupt"])
+def test_whatever_stops_acquire_after_registering_unregisters(
+    a: IscsiBackend, pr: FakePR, failure: str
+) -> None:
+    """The key is registered, then the holder check fails (a PR IN error) or the call is
+    interrupted during RESERVE: the attach fails and this node's key is registered nowhere
+    (before the fix it stayed registered: a node that may write with nobody knowing)."""
+    original = pr.__call__
+
+    def failing(args: tuple[str, ...]) -> Result:
+        if failure == "full-status" and "--read-full-status" in args:
+            return Result(args, 3, "", "PR in: aborted command")
+        if failure == "interrupt" and "--reserve" in args:
+            raise KeyboardInterrupt
+        return original(args)
+
+    runner(a).pr = failing  # type: ignore[assignment]
+    expected: type[BaseException] = VolumeError if failure == "full-status" else KeyboardInterrupt
+    with pytest.raises(expected):
+        a.attach(volume())
+    assert pr.registered == {} and pr.holder is None, (pr.registered, pr.holder)
+
+
+def test_a_preemption_that_does_not_verify_keeps_the_permission(
+    a: IscsiBackend, b: IscsiBackend, pr: FakePR
+) -> None:
+    """The operator's permission is consumed only once this node is verified to hold the
+    LUN: a preemption whose holder check then fails leaves it (and this node unregistered);
+    before the fix it was deleted as used."""
+    a.attach(volume())
+    generation = _refused_generation(b)
+    authorize_preempt(b.node.state_dir, VOLUME_ID, key(a), generation)
+    original = pr.__call__
+
+    def failing(args: tuple[str, ...]) -> Result:
+        if "--read-full-status" in args:
+            return Result(args, 3, "", "PR in: aborted command")
+        return original(args)
+
+    runner(b).pr = failing  # type: ignore[assignment]
+    with pytest.raises(VolumeError, match="cannot read the full status"):
+        b.attach(volume())
+    assert pending_preempt(b.node.state_dir, VOLUME_ID) is not None
+    assert key(b) not in pr.registered.values()
 
 
 def _refused_generation(backend: IscsiBackend) -> int:
@@ -457,3 +527,21 @@ def test_full_status_as_lio_prints_it() -> None:
     assert foreign_registrations(registrations, 0x1234, mine) == registrations[1:]
     assert foreign_registrations(registrations, 0x9, mine) == []
     assert parse_full_status("  PR generation=0x2\n  No full status descriptors\n") == (2, [])
+
+
+def test_a_refused_fencing_leaves_nothing_for_the_rollback_to_unregister(
+    a: IscsiBackend, b: IscsiBackend, pr: FakePR
+) -> None:
+    """B's read-write mount is refused (A holds the LUN) before B registered: what it
+    reported names no reservation, so the rollback from it runs no unregistration (and logs
+    no "reservation cannot be released" for a key that was never registered)."""
+    first = a.attach(volume())
+    partial: dict[str, str] = {}
+    b.node.progress = partial.update
+    with pytest.raises(VolumeError, match="reserved for writing"):
+        b.attach(volume())
+    assert partial["reservation"] == ""
+    b.release(partial)
+    assert not any("--register-ignore" in c for c in runner(b).calls)
+    assert pr.holder == (first.device, key(a))
+    a.detach(first)

@@ -174,3 +174,82 @@ def test_two_attaches_at_once_never_share_a_session_of_another_identity(
         go_on.set()
         thread.join(10)
     assert errors == []
+
+
+def test_an_attach_during_a_detach_logs_in_on_its_own(
+    node: Node, runner: FakeIscsi, sysfs: FakeSysfs
+) -> None:
+    """Ownership ends at the logout, not at the deletion of the disks. LUN 0 with CHAP is
+    being detached: its staging unmounted, its disks deleted, its record still journalled
+    and its logout not decided yet (held in ``_release``). LUN 1 without CHAP attaches then
+    (another node object on the same state, as a second driver process): it waits for the
+    detach's owner lock, the detach logs out, and LUN 1 logs in with its own session; it
+    never rides LUN 0's CHAP-authenticated one (before the fix it reused it, no login).
+    Fake iscsiadm and sysfs (see ``conftest``)."""
+
+    def backend_of(own: Node) -> IscsiBackend:
+        instance = IscsiBackend(own)
+        instance.sysfs = sysfs
+        assert runner.etc is not None
+        instance._records = RecordFiles(runner.etc)
+        return instance
+
+    other = Node(node.config, backend="iscsi", runner=runner)
+    first, second = backend_of(node), backend_of(other)
+    chap = make_volume(SESSION_SECRETS, chapAuthSession="true")
+    _journalling(node, LUN0)
+    attachment = first.attach(chap)
+    # what the core journals once the attach returned
+    node.journal.put_volume(
+        dataclasses.replace(
+            node.journal.get_volume(LUN0),  # type: ignore[arg-type]
+            device=attachment.device,
+            details=dict(attachment.details),
+            partial={},
+            access=dict(first.access(chap)),
+        )
+    )
+    (chap_session,) = sysfs.sessions()
+
+    in_release, go_on = threading.Event(), threading.Event()
+    original = first._release
+
+    def paused(*args, **kwargs):  # type: ignore[no-untyped-def]
+        in_release.set()
+        assert go_on.wait(10)
+        return original(*args, **kwargs)
+
+    first._release = paused  # type: ignore[method-assign]
+    detach = threading.Thread(target=first.detach, args=(attachment,))
+    detach.start()
+    _journalling(other, f"iscsi:{IQN}:1")
+    outcome: list[object] = []
+
+    def attach_second() -> None:
+        try:
+            outcome.append(second.attach(make_volume(lun="1")))
+        except BaseException as exc:  # reported below
+            outcome.append(exc)
+
+    attach = threading.Thread(target=attach_second)
+    try:
+        assert in_release.wait(10)
+        logins = sum("--login" in c for c in runner.iscsiadm_calls())
+        attach.start()
+        attach.join(0.5)
+        assert attach.is_alive(), outcome  # waits for the detach's owner lock
+        assert sum("--login" in c for c in runner.iscsiadm_calls()) == logins
+    finally:
+        go_on.set()
+        detach.join(10)
+        attach.join(10)
+    assert node.journal.get_volume(LUN0) is not None  # the core deletes it only afterwards
+    (result,) = outcome
+    assert not isinstance(result, BaseException), result
+    calls = runner.iscsiadm_calls()
+    logout = max(i for i, c in enumerate(calls) if "--logout" in c)
+    login = max(i for i, c in enumerate(calls) if "--login" in c)
+    assert logout < login  # LUN 0 logged out, then LUN 1 logged in itself
+    (session,) = sysfs.sessions()
+    assert session.sid != chap_session.sid
+    assert [lun for sid, lun in sysfs.scans if sid == session.sid] == [1]

@@ -99,3 +99,45 @@ def test_a_filesystem_alive_in_another_namespace_defers_the_release(
     assert (again / "data").read_text() == "kept"  # written back before the device went
     unmount_volume(node, again, lambda name: backend)
     assert _loop_of(root / "v.img") == []
+
+
+def test_a_reused_device_name_does_not_block_the_release_forever(
+    node: Node, backend: LoopfileBackend, root: Path, tmp_path: Path
+) -> None:
+    """The journalled loop device name maps another, mounted file after a reboot (or any
+    loss of the device): ``still_attached`` says it is no longer the volume's, so the core
+    does not probe it and loopfile's detach leaves the foreign device alone; the stale
+    record is released at once (before the fix: "still in use after its unmount", deferred
+    for ever) and the other device stays mounted and attached."""
+    node.config.release_retry_interval = 0.0
+    pod = tmp_path / "pods" / "a" / "volumes" / "k8s~flexhub" / "vol"
+    pod.mkdir(parents=True)
+    volume = Volume(
+        options={"backend": "loopfile", "file": "v.img", "size": "64Mi"}, fs_type="ext4"
+    )
+    mount_volume(node, backend, pod, volume)
+    volume_id = backend.volume_id(volume)
+    staging = staging_dir(node, volume_id)
+    (loop,) = _loop_of(root / "v.img")
+
+    # the node reboots: mounts and loop devices are gone, the journal stays
+    subprocess.run(["umount", str(pod)], check=True)
+    subprocess.run(["umount", str(staging)], check=True)
+    subprocess.run(["losetup", "--detach", loop], check=True)
+    # after boot the same loop name maps something else, mounted (snapd, another volume...)
+    other = tmp_path / "other.img"
+    subprocess.run(["truncate", "-s", "64M", str(other)], check=True)
+    subprocess.run(["losetup", loop, str(other)], check=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    try:
+        subprocess.run(["mkfs.ext4", "-q", loop], check=True)
+        subprocess.run(["mount", loop, str(elsewhere)], check=True)
+        # kubelet tears the orphaned pod directory down
+        message = unmount_volume(node, pod, lambda name: backend)
+        assert node.journal.deferred() == [], message
+        assert node.journal.get_volume(volume_id) is None
+        assert _loop_of(other) == [loop] and os.path.ismount(elsewhere)
+    finally:
+        subprocess.run(["umount", str(elsewhere)], check=False)
+        subprocess.run(["losetup", "--detach", loop], check=False)

@@ -41,7 +41,10 @@ Locks: an attach holds the target's *use* lock shared (attaches of a target run 
 each portal on its own thread; SendTargets discoveries of the node take turns under one
 lock, which also covers the discovery record);
 a release takes the target lock and logs out only if it can take the use lock exclusively at
-once, so an unmount never waits for a mount in flight.
+once, so an unmount never waits for a mount in flight. The target's *owner* lock covers an
+attach's check of who owns the sessions (and its taking of the use lock), and a detach from
+the deletion of its disks through its logout decision: a volume being detached owns the
+session until it logged out, and an attach of another identity never slips in between.
 
 Layout: this module is the connector (:class:`IscsiBackend`: check, attach, detach, release,
 expand); its helpers are private modules beside it, each one job, mixed into the class:
@@ -57,6 +60,7 @@ and :mod:`~flexhub_iscsi._sysfs`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -196,8 +200,13 @@ class IscsiBackend(_Sessions, _Fencing):
         before = self._lun_disks(target.iqn, iface, target.lun)
         registered = False
         try:
-            with self._in_use(target.iqn, iface):
+            with contextlib.ExitStack() as in_use:
                 with self._owner_lock(target.iqn, iface):
+                    # The use lock is taken under the owner lock: a detach holding the owner
+                    # lock (its disks deleted, its logout undecided) still owns the session
+                    # and sees no attach of ours in flight, so it logs out; this attach then
+                    # finds no session and logs in with its own identity.
+                    in_use.enter_context(self._in_use(target.iqn, iface))
                     self._check_sessions_owner(target, iface, identity)
                     # Journalled before anything is done: an attach that never returns is
                     # undone by release() from this, without logging in again (secrets are
@@ -274,8 +283,11 @@ class IscsiBackend(_Sessions, _Fencing):
         # so they go last.
         disks = self._flush_lun(adm, iqn, iface, lun, mpath)
         self._unfence(details.get("reservation", ""), iqn, iface, lun, settings)
-        self._delete_disks(iqn, iface, lun, disks, attachment.device)
-        self._release(adm, iqn, iface, lun, portals, exclude=f"iscsi:{iqn}:{lun}")
+        # The record owns the session until the logout (its disks gone or not): an attach
+        # of another identity checks ownership under this lock, never in between.
+        with self._owner_lock(iqn, iface):
+            self._delete_disks(iqn, iface, lun, disks, attachment.device)
+            self._release(adm, iqn, iface, lun, portals, exclude=f"iscsi:{iqn}:{lun}")
 
     releases_partial = True
 
@@ -349,6 +361,20 @@ class IscsiBackend(_Sessions, _Fencing):
             LOG.error(
                 "iscsi: cleaning up after the failed attach of %s failed: %s", target.iqn, exc
             )
+
+    def still_attached(self, attachment: Attachment) -> bool | None:
+        """Whether the journalled device still is the LUN's: one of its SCSI disks in the
+        target's sessions through the iface, or a map holding one of them (only reads
+        sysfs). ``None`` when the record names no target/LUN or the device is gone."""
+        details = attachment.details
+        lun = details.get("lun", "")
+        if not details.get("iqn") or not lun.isdigit() or not attachment.device:
+            return None
+        name = self.sysfs.block_name(attachment.device)
+        if name is None:
+            return None
+        disks = self._lun_disks(details["iqn"], details.get("iface") or "default", int(lun))
+        return name in disks or any(name in self.sysfs.holders(disk) for disk in disks)
 
     def release_waits(self, attachment: Attachment) -> str:
         """The target is unreachable: see :meth:`_defer_if_unreachable` (only reads sysfs)."""

@@ -162,7 +162,12 @@ class _Devices(BlockBackend):
         """
         disks = self._lun_disks(iqn, iface, lun)
         dm = self.sysfs.find_map(mpath) if mpath else None
-        if dm is not None:
+        slaves = set(self.sysfs.slaves(dm)) if dm is not None else set()
+        if dm is not None and slaves and not slaves & set(disks):
+            # The name now belongs to another LUN's map (friendly names are reused after a
+            # reboot): not this LUN's to flush or remove.
+            LOG.info("iscsi: multipath map %s holds none of LUN %d's disks: left alone", mpath, lun)
+        elif dm is not None:
             self._flush(str(self.sysfs.dev / dm))
             for attempt in range(1, _FLUSH_ATTEMPTS + 1):
                 result = self.node.runner(

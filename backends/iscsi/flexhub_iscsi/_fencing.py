@@ -11,7 +11,14 @@ import logging
 from flexhub.backend import FlexhubError, Volume, VolumeError
 from flexhub_iscsi._devices import _Devices
 from flexhub_iscsi._options import Settings, Target, dedicated_iface
-from flexhub_iscsi._reservation import Fence, NoReservations, format_key, node_key, parse_key
+from flexhub_iscsi._reservation import (
+    Fence,
+    FenceConflict,
+    NoReservations,
+    format_key,
+    node_key,
+    parse_key,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -41,9 +48,18 @@ class _Fencing(_Devices):
         fence = Fence(
             self.node.runner, settings.command_timeout, key, self._paths(disks), initiators
         )
+        # Journalled before the key is registered: an attach killed from here on is undone
+        # by release() from what it reported, and that unregisters the key (ending its
+        # reservation) instead of leaving the LUN held by this node.
+        self.node.record_progress(reservation=format_key(key))
         try:
             fence.acquire(target.volume_id, self.node.state_dir)
+        except FenceConflict:
+            # refused before registering, or after unregistering again: nothing to release
+            self.node.record_progress(reservation="")
+            raise
         except NoReservations as exc:
+            self.node.record_progress(reservation="")
             raise VolumeError(
                 f"iscsi: the target of {target.volume_id} does not support SCSI-3 persistent "
                 "reservations, so flexhub cannot keep other nodes from writing to it: read-write "

@@ -14,6 +14,10 @@ for its volumes: flexhub keeps two nodes from writing one LUN itself.
   may write; flexhub registers a node only after it saw no other key holding the LUN, and
   read-only users never register, so in practice only the holder's node writes, through all
   of its paths (multipath keeps working), and every other node can still read.
+* Whatever stops an acquire after it registered (a refusal, a failed or hung command, an
+  interrupt) unregisters the key again, unless that key already held the LUN before (another
+  staged mount of it). The connector journals the key (``record_progress(reservation=...)``)
+  before registering, so an attach killed there is undone by ``release`` with its key.
 * After reserving, the holder is read back with ``--read-full-status``: the reservation must
   be held by this node's key *through one of this node's initiators*. The same key held
   through another initiator is another machine deriving the same key (a cloned machine id):
@@ -30,8 +34,9 @@ for its volumes: flexhub keeps two nodes from writing one LUN itself.
   **expires** (15 minutes unless ``--ttl``). The next read-write attach of that LUN on that
   node that finds exactly that key holding it at exactly that generation preempts it (the
   old holder's registrations are removed, so it can no longer write even if it comes back)
-  and deletes the authorization. An expired one, or one whose generation has moved on (the
-  holder registered again: it is alive), is refused and deleted. Never automatic.
+  and deletes the authorization once it verified that it holds the LUN. An expired one, or
+  one whose generation has moved on (the holder registered again: it is alive), is refused
+  and deleted. Never automatic.
   ``flexhub fence list`` shows the pending ones, ``flexhub fence cancel`` removes them.
 * A target without persistent reservations (PR IN answered with an illegal request):
   read-write attaches are refused unless the PV sets ``fencing: "none"``.
@@ -513,6 +518,7 @@ class Fence:
             machine's initiator.
         """
         holder, generation = self.reservation()
+        preempting = holder is not None and holder != self.key
         if holder is not None and holder != self.key:
             grant = pending_preempt(state_dir, volume_id)
             refusal = _refusal(grant, holder, generation, time.time())
@@ -520,32 +526,47 @@ class Fence:
                 if grant is not None and grant.key == holder:
                     _forget_preempt(state_dir, volume_id, refusal)  # void: expired or stale
                 raise self._conflict(volume_id, holder, generation, refusal)
+        try:
             self._register(self.key)
-            self._preempt(holder)
+            if holder is not None and holder != self.key:
+                self._preempt(holder)
+            elif holder is None:
+                self._reserve()
+            self._verify_holder(volume_id)
+        except BaseException:
+            # Whatever stops it (a refusal, a command that fails or hangs, an interrupt),
+            # this node's key does not stay registered: it would hold, or may write, the LUN
+            # with nobody knowing. A key that already held the LUN before this call (another
+            # staged mount of it) is left as it was, unless _verify_holder refused it.
+            if holder != self.key:
+                self._unregister_quietly()
+            raise
+        if preempting:
+            # Consumed only once this node is verified to hold the LUN: a preemption that
+            # fails leaves the operator's permission (void anyway if the generation moved).
             _forget_preempt(state_dir, volume_id, "used")
             LOG.warning(
                 "iscsi: %s: preempted the reservation of key %s (PR generation %#x) as the "
                 "operator allowed; this node (key %s) holds it now",
                 volume_id,
-                format_key(holder),
+                format_key(holder or 0),
                 generation,
                 format_key(self.key),
             )
-        else:
-            self._register(self.key)
-        if holder is None:
-            try:
-                self._sg(
-                    self.devices[0],
-                    ["--out", "--reserve", f"--param-rk={self.key:#x}", f"--prout-type={PR_TYPE}"],
-                    "reserve the LUN",
-                )
-            except _SgError as exc:
-                if exc.returncode != _SG_RES_CONFLICT:
-                    self._unregister_quietly()
-                    raise VolumeError(f"iscsi: {exc.message}") from None
-        self._verify_holder(volume_id)
         LOG.info("iscsi: %s is reserved for this node (key %s)", volume_id, format_key(self.key))
+
+    def _reserve(self) -> None:
+        """RESERVE (type 5) through the first path; a conflict is left to ``_verify_holder``
+        (another nexus of this node, or another node, may hold it)."""
+        try:
+            self._sg(
+                self.devices[0],
+                ["--out", "--reserve", f"--param-rk={self.key:#x}", f"--prout-type={PR_TYPE}"],
+                "reserve the LUN",
+            )
+        except _SgError as exc:
+            if exc.returncode != _SG_RES_CONFLICT:
+                raise VolumeError(f"iscsi: {exc.message}") from None
 
     def _verify_holder(self, volume_id: str) -> None:
         """The reservation must now be this node's key, held through this node's initiator;
@@ -594,7 +615,6 @@ class Fence:
                 f"preempt key {format_key(holder)}",
             )
         except _SgError as exc:
-            self._unregister_quietly()
             raise VolumeError(f"iscsi: {exc.message}") from None
 
     def _conflict(

@@ -3,7 +3,9 @@ logout (and the dedicated iface's deletion) once nothing uses them.
 
 Locks: an attach holds the target's *use* lock shared; a release takes the target lock and
 logs out only if it can take the use lock exclusively at once, so an unmount never waits for
-a mount in flight. The owner lock covers the check of who owns the target's sessions.
+a mount in flight. The owner lock covers the check of who owns the target's sessions, and
+a detach from the deletion of its disks through its logout: a detaching volume owns the
+session until it logged out.
 """
 
 from __future__ import annotations
@@ -40,13 +42,16 @@ class _Sessions(_Discovery, _Ifaces, _Devices):
         Every journalled volume of the target through ``iface`` counts, whatever its
         stage: an attach in flight or interrupted (an intent: the target only in its
         options or in what the attach reported), a LUN attached but not staged yet, staged,
-        or whose release waits. Only a record whose release is over (nothing staged or
-        waiting, no disk of its LUN on the node: a crash right after the detach) owns
-        nothing. The caller holds the target's owner lock, so that two attaches cannot
-        both check before either is journalled.
+        being detached (its disks already deleted) or whose release waits. Ownership ends at
+        the logout, not at the deletion of the disks: a record owns nothing only once the
+        target has no session through ``iface`` left (and nothing is staged or waiting: a
+        crash right after the detach). The caller holds the target's owner lock, which a
+        detach also holds from deleting its disks through its logout decision, so that
+        neither two attaches nor an attach and a detach check and act in between.
         """
         mine = session_part(identity)
         waiting = set(self.node.journal.deferred())
+        logged_in = bool(self.sysfs.sessions_of(target.iqn, iface))
         for record in self.node.journal.volumes():
             if record.backend != _BACKEND:
                 continue
@@ -55,11 +60,9 @@ class _Sessions(_Discovery, _Ifaces, _Devices):
             theirs_iface = details.get("iface") or record.access.get("iface") or "default"
             if iqn != target.iqn or theirs_iface != iface:
                 continue
-            if not (record.pending or record.volume_id in waiting):
-                lun = details.get("lun", "")
-                attached = lun.isdigit() and self._lun_disks(iqn, iface, int(lun))
-                if not (attached or os.path.ismount(record.staging)):
-                    continue  # released: a leftover record
+            owns = record.pending or record.volume_id in waiting or logged_in
+            if not (owns or os.path.ismount(record.staging)):
+                continue  # released (logged out): a leftover record
             theirs = session_part(record.access)
             differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
             if differ:
@@ -72,7 +75,8 @@ class _Sessions(_Discovery, _Ifaces, _Devices):
     @contextlib.contextmanager
     def _owner_lock(self, iqn: str, iface: str) -> Iterator[None]:
         """Held while an attach checks who owns the target's sessions and journals itself as
-        one of them: short (no command runs under it)."""
+        one of them (short: no command runs under it), and while a detach deletes its LUN's
+        disks and decides whether to log out (bounded: the deletion's wait, the logout)."""
         with self.node.lock("iscsi-session-owner", f"{iqn} {iface}"):
             yield
 

@@ -457,6 +457,27 @@ class LoopfileBackend(BlockBackend):
         markers.remove(dev)
         LOG.info("detached %s from %s", dev.path, file)
 
+    def still_attached(self, attachment: Attachment) -> bool | None:
+        """Whether the loop device still maps the attachment's file (the same inode): after a
+        reboot, or a detach behind flexhub's back, the name may map another file. ``None``
+        when that cannot be told (the file deleted or moved while attached)."""
+        try:
+            name, index = _loop.loop_name(attachment.details.get("loop") or attachment.device)
+        except VolumeError:
+            return None
+        dev = _loop.LoopDevice(name, index)
+        if dev.backing_file() is None:
+            return False  # bound to nothing
+        file = attachment.details.get("file", "")
+        identity = dev.backing_identity()
+        if not file or identity is None:
+            return None
+        try:
+            st = os.stat(file)
+        except OSError:
+            return None
+        return identity == (st.st_dev, st.st_ino)
+
     def expand(self, attachment: Attachment, volume: Volume, new_size: int) -> None:
         """Grow the file to ``new_size`` bytes and the loop device with it.
 
