@@ -261,3 +261,17 @@ def test_the_quick_log_makes_state_dir_private_whatever_the_umask(
     for directory in (state, state / "log", state / "log" / "calls"):
         assert directory.stat().st_mode & 0o777 == 0o700, directory
     assert (state / "log" / "calls" / "flexhub.log").is_file()
+
+
+def test_the_quick_reader_knows_the_settings_the_full_reader_knows() -> None:
+    """The quick path cannot import flexhub.config (tomllib, pathlib), so it lists the
+    top-level settings itself: the two lists must stay one."""
+    from flexhub import config
+
+    assert quick._NUMBERS == config._NUMBERS
+    assert quick._LEVELS == config._LEVELS
+    assert set(quick._STRINGS) == {"state_dir", "log_dir", "log_level"}
+    assert set(config.NodeConfig.__slots__) - {"backends", "source"} == {
+        *quick._STRINGS,
+        *quick._NUMBERS,
+    }
