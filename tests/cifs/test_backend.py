@@ -122,7 +122,7 @@ def test_refused_options_fail_before_any_command(
     system is needed): SMB1, a credential or an ownership option in mountOptions and a path
     escape are a Failure naming the problem, never quoting the password, with no command run
     (a recording runner), nothing made in the pod directory and no credentials file."""
-    import flexhub.node
+    import flexhub.node.services
     from flexhub.admin.harness import Kubelet, go_json
     from flexhub.driver import kubelet
     from flexhub.node.runner import RecordingRunner
@@ -133,7 +133,7 @@ def test_refused_options_fail_before_any_command(
     monkeypatch.setenv("FLEXHUB_CONFIG", str(config))
     monkeypatch.setattr(kubelet, "_CONFIG", [])
     runner = RecordingRunner()
-    monkeypatch.setattr(flexhub.node, "SubprocessRunner", lambda timeout: runner)
+    monkeypatch.setattr(flexhub.node.services, "SubprocessRunner", lambda timeout: runner)
     target = tmp_path / "pods" / "uid" / "volumes" / "k8s~flexhub" / "pv"
     target.mkdir(parents=True)
     base = {"backend": "cifs", "server": "files.example.com", "share": "team"}
