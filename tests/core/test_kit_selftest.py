@@ -35,7 +35,7 @@ def flexhub_python():
 
 class TestKit(Conformance):
     backend = {backend!r}
-    call_timeout = 5
+    call_timeout = 8  # (5 s was past by a plain unmount on a loaded CI machine)
     overhead = 5
     recovery = 6
     node_settings = {{"release_retry_interval": 1}}
@@ -223,7 +223,7 @@ BROKEN = [
         "",
         None,
         "bounded",
-        "flexhub-kit bounded: mount took *s (bound 10s); bound every step of mount*",
+        "flexhub-kit bounded: mount took *s (bound 13s); bound every step of mount*",
     ),
     (
         "bounded",

@@ -54,13 +54,18 @@ HIDE = "\n".join(
 )
 
 
-def in_namespace(script: str) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` with bash in a private mount namespace where no host Python exists."""
+def in_namespace(script: str, pid: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` with bash in a private mount namespace where no host Python exists;
+    with ``pid``, also in a pid namespace of its own whose ``/proc`` it mounts: the script's
+    bash is pid 1, the init a kubelet started by it shares its root and mount namespace with
+    (as plugin-directory detection requires of the host's kubelet)."""
     body = "set -eu\n" + HIDE + "\n" + textwrap.dedent(script)
+    unshare = ["unshare", "-m", "--propagation", "private"]
+    if pid:
+        unshare += ["--pid", "--fork", "--mount-proc"]
     return subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "bash", "-c", body],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [*unshare, "bash", "-c", body], capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 #: A directory (``.ci/run``: ``/var/cache/flexhub-ci/runtime``) that keeps built runtimes,

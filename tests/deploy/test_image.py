@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import REPO, needs_root
-from tests.deploy.conftest import fake_host, fake_kubelet, in_namespace, running, wait_for_cmdline
+from tests.deploy.conftest import fake_host, fake_kubelet, in_namespace
 
 pytestmark = needs_root
 
@@ -72,25 +72,35 @@ def test_entrypoint_installs_and_upgrades_the_driver_on_the_host(
     exe = fake_kubelet(trusted_dir / "bin")
     (host / str(trusted_dir).lstrip("/")).mkdir(parents=True)
     mounts += f"\nmount --bind {trusted_dir} {host}{trusted_dir}\n"
-    argv = [str(exe), "-c", "sleep 120; :", "kubelet", f"--volume-plugin-dir={PLUGINS}"]
-    with running(argv) as kubelet:
-        wait_for_cmdline(kubelet.pid, str(exe))
-        steps = []
-        for tag, (rootfs, args) in bundles.items():
-            for directory in ("host", "proc", "dev"):
-                (rootfs / directory).mkdir(exist_ok=True)
-            command = " ".join(f"'{a}'" for a in args)
-            steps.append(
-                f"""
-                mount --rbind {host} {rootfs}/host
-                mount --bind /proc {rootfs}/proc
-                mount --bind /dev {rootfs}/dev
-                echo "{tag} $(chroot {rootfs} {command} --once --config /etc/flexhub/flexhub.toml)"
-                echo "probe-{tag} $(chroot {rootfs} {" ".join(args[:6])} flexhub doctor --probe --json --host-root /host --config /etc/flexhub/flexhub.toml | tr -d '\\n')"
-                echo "init-{tag} $(chroot {host} env -i PATH=/usr/bin:/bin {PLUGINS}/k8s~flexhub/flexhub init)"
-                """
-            )
-        result = in_namespace(mounts + "\n".join(steps))
+    # started by the script, inside its pid namespace (its bash is pid 1: the kubelet shares
+    # pid 1's root and mount namespace, as the host's does), and seen there before any step
+    start = f"""
+    {exe} -c 'sleep 120; :' kubelet --volume-plugin-dir={PLUGINS} &
+    kubelet=$!
+    trap 'kill $kubelet 2>/dev/null || true' EXIT
+    for _ in $(seq 200); do
+        tr '\\0' ' ' </proc/$kubelet/cmdline | grep -q -- --volume-plugin-dir && break
+        sleep 0.05
+    done
+    tr '\\0' ' ' </proc/$kubelet/cmdline | grep -q -- --volume-plugin-dir \\
+        || {{ echo "the fake kubelet never showed its command line" >&2; exit 1; }}
+    """
+    steps = []
+    for tag, (rootfs, args) in bundles.items():
+        for directory in ("host", "proc", "dev"):
+            (rootfs / directory).mkdir(exist_ok=True)
+        command = " ".join(f"'{a}'" for a in args)
+        steps.append(
+            f"""
+            mount --rbind {host} {rootfs}/host
+            mount --bind /proc {rootfs}/proc
+            mount --bind /dev {rootfs}/dev
+            echo "{tag} $(chroot {rootfs} {command} --once --config /etc/flexhub/flexhub.toml)"
+            echo "probe-{tag} $(chroot {rootfs} {" ".join(args[:6])} flexhub doctor --probe --json --host-root /host --config /etc/flexhub/flexhub.toml | tr -d '\\n')"
+            echo "init-{tag} $(chroot {host} env -i PATH=/usr/bin:/bin {PLUGINS}/k8s~flexhub/flexhub init)"
+            """
+        )
+    result = in_namespace(mounts + start + "\n".join(steps), pid=True)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
     v1, v2 = json.loads(lines["v1"]), json.loads(lines["v2"])
