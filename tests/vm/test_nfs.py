@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from flexhub.admin.harness import Kubelet, go_json, parse_reply
+from flexhub.node.runner import REAP_TIMEOUT
 from tests.rig import services
 from tests.rig.vm import GUEST_PYTHON, VM
 
@@ -450,7 +451,11 @@ def test_unreachable_server_fails_within_the_bound(rig: Rig) -> None:
                 inside,
             )
             assert reply["status"] == "Failure"
-            assert inside < MOUNT_TIMEOUT + 6 and elapsed < MOUNT_TIMEOUT + OVERHEAD
+            # the bound, then at most the reap of the killed mount (REAP_TIMEOUT) and the
+            # clean-up, which an emulated guest beside two other CI sessions runs slowly
+            # (15.3 s seen in flexhub at 8 s); never the kernel's own minutes-long retry
+            assert inside < MOUNT_TIMEOUT + REAP_TIMEOUT + 6
+            assert elapsed < MOUNT_TIMEOUT + REAP_TIMEOUT + OVERHEAD
             if version == "4.2":  # the kernel waits (hard): flexhub's bound kills mount
                 assert reply["message"].startswith(
                     f"NFS server {SILENT_HOST} did not answer within {MOUNT_TIMEOUT}s"
