@@ -298,33 +298,14 @@ def _write_log(config: dict[str, str], operation: str, target: str, started: flo
 def _make_log_dir(state_dir: str, log_dir: str) -> None:
     """The log directory, made as the full path makes it: inside ``state_dir`` every missing
     directory from ``state_dir`` down is 0700 (and the parents of ``state_dir`` 0755), as
-    :func:`flexhub.node.statedir.private_dir` makes them, never with the umask's mode."""
+    :func:`flexhub.node.statedir.private_dir` makes them (:mod:`flexhub.node.dirs`)."""
     if log_dir != state_dir and not log_dir.startswith(state_dir.rstrip("/") + "/"):
         os.makedirs(log_dir, mode=0o700, exist_ok=True)
         return
-    if os.path.isdir(log_dir):
-        return
-    missing = []
-    parent = os.path.dirname(state_dir)
-    while not os.path.lexists(parent) and parent != os.path.dirname(parent):
-        missing.append(parent)
-        parent = os.path.dirname(parent)
-    for directory in reversed(missing):
-        _mkdir(directory, 0o755)
-    path = state_dir
-    _mkdir(path, 0o700)
-    for name in log_dir[len(state_dir) :].strip("/").split("/"):
-        if name:
-            path = f"{path}/{name}"
-            _mkdir(path, 0o700)
+    if not os.path.isdir(log_dir):
+        from flexhub.node.dirs import make_private
 
-
-def _mkdir(path: str, mode: int) -> None:
-    if not os.path.lexists(path):  # (a racing call may make it first: then it exists)
-        try:
-            os.mkdir(path, mode)
-        except FileExistsError:
-            return
+        make_private(state_dir, *(n for n in log_dir[len(state_dir) :].split("/") if n))
 
 
 def _reply(text: str) -> None:

@@ -19,7 +19,6 @@ the state directory).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import stat
@@ -56,23 +55,9 @@ def private_dir(state_dir: Path, *names: str) -> Path:
 
     :raises OSError: a directory cannot be made.
     """
-    state_dir = Path(state_dir)
-    missing = []
-    parent = state_dir.parent
-    while not os.path.lexists(parent) and parent != parent.parent:
-        missing.append(parent)
-        parent = parent.parent
-    for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(directory, 0o755)
-    path = state_dir
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    for name in names:
-        path = path / name
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
-    return path
+    from flexhub.node.dirs import make_private
+
+    return Path(make_private(str(state_dir), *names))
 
 
 def secure_state_dir(state_dir: Path) -> None:
