@@ -1,0 +1,1 @@
+"""``flexhub provisioner``: PersistentVolumes made for claims of flexhub StorageClasses."""

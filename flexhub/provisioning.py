@@ -1,0 +1,160 @@
+"""The optional provisioning interface of a backend: storage made for a claim, and reclaimed.
+
+``flexhub provisioner`` (a Deployment) serves every StorageClass whose ``provisioner`` is
+``flexhub``; the class's ``backend`` parameter picks the backend, the other parameters are
+validated against the backend's :attr:`Provisioning.parameters_schema_file` and handed to it.
+A backend that can provision mixes in :class:`Provisioning` next to its volume class::
+
+    class NfsBackend(FilesystemBackend, Provisioning):
+        parameters_schema_file = "provision-schema.json"
+
+        def provision(self, claim, parameters, secrets): ...
+        def reclaim(self, volume, secrets): ...
+
+The provisioner owns everything on the API side: the PV's name (``pvc-<claim uid>``), its
+claim reference, finalizer, access modes, reclaim policy and node affinity, retries and
+Events. A backend only makes and removes storage, and it must be **idempotent**: the same
+claim may be provisioned again after a crash (find and return what the first call made: name
+assets from :attr:`Claim.uid`), and reclaiming storage that is already gone is success.
+
+Everything :meth:`Provisioning.reclaim` needs is in what :meth:`Provisioning.provision`
+returned (kept on the PV), never recomputed from a StorageClass that may have changed since.
+
+.. versionadded:: 0.3
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, ClassVar
+
+from flexhub.errors import BackendError, NotSupported
+from flexhub.volume import Secrets
+
+__all__ = ["Claim", "Provisioned", "Provisioning", "ReclaimOn"]
+
+#: Where a backend's storage is reclaimed: by the provisioner (it reaches the storage over the
+#: network) or by the flexhub DaemonSet pod of the node that holds it (a loop file).
+ReclaimOn = str
+PROVISIONER: ReclaimOn = "provisioner"
+NODE: ReclaimOn = "node"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The claim a volume is made for, as the provisioner read it from the API.
+
+    ``size`` is the requested size in bytes; ``selected_node`` is the node the scheduler chose
+    (``volume.kubernetes.io/selected-node``, set for ``WaitForFirstConsumer`` classes), ``""``
+    otherwise.
+    """
+
+    uid: str
+    namespace: str
+    name: str
+    size: int
+    access_modes: tuple[str, ...] = ("ReadWriteOnce",)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    selected_node: str = ""
+
+    @property
+    def volume_name(self) -> str:
+        """The PV's name, and the stem every asset made for this claim is named from."""
+        return f"pvc-{self.uid}"
+
+
+@dataclass(frozen=True)
+class Provisioned:
+    """What a backend made for a claim.
+
+    :param options: the PV's ``flexVolume.options`` (``backend`` is added by the provisioner).
+        Never a secret: options are readable by anyone who may read PVs.
+    :param size: the capacity in bytes (at least the claim's).
+    :param reclaim: what :meth:`Provisioning.reclaim` needs later, kept on the PV as an
+        annotation (never a secret). Often empty: the options say it all.
+    :param fs_type: the PV's ``flexVolume.fsType`` (``""``: none).
+    :param secret: ``(namespace, name)`` of the Secret the PV's ``secretRef`` names (its type
+        must be ``k8s/flexhub``), or ``None``.
+    :param node: the node whose storage it is (the PV gets node affinity for it), or ``""``.
+    """
+
+    options: Mapping[str, str]
+    size: int
+    reclaim: Mapping[str, str] = field(default_factory=dict)
+    fs_type: str = ""
+    secret: tuple[str, str] | None = None
+    node: str = ""
+
+
+class Provisioning:
+    """Mixed into a backend class that can make and reclaim storage for claims."""
+
+    #: The JSON Schema (draft 2020-12) of the StorageClass ``parameters`` the backend reads,
+    #: beside its options schema in the same package. ``backend`` and the provisioner's own
+    #: keys (``onDelete``, ``secretName``, ``secretNamespace``) are checked by the provisioner
+    #: and need not be listed... unless the backend reads them too.
+    parameters_schema_file: ClassVar[str] = "provision-schema.json"
+    #: Where :meth:`reclaim` runs: ``"provisioner"`` or ``"node"`` (then the claim's selected
+    #: node's flexhub DaemonSet pod calls it, and the class must be ``WaitForFirstConsumer``).
+    reclaim_on: ClassVar[ReclaimOn] = PROVISIONER
+    #: Whether :meth:`expand` grows the storage on the provisioner's side (a LUN); ``False``:
+    #: the node's ``expandfs`` does it all (a loop file) or the size is not enforced (NFS).
+    expands_storage: ClassVar[bool] = False
+    #: The ``onDelete`` values the backend honours (``delete`` is always one).
+    on_delete: ClassVar[frozenset[str]] = frozenset({"delete", "retain"})
+
+    @classmethod
+    def parameters_schema(cls) -> dict[str, Any]:
+        """Return the StorageClass parameters schema as a dict."""
+        package = getattr(cls, "schema_package", "") or cls.__module__
+        try:
+            text = resources.files(package).joinpath(cls.parameters_schema_file).read_text()
+            loaded = json.loads(text)
+        except (OSError, ValueError, ModuleNotFoundError) as exc:
+            raise BackendError(
+                f"backend parameters schema {package}/{cls.parameters_schema_file} "
+                f"unreadable: {exc}"
+            ) from None
+        if not isinstance(loaded, dict):
+            raise BackendError(f"backend parameters schema {package} is not an object")
+        return loaded
+
+    @classmethod  # noqa: B027 - an optional hook
+    def check_parameters(cls, parameters: Mapping[str, str]) -> None:
+        """Rules on the parameters a schema cannot express; raise :class:`InvalidOptions`
+        naming the parameter."""
+
+    def provision(
+        self, claim: Claim, parameters: Mapping[str, str], secrets: Secrets
+    ) -> Provisioned:
+        """Make storage for ``claim`` (or find what an earlier call made for it) and return it.
+
+        ``secrets`` holds the Secret the class names (``secretName``/``secretNamespace``),
+        decoded; empty when it names none.
+
+        :raises InvalidOptions: a parameter is wrong (one line naming it); not retried soon.
+        :raises FlexhubError: anything else; the provisioner retries with backoff.
+        """
+        raise NotSupported(f"{type(self).__name__} cannot provision")
+
+    def reclaim(
+        self, options: Mapping[str, str], reclaim: Mapping[str, str], secrets: Secrets
+    ) -> None:
+        """Delete (or archive, as ``reclaim["onDelete"]`` says) the storage of a released PV.
+
+        ``options`` are the PV's ``flexVolume.options`` and ``reclaim`` what :meth:`provision`
+        returned for it, plus ``onDelete``. Idempotent: storage already gone is success.
+        """
+        raise NotSupported(f"{type(self).__name__} cannot reclaim")
+
+    def expand(
+        self, options: Mapping[str, str], reclaim: Mapping[str, str], new_size: int,
+        secrets: Secrets,
+    ) -> int:
+        """Grow the storage to at least ``new_size`` bytes; return the new size. Only called
+        when :attr:`expands_storage` is set."""
+        raise NotSupported(f"{type(self).__name__} cannot expand storage")
