@@ -9,7 +9,7 @@ A backend that can provision mixes in :class:`Provisioning` next to its volume c
         parameters_schema_file = "provision-schema.json"
 
         def provision(self, claim, parameters, secrets): ...
-        def reclaim(self, volume, secrets): ...
+        def reclaim(self, options, reclaim, secrets): ...
 
 The provisioner owns everything on the API side: the PV's name (``pvc-<claim uid>``), its
 claim reference, finalizer, access modes, reclaim policy and node affinity, retries and
@@ -101,8 +101,9 @@ class Provisioning:
     #: Where :meth:`reclaim` runs: ``"provisioner"`` or ``"node"`` (then the claim's selected
     #: node's flexhub DaemonSet pod calls it, and the class must be ``WaitForFirstConsumer``).
     reclaim_on: ClassVar[ReclaimOn] = PROVISIONER
-    #: Whether :meth:`expand` grows the storage on the provisioner's side (a LUN); ``False``:
-    #: the node's ``expandfs`` does it all (a loop file) or the size is not enforced (NFS).
+    #: Whether :meth:`expand_storage` grows the storage on the provisioner's side (a LUN);
+    #: ``False``: the node's ``expandfs`` does it all (a loop file), or nothing enforces the
+    #: size (NFS).
     expands_storage: ClassVar[bool] = False
     #: The ``onDelete`` values the backend honours (``delete`` is always one).
     on_delete: ClassVar[frozenset[str]] = frozenset({"delete", "retain"})
@@ -123,7 +124,7 @@ class Provisioning:
             raise BackendError(f"backend parameters schema {package} is not an object")
         return loaded
 
-    @classmethod  # noqa: B027 - an optional hook
+    @classmethod
     def check_parameters(cls, parameters: Mapping[str, str]) -> None:
         """Rules on the parameters a schema cannot express; raise :class:`InvalidOptions`
         naming the parameter."""
@@ -151,8 +152,11 @@ class Provisioning:
         """
         raise NotSupported(f"{type(self).__name__} cannot reclaim")
 
-    def expand(
-        self, options: Mapping[str, str], reclaim: Mapping[str, str], new_size: int,
+    def expand_storage(
+        self,
+        options: Mapping[str, str],
+        reclaim: Mapping[str, str],
+        new_size: int,
         secrets: Secrets,
     ) -> int:
         """Grow the storage to at least ``new_size`` bytes; return the new size. Only called

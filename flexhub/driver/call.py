@@ -42,7 +42,7 @@ class Reply:
 class Call:
     """What is known about the call being served, for the log line."""
 
-    __slots__ = ("backend", "operation", "pod_uid", "secrets", "target", "volume")
+    __slots__ = ("backend", "operation", "pod_uid", "secret_keys", "secrets", "target", "volume")
 
     def __init__(self, operation: str) -> None:
         self.operation = operation
@@ -51,3 +51,5 @@ class Call:
         self.pod_uid = ""
         self.target = ""
         self.secrets: list[str] = []
+        #: The names (never the values) of the secret keys the call carried, for the log.
+        self.secret_keys: list[str] = []

@@ -115,6 +115,7 @@ def parse_options(raw: str, call: Call) -> dict[str, str]:
         if key.startswith(SECRET_PREFIX) and isinstance(value, str):
             call.secrets.append(value)
             call.secrets.extend(_decoded(value))
+            call.secret_keys.append(key[len(SECRET_PREFIX) :])
     remember_secrets(call.secrets)
     for key, value in data.items():
         shown = key if len(key) <= 80 else key[:77] + "..."

@@ -81,6 +81,7 @@ def log_call(call: Call, status: str, message: str, seconds: float) -> None:
             "volume": call.volume,
             "pod": call.pod_uid,
             "dir": call.target,
+            "secrets": sorted(call.secret_keys),
             "status": status,
             "ms": round(seconds * 1000, 1),
             "message": message,

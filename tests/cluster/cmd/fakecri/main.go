@@ -18,6 +18,9 @@ func main() {
 		os.Exit(2)
 	}
 	runtime := fake.NewFakeRemoteRuntime()
+	// The kubelet refuses an image without an id and a size; the fake's pulls have the
+	// name as the id and this size.
+	runtime.ImageService.SetFakeImageSize(1 << 20)
 	if err := runtime.Start(os.Args[1]); err != nil {
 		fmt.Fprintln(os.Stderr, "fakecri:", err)
 		os.Exit(1)

@@ -1,0 +1,409 @@
+"""The provisioner's control loop: claims become PVs, released PVs give their storage back.
+
+Two watches (claims, PVs) feed one work queue; one worker syncs one key at a time, reading
+the object fresh from the API server before it acts (never from a cache that may be stale).
+A sync that fails is retried with per-key backoff; a claim with a StorageClass mistake is
+retried slowly (an operator fixes the class, the claim then provisions).
+
+Safe without the leader election (``--leader-elect=false``, or two leaders during a handover):
+the PV is named ``pvc-<claim uid>``, a backend's provision finds what an earlier one made for
+that uid, a PV that already exists (AlreadyExists) counts as done, a failed PV save is
+retried (the storage is never deleted for it), and a PV's storage is reclaimed only while the
+PV holds flexhub's finalizer, which is removed after the backend confirmed the reclaim.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flexhub.errors import FlexhubError, InvalidOptions
+from flexhub.node.checkpoints import checkpoint
+from flexhub.provisioner import pvs
+from flexhub.provisioner.events import Recorder
+from flexhub.provisioner.queue import WorkQueue, watch_forever
+from flexhub.provisioning import Claim, Provisioning
+from flexhub.volume import Secrets
+
+LOG = logging.getLogger(__name__)
+
+__all__ = ["DRIVER", "Controller"]
+
+DRIVER = "k8s/flexhub"
+#: The type kubelet demands of a FlexVolume PV's Secret: the driver's name.
+SECRET_TYPE = DRIVER
+#: How soon a claim whose StorageClass is wrong is looked at again.
+MISTAKE_RETRY = 60.0
+#: How often a released PV whose node is gone is reported again.
+NODE_GONE_RETRY = 600.0
+
+
+class Controller:
+    """Provision and reclaim for the StorageClasses whose ``provisioner`` is ``name``."""
+
+    def __init__(
+        self,
+        api: Any,
+        backend_for: Callable[[str], Provisioning],
+        read_class: Callable[[Mapping[str, Any]], Any],
+        name: str = "flexhub",
+        driver: str = DRIVER,
+        identity: str = "",
+    ) -> None:
+        from kubernetes import client
+
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.storage = client.StorageV1Api(api)
+        self.backend_for = backend_for
+        self.read_class = read_class
+        self.name = name
+        self.driver = driver
+        self.events = Recorder(self.core, component=f"{name}-provisioner", instance=identity)
+        self.queue = WorkQueue()
+        self.stop = threading.Event()
+
+    # ----------------------------------------------------------------------------- loop
+
+    def feed(self) -> list[threading.Thread]:
+        """Start the watches (daemon threads) that queue claim and PV keys."""
+        feeders = [
+            (
+                "claims",
+                self.core.list_persistent_volume_claim_for_all_namespaces,
+                lambda o: (
+                    f"claim/{o['metadata']['namespace']}/{o['metadata']['name']}"
+                    if isinstance(o, dict)
+                    else f"claim/{o.metadata.namespace}/{o.metadata.name}"
+                ),
+            ),
+            (
+                "volumes",
+                self.core.list_persistent_volume,
+                lambda o: (
+                    f"volume/{o['metadata']['name']}"
+                    if isinstance(o, dict)
+                    else f"volume/{o.metadata.name}"
+                ),
+            ),
+        ]
+        threads = []
+        for what, list_fn, key_of in feeders:
+            thread = threading.Thread(
+                target=watch_forever,
+                name=f"watch-{what}",
+                daemon=True,
+                args=(list_fn, lambda key, _event: self.queue.add(key), key_of, self.stop, what),
+            )
+            thread.start()
+            threads.append(thread)
+        return threads
+
+    def run(self, leading: threading.Event | None = None) -> None:
+        """Sync keys until :attr:`stop` is set."""
+        while not self.stop.is_set():
+            key = self.queue.get(timeout=1)
+            if key is None:
+                continue
+            if leading is not None and not leading.is_set():
+                self.queue.add(key, 1)
+                continue
+            self.sync(key)
+
+    def sync(self, key: str) -> None:
+        kind, _, rest = key.partition("/")
+        try:
+            if kind == "claim":
+                namespace, _, name = rest.partition("/")
+                self.sync_claim(namespace, name)
+            else:
+                self.sync_volume(rest)
+        except _Later as later:
+            self.queue.add(key, later.seconds)
+            return
+        except Exception as exc:
+            delay = self.queue.retry(key)
+            LOG.warning("%s: %s (again in %.0f s)", key, _one_line(exc), delay)
+            return
+        self.queue.forget(key)
+
+    # ----------------------------------------------------------------------------- claims
+
+    def _owns_claim(self, pvc: Mapping[str, Any]) -> bool:
+        annotations = pvc["metadata"].get("annotations") or {}
+        wanted = annotations.get(pvs.ANN_STORAGE_PROVISIONER) or annotations.get(
+            pvs.ANN_STORAGE_PROVISIONER_BETA
+        )
+        return wanted == self.name
+
+    def sync_claim(self, namespace: str, name: str) -> None:
+        pvc = self._get(self.core.read_namespaced_persistent_volume_claim, name, namespace)
+        if pvc is None or pvc["metadata"].get("deletionTimestamp"):
+            return
+        if pvc["spec"].get("volumeName"):
+            self._expand(pvc)
+            return
+        if not self._owns_claim(pvc):
+            return
+        uid = pvc["metadata"]["uid"]
+        if self._get(self.core.read_persistent_volume, f"pvc-{uid}") is not None:
+            return  # made already (by us before a crash, or by another instance)
+        class_name = pvc["spec"].get("storageClassName") or ""
+        sc = self._get(self.storage.read_storage_class, class_name) if class_name else None
+        if sc is None:
+            self._failed(pvc, f"StorageClass {class_name!r} not found")
+        if sc.get("provisioner") != self.name:
+            return
+        try:
+            spec = self.read_class(sc)
+            if pvc["spec"].get("volumeMode") == "Block":
+                raise InvalidOptions(
+                    "flexhub volumes are filesystems: volumeMode Block is not supported"
+                )
+            claim = pvs.claim_from(pvc)
+        except InvalidOptions as exc:
+            self._failed(pvc, str(exc))
+        if sc.get("volumeBindingMode") == "WaitForFirstConsumer" and not claim.selected_node:
+            return  # the scheduler has not picked a node yet
+        secrets = self._class_secrets(pvc, spec)
+        self.events.claim(
+            pvc,
+            "Normal",
+            "Provisioning",
+            f"flexhub is provisioning a {spec.backend} volume for the claim",
+        )
+        backend = self.backend_for(spec.backend)
+        try:
+            made = backend.provision(claim, spec.parameters, secrets)
+        except InvalidOptions as exc:
+            self._failed(pvc, str(exc))
+        except FlexhubError as exc:
+            self.events.claim(pvc, "Warning", "ProvisioningFailed", _one_line(exc))
+            raise
+        checkpoint("provisioner-made")  # test hook: a crash between the storage and the PV
+        hostname = self._hostname(made.node) if made.node else ""
+        pv = pvs.build_pv(
+            claim,
+            class_name,
+            sc.get("reclaimPolicy") or "Delete",
+            spec.backend,
+            spec.on_delete,
+            spec.reclaim_on,
+            made,
+            self.driver,
+            self.name,
+            hostname,
+        )
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.core.create_persistent_volume(pv, _request_timeout=30)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise  # retried: provision finds the same storage, nothing is deleted
+            LOG.info("PV %s exists already: done", pv["metadata"]["name"])
+            return
+        LOG.info("provisioned %s for claim %s/%s", pv["metadata"]["name"], namespace, name)
+        self.events.claim(
+            pvc,
+            "Normal",
+            "ProvisioningSucceeded",
+            f"Successfully provisioned volume {pv['metadata']['name']}",
+        )
+
+    def _failed(self, pvc: Mapping[str, Any], message: str) -> None:
+        """A mistake an operator must fix: an Event naming it, and a slow retry."""
+        LOG.warning(
+            "claim %s/%s: %s", pvc["metadata"]["namespace"], pvc["metadata"]["name"], message
+        )
+        self.events.claim(pvc, "Warning", "ProvisioningFailed", _one_line(message))
+        raise _Later(MISTAKE_RETRY)
+
+    def _class_secrets(self, pvc: Mapping[str, Any], spec: Any) -> Secrets:
+        if spec.secret is None:
+            return Secrets()
+        namespace, name = spec.secret
+        secret = self._get(self.core.read_namespaced_secret, name, namespace)
+        if secret is None:
+            self._failed(pvc, f"Secret {namespace}/{name} (secretNamespace/secretName) not found")
+        if secret.get("type") != SECRET_TYPE:
+            self._failed(
+                pvc,
+                f"Secret {namespace}/{name} has type {secret.get('type')!r}: "
+                f"kubelet passes a volume only a Secret of type {SECRET_TYPE!r}",
+            )
+        return Secrets(encoded=dict(secret.get("data") or {}))
+
+    def _hostname(self, node: str) -> str:
+        found = self._get(self.core.read_node, node)
+        if found is None:
+            return node
+        return str((found["metadata"].get("labels") or {}).get(pvs.HOSTNAME_LABEL, node))
+
+    def _expand(self, pvc: Mapping[str, Any]) -> None:
+        """Grow storage the provisioner holds (a LUN) when its claim asks for more."""
+        volume = pvc["spec"]["volumeName"]
+        pv = self._get(self.core.read_persistent_volume, volume)
+        if pv is None or not self._ours(pv):
+            return
+        record = _record(pv)
+        backend = self.backend_for(record["backend"])
+        if not getattr(backend, "expands_storage", False):
+            return
+        wanted = pvs.claim_from(pvc).size
+        if wanted <= int(record.get("size", "0")):
+            return
+        options = dict(pv["spec"]["flexVolume"].get("options") or {})
+        secrets = self._volume_secrets(pv)
+        grown = backend.expand_storage(options, record, wanted, secrets)
+        record["size"] = str(max(grown, wanted))
+        self.core.patch_persistent_volume(
+            volume,
+            {"metadata": {"annotations": {pvs.ANN_RECLAIM: json.dumps(record, sort_keys=True)}}},
+        )
+        self.events.claim(
+            pvc,
+            "Normal",
+            "StorageExpanded",
+            f"flexhub grew the {record['backend']} storage to {pvs.quantity(grown)}",
+        )
+
+    # ----------------------------------------------------------------------------- volumes
+
+    def _ours(self, pv: Mapping[str, Any]) -> bool:
+        annotations = pv["metadata"].get("annotations") or {}
+        return (
+            annotations.get(pvs.ANN_PROVISIONED_BY) == self.name and pvs.ANN_RECLAIM in annotations
+        )
+
+    def sync_volume(self, name: str) -> None:
+        pv = self._get(self.core.read_persistent_volume, name)
+        if pv is None or not self._ours(pv):
+            return
+        if pvs.FINALIZER not in (pv["metadata"].get("finalizers") or []):
+            return
+        if pv["spec"].get("persistentVolumeReclaimPolicy") != "Delete":
+            remove_finalizer(self.core, pv)  # Retain now: the storage stays, so may the PV go
+            return
+        if (pv.get("status") or {}).get("phase") != "Released":
+            return
+        record = _record(pv)
+        if record.get("reclaimOn") == "node":
+            node = record.get("node", "")
+            if self._get(self.core.read_node, node) is None:
+                self.events.volume(
+                    pv,
+                    "Warning",
+                    "NodeGone",
+                    f"node {node!r} is gone: the storage on it was not "
+                    "reclaimed; the PV stays Released until you delete it",
+                )
+                raise _Later(NODE_GONE_RETRY)
+            return  # the flexhub pod of that node reclaims it
+        backend = self.backend_for(record["backend"])
+        options = dict(pv["spec"]["flexVolume"].get("options") or {})
+        try:
+            backend.reclaim(options, record, self._volume_secrets(pv))
+        except FlexhubError as exc:
+            self.events.volume(pv, "Warning", "VolumeFailedDelete", _one_line(exc))
+            raise
+        finish_reclaim(self.core, pv)
+        LOG.info("reclaimed %s (%s, onDelete %s)", name, record["backend"], record["onDelete"])
+
+    def _volume_secrets(self, pv: Mapping[str, Any]) -> Secrets:
+        ref = pv["spec"]["flexVolume"].get("secretRef")
+        if not ref:
+            return Secrets()
+        secret = self._get(
+            self.core.read_namespaced_secret, ref["name"], ref.get("namespace") or "default"
+        )
+        if secret is None:
+            raise FlexhubError(f"Secret {ref.get('namespace')}/{ref['name']} not found")
+        return Secrets(encoded=dict(secret.get("data") or {}))
+
+    # ----------------------------------------------------------------------------- API
+
+    def _get(self, read: Callable[..., Any], *args: str) -> dict[str, Any] | None:
+        return get(self.api, read, *args)
+
+
+class _Later(Exception):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"again in {seconds:.0f} s")
+        self.seconds = seconds
+
+
+def get(api: Any, read: Callable[..., Any], *args: str) -> dict[str, Any] | None:
+    """``read(*args)`` as a plain dict, or None when the object does not exist."""
+    from kubernetes.client.rest import ApiException
+
+    try:
+        found = read(*args, _request_timeout=30)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    plain: dict[str, Any] = api.sanitize_for_serialization(found)
+    return plain
+
+
+def _record(pv: Mapping[str, Any]) -> dict[str, str]:
+    raw = (pv["metadata"].get("annotations") or {}).get(pvs.ANN_RECLAIM, "{}")
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        raise FlexhubError(
+            f"PV {pv['metadata']['name']}: annotation {pvs.ANN_RECLAIM} is not JSON"
+        ) from None
+    if not isinstance(record, dict) or "backend" not in record:
+        raise FlexhubError(
+            f"PV {pv['metadata']['name']}: annotation {pvs.ANN_RECLAIM} names no backend"
+        )
+    return {str(k): str(v) for k, v in record.items()}
+
+
+def finish_reclaim(core: Any, pv: Mapping[str, Any]) -> None:
+    """The storage is gone: delete the PV object, then let it go (remove the finalizer).
+    Interrupted in between, the next sync reclaims again (a no-op) and finishes."""
+    from kubernetes.client.rest import ApiException
+
+    name = pv["metadata"]["name"]
+    if not pv["metadata"].get("deletionTimestamp"):
+        try:
+            core.delete_persistent_volume(name, _request_timeout=30)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    fresh = get(core.api_client, core.read_persistent_volume, name)
+    if fresh is not None:
+        remove_finalizer(core, fresh)
+
+
+def remove_finalizer(core: Any, pv: Mapping[str, Any]) -> None:
+    """Remove flexhub's finalizer with a compare-and-swap on the PV's resourceVersion."""
+    finalizers = [f for f in pv["metadata"].get("finalizers") or [] if f != pvs.FINALIZER]
+    patch = [
+        {
+            "op": "test",
+            "path": "/metadata/resourceVersion",
+            "value": pv["metadata"]["resourceVersion"],
+        },
+        {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
+    ]
+    core.patch_persistent_volume(pv["metadata"]["name"], patch, _request_timeout=30)
+
+
+def _one_line(error: object) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def decode(data: Mapping[str, str]) -> dict[str, str]:
+    return {k: base64.b64decode(v).decode("utf-8", "replace") for k, v in data.items()}
+
+
+__all__ += ["Claim", "decode", "finish_reclaim", "get", "remove_finalizer"]

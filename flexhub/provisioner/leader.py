@@ -1,0 +1,135 @@
+"""Leader election on a coordination.k8s.io Lease, as client-go's leaderelection does it.
+
+Only the holder of the Lease provisions; the others wait. The holder renews every
+``retry`` seconds; a candidate takes the Lease over once it has not been renewed for
+``duration`` seconds. Every write carries the resourceVersion read just before, so two
+candidates can never both win one round. A holder that cannot renew within ``renew_deadline``
+has lost: it exits at once (``on_lost``), as client-go's provisioners do, so that two
+instances never both act for long. flexhub's correctness does not rest on this (PV names
+and storage are derived from the claim's uid); the election only keeps the work in one place.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+LOG = logging.getLogger(__name__)
+
+__all__ = ["LeaseElector"]
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class LeaseElector:
+    def __init__(
+        self,
+        api: Any,
+        namespace: str,
+        name: str,
+        identity: str,
+        duration: float = 15,
+        renew_deadline: float = 10,
+        retry: float = 2,
+        on_lost: Callable[[], None] | None = None,
+    ) -> None:
+        from kubernetes import client
+
+        self.leases = client.CoordinationV1Api(api)
+        self.namespace, self.name, self.identity = namespace, name, identity
+        self.duration, self.renew_deadline, self.retry = duration, renew_deadline, retry
+        self.on_lost = on_lost
+        self.leading = threading.Event()
+
+    def _try(self) -> bool:
+        """One round: create, renew or take over the Lease; True when we hold it now."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        now = _now()
+        try:
+            lease = self.leases.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=10
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body = client.V1Lease(
+                metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
+                spec=client.V1LeaseSpec(
+                    holder_identity=self.identity,
+                    lease_duration_seconds=int(self.duration),
+                    acquire_time=now,
+                    renew_time=now,
+                    lease_transitions=0,
+                ),
+            )
+            try:
+                self.leases.create_namespaced_lease(self.namespace, body, _request_timeout=10)
+            except ApiException as created:
+                if created.status == 409:
+                    return False
+                raise
+            return True
+        spec = lease.spec
+        holder = spec.holder_identity or ""
+        renewed = spec.renew_time or spec.acquire_time
+        duration = spec.lease_duration_seconds or self.duration
+        expired = renewed is None or (now - renewed).total_seconds() > duration
+        if holder != self.identity and holder and not expired:
+            return False
+        if holder != self.identity:
+            spec.holder_identity = self.identity
+            spec.acquire_time = now
+            spec.lease_transitions = (spec.lease_transitions or 0) + 1
+        spec.renew_time = now
+        spec.lease_duration_seconds = int(self.duration)
+        try:  # the read's resourceVersion makes this a compare-and-swap
+            self.leases.replace_namespaced_lease(
+                self.name, self.namespace, lease, _request_timeout=10
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def acquire(self, stop: threading.Event) -> bool:
+        """Block until we lead (True) or ``stop`` is set (False)."""
+        LOG.info("waiting for the lease %s/%s as %s", self.namespace, self.name, self.identity)
+        while not stop.is_set():
+            try:
+                if self._try():
+                    LOG.info("leading (lease %s/%s)", self.namespace, self.name)
+                    self.leading.set()
+                    return True
+            except Exception as exc:
+                LOG.warning("lease %s/%s: %s", self.namespace, self.name, exc)
+            stop.wait(self.retry)
+        return False
+
+    def keep(self, stop: threading.Event) -> None:
+        """Renew until ``stop``; call ``on_lost`` (default: exit) when renewal fails for
+        longer than ``renew_deadline``."""
+        last = time.monotonic()
+        while not stop.wait(self.retry):
+            try:
+                if self._try():
+                    last = time.monotonic()
+                    continue
+                LOG.error("lease %s/%s taken by another instance", self.namespace, self.name)
+            except Exception as exc:
+                LOG.warning("renewing lease %s/%s: %s", self.namespace, self.name, exc)
+                if time.monotonic() - last < self.renew_deadline:
+                    continue
+            self.leading.clear()
+            LOG.error("lost the lease %s/%s: exiting", self.namespace, self.name)
+            if self.on_lost is not None:
+                self.on_lost()
+            return

@@ -1,0 +1,157 @@
+"""The PersistentVolume the provisioner writes for a claim, and what it reads back from one.
+
+Everything a later reclaim needs is on the PV itself: the options (as the node driver reads
+them), the ``flexhub/reclaim`` annotation (backend, onDelete, where reclaim runs, the node,
+the backend's own record) and the Secret reference. A StorageClass changed or deleted after
+provisioning changes nothing for the volumes made from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from flexhub.errors import InvalidOptions
+from flexhub.provisioning import Claim, Provisioned
+
+__all__ = [
+    "ANN_PROVISIONED_BY",
+    "ANN_RECLAIM",
+    "ANN_SELECTED_NODE",
+    "FINALIZER",
+    "build_pv",
+    "claim_from",
+    "quantity",
+    "reclaim_record",
+]
+
+ANN_PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
+ANN_STORAGE_PROVISIONER = "volume.kubernetes.io/storage-provisioner"
+ANN_STORAGE_PROVISIONER_BETA = "volume.beta.kubernetes.io/storage-provisioner"
+ANN_SELECTED_NODE = "volume.kubernetes.io/selected-node"
+#: The backend, onDelete, where reclaim runs, the node, and the backend's record (JSON).
+ANN_RECLAIM = "flexhub/reclaim"
+#: Held on every PV whose storage flexhub reclaims: removed only once the storage is gone.
+FINALIZER = "flexhub/reclaim"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def parse_quantity(text: str) -> int:
+    """Bytes of a Kubernetes quantity (``64Mi``, ``1G``, ``1.5Gi``, ``1e9``), rounded up."""
+    from kubernetes.utils import parse_quantity as parse
+
+    try:
+        value: Decimal = parse(text)
+    except ValueError:
+        raise InvalidOptions(f"size {text!r} is not a quantity") from None
+    return math.ceil(value)
+
+
+def quantity(size: int) -> str:
+    """``size`` bytes as the plainest exact quantity (``64Mi``, ``10Gi``, ``1000``)."""
+    for suffix, unit in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if size and size % unit == 0:
+            return f"{size // unit}{suffix}"
+    return str(size)
+
+
+def claim_from(pvc: Mapping[str, Any]) -> Claim:
+    """The :class:`Claim` of a PVC (a plain dict as the API serves it)."""
+    meta, spec = pvc["metadata"], pvc["spec"]
+    requests = (spec.get("resources") or {}).get("requests") or {}
+    if "storage" not in requests:
+        raise InvalidOptions("the claim requests no storage (spec.resources.requests.storage)")
+    annotations = dict(meta.get("annotations") or {})
+    return Claim(
+        uid=meta["uid"],
+        namespace=meta["namespace"],
+        name=meta["name"],
+        size=parse_quantity(str(requests["storage"])),
+        access_modes=tuple(spec.get("accessModes") or ("ReadWriteOnce",)),
+        annotations=annotations,
+        labels=dict(meta.get("labels") or {}),
+        selected_node=annotations.get(ANN_SELECTED_NODE, ""),
+    )
+
+
+def reclaim_record(
+    backend: str, on_delete: str, reclaim_on: str, made: Provisioned, size: int
+) -> dict[str, str]:
+    record = dict(made.reclaim)
+    record.update(
+        {
+            "backend": backend,
+            "onDelete": on_delete,
+            "reclaimOn": reclaim_on,
+            "node": made.node,
+            "size": str(size),
+        }
+    )
+    return record
+
+
+def build_pv(
+    claim: Claim,
+    class_name: str,
+    reclaim_policy: str,
+    backend: str,
+    on_delete: str,
+    reclaim_on: str,
+    made: Provisioned,
+    driver: str,
+    provisioner: str,
+    node_hostname: str = "",
+) -> dict[str, Any]:
+    """The PV for ``claim``: pre-bound to it (``claimRef`` with its uid), the binder then
+    completes the binding."""
+    size = max(made.size, claim.size)
+    options = {"backend": backend, **dict(made.options)}
+    source: dict[str, Any] = {"driver": driver, "options": options}
+    if made.fs_type:
+        source["fsType"] = made.fs_type
+    if made.secret is not None:
+        source["secretRef"] = {"namespace": made.secret[0], "name": made.secret[1]}
+    annotations = {
+        ANN_PROVISIONED_BY: provisioner,
+        ANN_RECLAIM: json.dumps(
+            reclaim_record(backend, on_delete, reclaim_on, made, size), sort_keys=True
+        ),
+    }
+    spec: dict[str, Any] = {
+        "capacity": {"storage": quantity(size)},
+        "accessModes": list(claim.access_modes),
+        "persistentVolumeReclaimPolicy": reclaim_policy,
+        "storageClassName": class_name,
+        "volumeMode": "Filesystem",
+        "claimRef": {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "namespace": claim.namespace,
+            "name": claim.name,
+            "uid": claim.uid,
+        },
+        "flexVolume": source,
+    }
+    if made.node:
+        spec["nodeAffinity"] = {
+            "required": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": HOSTNAME_LABEL,
+                                "operator": "In",
+                                "values": [node_hostname or made.node],
+                            }
+                        ]
+                    }
+                ]
+            }
+        }
+    metadata: dict[str, Any] = {"name": claim.volume_name, "annotations": annotations}
+    if reclaim_policy == "Delete":
+        metadata["finalizers"] = [FINALIZER]
+    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": metadata, "spec": spec}

@@ -1,0 +1,56 @@
+"""The ``cluster`` fixture: one real control plane and node per session (tests/cluster)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import build
+from tests.cluster.cluster import Cluster
+from tests.cluster.manifests import apply_file
+from tests.conftest import REPO
+
+
+def _on_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    reason = None
+    if os.geteuid() != 0:
+        reason = "needs root (the kubelet mounts for real)"
+    elif not build.complete(build.bin_dir()) and shutil.which("go") is None:
+        reason = "needs Go to build the control plane (`go` not on PATH)"
+    if reason:
+        if _on_ci():
+            pytest.fail(f"CI=true but the cluster tier {reason}", pytrace=False)
+        pytest.skip(reason)
+    log = Path(tmp_path_factory.mktemp("cluster-build")) / "go-build.log"
+    try:
+        bin_dir = build.build(log)
+    except Exception as exc:
+        tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+        pytest.fail(f"building the control plane failed: {exc}\n{tail}", pytrace=False)
+    running = Cluster(bin_dir)
+    try:
+        running.start()
+    except Exception:
+        for proc in running.processes.values():
+            print(f"----- {proc.name} (tail)\n{proc.tail(40)}")
+        running.stop()
+        raise
+    try:
+        # As an operator installs flexhub: its admission policies are in force for every test.
+        apply_file(running, REPO / "deploy" / "admission-policy.yaml")
+        yield running
+    finally:
+        running.stop()
+        if os.environ.get("FLEXHUB_CLUSTER_KEEP"):  # for a post-mortem: logs, state, files
+            print(f"cluster root kept: {running.root}")
+        else:
+            running.remove()
