@@ -218,3 +218,23 @@ def test_an_installed_backend_that_fails_to_import_is_raised() -> None:
 
     with pytest.raises(BackendError, match="failed to import"):
         read_class(sc({"backend": "nfs"}), failing)
+
+
+def test_the_real_loader_and_loopfile() -> None:
+    """The installed loopfile backend through flexhub's own loader."""
+    from flexhub.driver.loader import load_backend
+
+    doc = {
+        "kind": "StorageClass",
+        "metadata": {"name": "local"},
+        "provisioner": "flexhub",
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "parameters": {"backend": "loopfile", "directory": "claims", "fsType": "xfs"},
+    }
+    spec = read_class(doc, load_backend)
+    assert spec.reclaim_on == "node"
+    assert dict(spec.parameters) == {"directory": "claims", "fsType": "xfs"}
+    assert spec.on_delete == "delete"
+    doc["parameters"] = {"backend": "loopfle"}
+    with pytest.raises(InvalidOptions, match="unknown backend 'loopfle', did you mean loopfile"):
+        read_class(doc, load_backend)
