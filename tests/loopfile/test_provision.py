@@ -222,3 +222,19 @@ def test_expandfs_grows_a_provisioned_volume(
     assert kube.unmount(again, c.volume_name).ok  # type: ignore[union-attr]
     reclaim(agent, p)
     assert not image(node_tree, p).exists()
+
+
+def test_reclaim_never_follows_a_symlinked_namespace_area(
+    tmp_path: Path, node_tree: dict[str, Path], agent: LoopfileBackend
+) -> None:
+    """``namespaces/`` is walked too: a symlinked one is not followed either."""
+    p = provisioned(claim())
+    elsewhere = tmp_path / "other-areas"
+    (elsewhere / NS / "claims").mkdir(parents=True)
+    victim = elsewhere / NS / p.options["file"]
+    victim.write_bytes(b"\0" * 4096)
+    node_tree["loopfiles"].mkdir()
+    (node_tree["loopfiles"] / "namespaces").symlink_to(elsewhere)
+    with pytest.raises(VolumeError, match="a directory on the way is a symlink"):
+        reclaim(agent, p)
+    assert victim.is_file()

@@ -13,9 +13,10 @@ filesystem cannot grow past it (only ``expandfs`` grows it, on a PVC resize).
 * idempotent: a file (or directory) already gone is success; ``onDelete: retain`` keeps it;
 * refused (a :class:`~flexhub.backend.VolumeError`, nothing removed) while the node's journal
   has a pod or volume record of it, a deferred release of it, or a loop device maps it;
-* never through a symlink: every directory from the loopfile root down is opened with
-  ``O_NOFOLLOW``, and the file is checked (``lstat`` at its directory) to be a regular file; a
-  symlink or anything else at its place is refused and left alone;
+* never through a symlink: every directory below the loopfile root (``namespaces/<ns>/``
+  too) is opened with ``O_NOFOLLOW``, one at a time, and the file is checked (``lstat`` at
+  its directory) to be a regular file; a symlink or anything else at its place is refused
+  and left alone;
 * under the volume's lock (what a mount of it holds) and the root account's lock (what a file
   creation beside it holds). The room account (:mod:`flexhub_loopfile._room`) keeps no record
   per file: it measures the root on each creation or growth, so the removed file is simply
@@ -99,16 +100,16 @@ def provision(claim: Claim, parameters: Mapping[str, str]) -> Provisioned:
     )
 
 
-def _places(root: Path, settings: Mapping[str, object], namespace: str) -> list[Path]:
-    """The directories the file may be in, most likely first (see the module)."""
+def _places(settings: Mapping[str, object], namespace: str) -> list[list[str]]:
+    """The directories (below the root, as parts) the file may be in, likeliest first."""
     if not _tenancy.isolated(settings):
-        return [root]
+        return [[]]
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", namespace):
         raise InvalidOptions(
             f"reclaim namespace {namespace[:80]!r} is not a namespace name: the PV's reclaim "
             "record is not one flexhub wrote"
         )
-    return [_tenancy.area(root, namespace), root]
+    return [[_tenancy.AREA, namespace], []]
 
 
 @contextlib.contextmanager
@@ -159,11 +160,10 @@ def _in_use(node: Node, path: Path, identity: tuple[int, int]) -> str:
     return ""
 
 
-def _reclaim_at(node: Node, base: Path, text: str) -> bool:
-    """Remove ``base/text`` if it is an unused regular file; whether one was removed."""
-    parts = text.split("/")
-    path = base.joinpath(*parts)
-    with _open_parent(base, parts[:-1]) as parent:
+def _reclaim_at(node: Node, root: Path, parts: list[str]) -> bool:
+    """Remove ``root/parts...`` if it is an unused regular file; whether one was removed."""
+    path = root.joinpath(*parts)
+    with _open_parent(root, parts[:-1]) as parent:
         if parent is None:
             return False
         try:
@@ -215,10 +215,10 @@ def reclaim(
     if on_delete != "delete":
         raise InvalidOptions(f"onDelete {on_delete[:80]!r}: loopfile honours delete and retain")
     removed = False
-    for base in _places(root, node.settings, reclaim_record.get("namespace", "")):
-        path = base.joinpath(*text.split("/"))
+    for place in _places(node.settings, reclaim_record.get("namespace", "")):
+        parts = [*place, *text.split("/")]
         # the volume's lock (a mount of it holds it), then the account's (a creation holds it)
-        with node.lock("volume", f"loopfile:{path}"), room_lock():
-            removed |= _reclaim_at(node, base, text)
+        with node.lock("volume", f"loopfile:{root.joinpath(*parts)}"), room_lock():
+            removed |= _reclaim_at(node, root, parts)
     if not removed:
         LOG.info("%s is already gone: nothing to reclaim", text)
