@@ -7,8 +7,8 @@ parameters and Secret of a StorageClass that works on this machine) and
 :meth:`ProvisioningChecks.assets` (what the backend's storage holds for one claim: one name
 per volume made). ``provision`` and ``reclaim`` run in the kit's process, as the provisioner
 (or, for ``reclaim_on = "node"``, the node's DaemonSet pod) runs them, on a backend instance
-whose node services are the kit run's; each provisioned volume is mounted through the
-installed driver as kubelet mounts a PV.
+whose node services are the kit run's (:meth:`ProvisioningChecks.provisioning_backend`); each
+provisioned volume is mounted through the installed driver as kubelet mounts a PV.
 """
 
 from __future__ import annotations
@@ -99,13 +99,15 @@ class ProvisioningChecks:
                 "implement assets(): what the storage holds for a claim (the kit looks for leaks)",
             )
 
-    def _instance(self) -> Any:
-        """The backend as the provisioner (and the node agent) has it: the kit's node."""
-        from flexhub.config import load_config
+    def provisioning_backend(self) -> Any:
+        """The backend instance ``provision`` and ``reclaim`` are called on: by default, in the
+        kit's process, with the kit run's node config (so on this machine: override it when
+        the host is another, e.g. to call them where the storage is)."""
+        from flexhub.config import parse_config
         from flexhub.driver.loader import load_backend
         from flexhub.node import Node
 
-        config = load_config(Path(self.env.config_path))
+        config = parse_config(self.env.config_text().encode(), Path(self.env.config_path))
         return load_backend(self.backend)(Node(config, backend=self.backend))
 
     def _claim(self, sample: ProvisionSample) -> Any:
@@ -129,7 +131,7 @@ class ProvisioningChecks:
         from flexhub.errors import FlexhubError
 
         try:
-            made = self._instance().provision(claim, dict(sample.parameters), self._secrets(sample))
+            made = self.provisioning_backend().provision(claim, dict(sample.parameters), self._secrets(sample))
         except FlexhubError as exc:
             _fail(check, f"provision failed: {exc}", "provision the sample's claim")
         text = repr(made)
@@ -148,7 +150,7 @@ class ProvisioningChecks:
 
         record = {**made.reclaim, "onDelete": sample.on_delete}
         try:
-            self._instance().reclaim(made.options, record, self._secrets(sample))
+            self.provisioning_backend().reclaim(made.options, record, self._secrets(sample))
         except FlexhubError as exc:
             _fail(check, f"{what} failed: {exc}", "reclaim must be idempotent: gone is success")
 

@@ -100,6 +100,18 @@ def test_provision_names_the_claims_file_and_is_idempotent() -> None:
     validate_options(load_backend("loopfile"), options)
 
 
+def test_the_longest_directory_and_uid_still_make_a_valid_file_option() -> None:
+    from flexhub_loopfile import _provision
+
+    longest = "/".join(["d" * 59] * 3)  # 179 characters
+    c = Claim(uid="u" * 63, namespace=NS, name="x", size=1, selected_node="n")
+    p = _provision.provision(c, {"directory": longest + "x"})  # 180
+    options = Kubelet.base_options({"backend": "loopfile", **p.options}, pv=c.volume_name)
+    validate_options(load_backend("loopfile"), options)
+    with pytest.raises(InvalidOptions, match="parameter 'directory'"):
+        _provision.provision(c, {"directory": longest + "xx"})
+
+
 def test_provision_needs_the_selected_node() -> None:
     with pytest.raises(InvalidOptions, match="must be WaitForFirstConsumer"):
         provisioned(claim(node=""))

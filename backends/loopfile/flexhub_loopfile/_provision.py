@@ -47,6 +47,8 @@ LOG = logging.getLogger(__name__)
 
 #: Where a class's files go unless its ``directory`` parameter says otherwise.
 DEFAULT_DIRECTORY = "provisioned"
+#: So that ``<directory>/pvc-<63-character uid>.img`` stays within the 255 of option ``file``.
+MAX_DIRECTORY = 180
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 _UID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -55,7 +57,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 def _directory(parameters: Mapping[str, str]) -> str:
     text = parameters.get("directory", DEFAULT_DIRECTORY)
     parts = text.split("/")
-    if len(text) > 200 or not all(_SEGMENT.fullmatch(p) and p not in (".", "..") for p in parts):
+    if len(text) > MAX_DIRECTORY or not all(_SEGMENT.fullmatch(p) and p not in (".", "..") for p in parts):
         raise InvalidOptions(
             f"parameter 'directory': {text[:80]!r} must be a relative path of letters, digits "
             "and _ . + - (no '.' or '..' segment)"
