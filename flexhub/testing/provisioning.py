@@ -131,7 +131,9 @@ class ProvisioningChecks:
         from flexhub.errors import FlexhubError
 
         try:
-            made = self.provisioning_backend().provision(claim, dict(sample.parameters), self._secrets(sample))
+            made = self.provisioning_backend().provision(
+                claim, dict(sample.parameters), self._secrets(sample)
+            )
         except FlexhubError as exc:
             _fail(check, f"provision failed: {exc}", "provision the sample's claim")
         text = repr(made)

@@ -57,10 +57,12 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 def _directory(parameters: Mapping[str, str]) -> str:
     text = parameters.get("directory", DEFAULT_DIRECTORY)
     parts = text.split("/")
-    if len(text) > MAX_DIRECTORY or not all(_SEGMENT.fullmatch(p) and p not in (".", "..") for p in parts):
+    if len(text) > MAX_DIRECTORY or not all(
+        _SEGMENT.fullmatch(p) and p not in (".", "..") for p in parts
+    ):
         raise InvalidOptions(
-            f"parameter 'directory': {text[:80]!r} must be a relative path of letters, digits "
-            "and _ . + - (no '.' or '..' segment)"
+            f"parameter 'directory': {text[:80]!r} must be a relative path of at most "
+            f"{MAX_DIRECTORY} characters, letters, digits and _ . + - (no '.' or '..' segment)"
         )
     return text
 
