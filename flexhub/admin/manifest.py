@@ -1,6 +1,9 @@
 """``flexhub validate``: find flexhub volumes (and StorageClasses) in manifests and report
 every problem of each, in the manifest's own terms (``spec.flexVolume.options.flie``).
 
+A StorageClass whose ``provisioner`` is ``flexhub`` is read as the provisioner reads it
+(``parameters.onDelete: ...``); another provisioner's class is skipped, with a note.
+
 kubelet stops at the first error of a call; a person fixing a manifest wants them all. For
 each flexVolume of the driver: the keys a manifest must not set, every schema error, then
 (when the schema passes) the backend's own option rules, and a ``secretRef`` the options
@@ -42,12 +45,16 @@ class Report:
     where: str
     problems: list[str] = field(default_factory=list)
     note: str = ""
+    #: Not flexhub's (another provisioner's StorageClass): nothing was checked.
+    skipped: bool = False
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def lines(self) -> list[str]:
+        if self.skipped:
+            return [f"{self.where}: skipped ({self.note})"]
         if self.ok:
             return [f"{self.where}: ok" + (f" ({self.note})" if self.note else "")]
         count = len(self.problems)
@@ -323,33 +330,49 @@ def human_size(size: int) -> str:
 
 
 def _storage_class(doc: Mapping[str, Any], driver: str) -> Report | None:
-    """A StorageClass provisioned by flexhub: only ``parameters.backend`` is checked yet."""
-    provisioner = doc.get("provisioner")
-    if doc.get("kind") != "StorageClass" or not isinstance(provisioner, str):
+    """The report of a StorageClass: a flexhub one (``provisioner: flexhub``) is read as the
+    provisioner reads it (:func:`flexhub.provisioner.storageclass.class_problems`), every
+    problem in its own line; another provisioner's is skipped, with a note."""
+    if doc.get("kind") != "StorageClass":
         return None
-    if provisioner != driver and "flexhub" not in provisioner:
-        return None
+    from flexhub.provisioner.storageclass import PROVISIONER_NAME, class_problems
+
     metadata = doc.get("metadata")
     name = metadata.get("name", "?") if isinstance(metadata, dict) else "?"
     report = Report(f"StorageClass/{name}")
-    parameters = doc.get("parameters") or {}
-    backend = parameters.get("backend") if isinstance(parameters, dict) else None
-    if backend is None:
-        report.note = "no provisioner parameters to check yet"
-        return report
-    from flexhub.driver.loader import installed_backends
-    from flexhub.settings import did_you_mean
-
-    installed = installed_backends()
-    if backend not in installed:
-        hint = did_you_mean(str(backend), installed).strip(" ()")
+    provisioner = doc.get("provisioner")
+    if provisioner == driver:
         report.problems.append(
-            f"parameters.backend: unknown backend {str(backend)[:80]!r}"
-            + (f", {hint}" if hint else f" (installed: {', '.join(installed) or '(none)'})")
+            f"provisioner: {driver!r} is the FlexVolume driver's name; flexhub's provisioner "
+            f"is {PROVISIONER_NAME!r}"
         )
-    else:
-        report.note = f"backend {backend} installed; no other parameters are checked yet"
+        return report
+    if provisioner != PROVISIONER_NAME:
+        report.skipped = True
+        report.note = f"provisioner {str(provisioner)[:80]!r} is not flexhub's"
+        return report
+    from flexhub.driver.loader import load_backend
+
+    try:
+        spec, report.problems = class_problems(doc, load_backend)
+    except FlexhubError as exc:
+        report.problems.append(f"parameters.backend: {exc.message}")
+        return report
+    if spec is not None:
+        report.note = f"backend {spec.backend}, onDelete {spec.on_delete}"
     return report
+
+
+def _items(doc: Any) -> Iterator[Mapping[str, Any]]:
+    """``doc`` and, for a ``List`` (``kubectl get -o yaml``), its items."""
+    if not isinstance(doc, dict):
+        return
+    kind = doc.get("kind") or ""
+    if isinstance(kind, str) and kind.endswith("List"):
+        for item in doc.get("items") or []:
+            yield from _items(item)
+        return
+    yield doc
 
 
 def validate_documents(path: Path, driver: str, *, named: bool = False) -> list[Report]:
@@ -368,10 +391,11 @@ def validate_documents(path: Path, driver: str, *, named: bool = False) -> list[
             report.problems = check_options_object(doc, "", has_secret=True)
             reports.append(report)
             continue
-        sc = _storage_class(doc, driver) if isinstance(doc, dict) else None
-        if sc is not None:
-            sc.where = prefix + sc.where
-            reports.append(sc)
+        for item in _items(doc):
+            sc = _storage_class(item, driver)
+            if sc is not None:
+                sc.where = prefix + sc.where
+                reports.append(sc)
         for where, base, flex in flex_volumes(doc, driver):
             report = Report(prefix + where)
             keys = _kubelet_keys(flex)

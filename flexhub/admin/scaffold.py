@@ -3,9 +3,11 @@
 The distribution ``flexhub-backend-NAME/`` holds ``pyproject.toml`` (the ``flexhub.backends``
 entry point), the package ``flexhub_NAME`` (``schema.json`` and a working
 :class:`~flexhub.backend.FilesystemBackend` that bind-mounts a directory under a node-wide
-root), a README and ``tests/test_conformance.py`` using :mod:`flexhub.testing`. The templates
-are package data (``flexhub/admin/scaffold_template``). Nothing is written unless everything is: the
-tree is built in a temporary sibling directory and renamed into place.
+root; ``provision-schema.json`` and a :class:`~flexhub.provisioning.Provisioning` stub, not
+mixed in yet, for dynamic provisioning), a README and ``tests/test_conformance.py`` using
+:mod:`flexhub.testing`. The templates are package data (``flexhub/admin/scaffold_template``).
+Nothing is written unless everything is: the tree is built in a temporary sibling directory
+and renamed into place.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ _FILES = {
     "README.md.tmpl": "README.md",
     "backend.py.tmpl": "{package}/__init__.py",
     "schema.json.tmpl": "{package}/schema.json",
+    "provision-schema.json.tmpl": "{package}/provision-schema.json",
     "test_conformance.py.tmpl": "tests/test_conformance.py",
 }
 

@@ -209,7 +209,12 @@ def describe_error(error: ValidationError, schema: Mapping[str, Any]) -> str:
 
 
 def schema_problems(
-    backend: type[Backend], options: Mapping[str, str], name: str = ""
+    backend: type[Backend] | None,
+    options: Mapping[str, str],
+    name: str = "",
+    *,
+    schema: Mapping[str, Any] | None = None,
+    noun: str = "option",
 ) -> list[tuple[str, str]]:
     """Every schema error of ``options`` (secrets and per-pod keys left out, as on a call), as
     ``(option key or "", text)`` in the options' order, for ``flexhub validate``.
@@ -217,14 +222,19 @@ def schema_problems(
     The text does not repeat the key; a long allow-list is summarised (``flexhub schema
     NAME`` prints it), and a comma-separated value names the items that are not allowed.
 
-    :raises BackendError: the backend's schema itself is broken.
+    :param schema: another schema than the backend's options schema (a StorageClass's
+        parameters schema); ``noun`` is what its keys are called (``unknown parameter``).
+    :raises BackendError: the schema itself is broken.
     """
     public = {
         k: v
         for k, v in options.items()
         if not k.startswith(SECRET_PREFIX) and k not in PER_POD_KEYS
     }
-    schema = backend.schema()
+    if schema is None:
+        if backend is None:
+            raise BackendError("schema_problems needs a backend or a schema")
+        schema = backend.schema()
     from jsonschema.exceptions import SchemaError
     from referencing.exceptions import Unresolvable
 
@@ -235,13 +245,15 @@ def schema_problems(
     allowed = sorted(k for k in schema.get("properties", {}) if not k.startswith("kubernetes.io/"))
     found: list[tuple[str, str]] = []
     for error in errors:
-        found.extend(_problems(error, allowed, name))
+        found.extend(_problems(error, allowed, name, noun))
     order = {key: i for i, key in enumerate(options)}
     unique = list(dict.fromkeys(found))
     return sorted(unique, key=lambda p: order.get(p[0], -1))
 
 
-def _problems(error: ValidationError, allowed: list[str], name: str) -> list[tuple[str, str]]:
+def _problems(
+    error: ValidationError, allowed: list[str], name: str, noun: str = "option"
+) -> list[tuple[str, str]]:
     kind = error.validator
     if kind == "additionalProperties":
         extras = sorted(set(error.instance) - set(allowed))
@@ -249,7 +261,7 @@ def _problems(error: ValidationError, allowed: list[str], name: str) -> list[tup
         out = []
         for extra in extras:
             hint = difflib.get_close_matches(extra, allowed, n=1)
-            text = f"unknown option, did you mean {hint[0]}?" if hint else "unknown option"
+            text = f"unknown {noun}, did you mean {hint[0]}?" if hint else f"unknown {noun}"
             if not hint:
                 text += f" (known: {_summary(allowed, name)})"
             out.append((extra, text))

@@ -17,6 +17,7 @@ import pytest
 
 from flexhub.admin.harness import KUBELET_ENV, Kubelet, go_json
 from flexhub.testing.env import Call, KitEnv, fail_line
+from flexhub.testing.provisioning import ProvisioningChecks, ProvisionSample
 
 
 def lint_schema(schema: Mapping[str, Any]) -> list[str]:
@@ -27,7 +28,13 @@ def lint_schema(schema: Mapping[str, Any]) -> list[str]:
     return lint(schema)
 
 
-__all__ = ["Conformance", "Sample", "block_devices", "default_attached"]
+__all__ = [
+    "Conformance",
+    "ProvisionSample",
+    "Sample",
+    "block_devices",
+    "default_attached",
+]
 
 static = pytest.mark.flexhub_static
 storage = pytest.mark.flexhub_storage
@@ -54,8 +61,10 @@ def fail(check: str, what: str, fix: str) -> None:
     pytest.fail(fail_line(check, what, fix), pytrace=False)
 
 
-class Conformance:
-    """Subclass it, set :attr:`backend`, implement :meth:`sample` and :meth:`unreachable`.
+class Conformance(ProvisioningChecks):
+    """Subclass it, set :attr:`backend`, implement :meth:`sample` and :meth:`unreachable`;
+    for a backend that mixes in Provisioning, :meth:`provision_sample` and :meth:`assets`
+    too (:mod:`flexhub.testing.provisioning`).
 
     Optional: :meth:`settings` (the backend's table of the node config), :attr:`node_settings`
     (more top-level settings of it: ``unmount_timeout``, ...), :meth:`attached`

@@ -25,7 +25,7 @@ import pathlib
 
 import pytest
 
-from flexhub.testing import Conformance, Sample
+from flexhub.testing import Conformance, ProvisionSample, Sample
 
 
 @pytest.fixture(scope="class")
@@ -47,6 +47,13 @@ class TestKit(Conformance):
         return Sample(
             options={options!r}, secrets={{"token": "kit-Secret-Token-42"}}, fs_group={fs_group!r}
         )
+
+    def provision_sample(self):
+        return ProvisionSample(secrets={{"token": "kit-Secret-Token-42"}})
+
+    def assets(self, claim):
+        storage = pathlib.Path(self.env.base, "storage")
+        return [str(p) for p in storage.glob("pvc-" + claim.uid[:8] + "*")]
 
     @contextlib.contextmanager
     def unreachable(self, sample):
@@ -106,7 +113,15 @@ def test_a_conforming_backend_passes_every_check(
     result = run_kit(pytester, monkeypatch, "kitgood")
     assert failed_checks(result) == [], result.stdout.str()
     outcomes = result.parseoutcomes()
-    assert outcomes.get("passed", 0) == 11 and "failed" not in outcomes, outcomes  # every check
+    assert outcomes.get("passed", 0) == 15 and "failed" not in outcomes, outcomes  # every check
+
+
+def test_a_conforming_provisioning_backend_passes_the_provisioning_checks(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = run_kit(pytester, monkeypatch, "kitprov", select="provision or reclaim")
+    assert failed_checks(result) == [], result.stdout.str()
+    assert result.parseoutcomes().get("passed") == 4, result.stdout.str()
 
 
 def test_a_release_deferred_while_unreachable_and_finished_later_passes_bounded(
@@ -233,6 +248,32 @@ BROKEN = [
         "bounded",
         "flexhub-kit bounded: after the calls with the storage unreachable, left behind: attached:"
         " /dev/loop* (*/storage/vol-1.img), recorded: */state/volumes/*.json; unmount must undo*",
+    ),
+    (
+        "provision-idempotent",
+        "kitprovleak",
+        "",
+        None,
+        "provision_is_idempotent",
+        "flexhub-kit provision-idempotent: the same claim provisioned twice gave Provisioned(*"
+        " then Provisioned(*; find and return what the first call made*",
+    ),
+    (
+        "provision-crash",
+        "kitprovleak",
+        "",
+        None,
+        "provision_retried",
+        "flexhub-kit provision-crash: provisioning the claim again made */storage/pvc-*; find*",
+    ),
+    (
+        "reclaim-gone",
+        "kitprovgone",
+        "",
+        None,
+        "reclaim_of_nothing",
+        "flexhub-kit reclaim-gone: reclaim of storage already gone failed: */storage/pvc-* does"
+        " not exist; reclaim must be idempotent*",
     ),
     (
         "secrets",

@@ -51,6 +51,7 @@ def test_writes_a_backend_distribution(demo: Path) -> None:
     assert files == [
         "README.md",
         "flexhub_demo/__init__.py",
+        "flexhub_demo/provision-schema.json",
         "flexhub_demo/py.typed",
         "flexhub_demo/schema.json",
         "pyproject.toml",
@@ -61,9 +62,10 @@ def test_writes_a_backend_distribution(demo: Path) -> None:
     assert project["project"]["entry-points"]["flexhub.backends"] == {
         "demo": "flexhub_demo:DemoBackend"
     }
-    assert "schema.json" in project["tool"]["setuptools"]["package-data"]["flexhub_demo"]
+    data = project["tool"]["setuptools"]["package-data"]["flexhub_demo"]
+    assert "schema.json" in data and "provision-schema.json" in data
     test_file = (demo / "tests/test_conformance.py").read_text("utf-8")
-    assert "from flexhub.testing import Conformance, Sample" in test_file
+    assert "from flexhub.testing import Conformance, ProvisionSample, Sample" in test_file
     assert "class TestDemoConformance(Conformance):" in test_file
     assert 'backend = "demo"' in test_file
     assert "{{" not in "".join(p.read_text("utf-8") for p in demo.rglob("*") if p.is_file())
@@ -115,6 +117,29 @@ def test_generated_schema_lints_clean_and_validates(demo: Path) -> None:
         for bad in ("../etc", "a/b", ".", "..", "Team", "a\n", "", "x" * 64):
             with pytest.raises(InvalidOptions):
                 validate_options(backend, {"backend": "demo", "directory": bad})
+
+
+def test_generated_provisioning_stub(demo: Path) -> None:
+    """The Provisioning part: a stub mixin (not mixed in yet) whose calls raise NotSupported,
+    and a parameters schema that lints clean and refuses unknown parameters."""
+    from flexhub.errors import NotSupported
+    from flexhub.provisioning import Claim, Provisioning
+    from flexhub.volume import Secrets
+
+    with generated_module(demo) as module:
+        stub = module.DemoProvisioning
+        assert issubclass(stub, Provisioning) and not issubclass(module.DemoBackend, Provisioning)
+        schema = stub.parameters_schema()
+        assert lint_schema(schema) == []
+        assert schema["additionalProperties"] is False
+        instance = stub()
+        claim = Claim(uid="0e3c", namespace="default", name="data", size=1 << 20)
+        with pytest.raises(NotSupported, match="demo cannot provision yet"):
+            instance.provision(claim, {}, Secrets())
+        with pytest.raises(NotSupported, match="demo cannot reclaim yet"):
+            instance.reclaim({"directory": "x"}, {"onDelete": "delete"}, Secrets())
+    text = (demo / "flexhub_demo/__init__.py").read_text()
+    assert text.count("TODO") >= 3
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The README's PV examples are valid: `flexhub validate` accepts each of them."""
+"""The README's PV and StorageClass examples are valid: `flexhub validate` accepts each."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from tests.conftest import PYTHON, REPO
 
 BLOCKS = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), re.S)
 EXAMPLES = [b for b in BLOCKS if "driver: k8s/flexhub" in b]
+CLASSES = [b for b in BLOCKS if "kind: StorageClass" in b and "provisioner: flexhub" in b]
 
 
 def test_every_backend_has_an_example() -> None:
@@ -19,7 +20,13 @@ def test_every_backend_has_an_example() -> None:
     assert backends == {"loopfile", "nfs", "iscsi", "cifs"}
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda b: re.findall(r"backend: (\w+)", b)[0])
+def test_there_is_a_storage_class_example() -> None:
+    assert CLASSES
+
+
+@pytest.mark.parametrize(
+    "example", EXAMPLES + CLASSES, ids=lambda b: re.findall(r"(?:backend|name): ([\w-]+)", b)[0]
+)
 def test_readme_example_validates(example: str, tmp_path: Path) -> None:
     manifest = tmp_path / "example.yaml"
     manifest.write_text(example)

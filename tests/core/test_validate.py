@@ -103,24 +103,52 @@ def test_files_without_flexhub_volumes_pass(tmp_path: Path) -> None:
 
 
 def test_storage_classes(tmp_path: Path) -> None:
+    """flexhub's classes are read as the provisioner reads them, every problem on its line;
+    the driver's name as provisioner is a mistake; other provisioners' classes are skipped."""
     manifest = tmp_path / "sc.yaml"
     sc = "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {{name: {}}}\n"
+    wait = "volumeBindingMode: WaitForFirstConsumer\n"
     manifest.write_text(
         sc.format("plain")
-        + "provisioner: k8s/flexhub\n---\n"
+        + "provisioner: flexhub\n---\n"
         + sc.format("typo")
-        + "provisioner: k8s/flexhub\nparameters: {backend: loopfle}\n---\n"
-        + sc.format("fast")
+        + "provisioner: flexhub\nparameters: {backend: loopfle}\n---\n"
+        + sc.format("driver")
         + "provisioner: k8s/flexhub\nparameters: {backend: loopfile}\n---\n"
+        + sc.format("fast")
+        + f"provisioner: flexhub\n{wait}parameters: {{backend: loopfile, fsType: xfs}}\n---\n"
+        + sc.format("bad")
+        + "provisioner: flexhub\nmountOptions: [noatime]\n"
+        + "parameters: {backend: loopfile, onDelete: archive, secretName: s, drectory: x,"
+        + " preallocate: true}\n---\n"
+        + "apiVersion: v1\nkind: List\nitems:\n- apiVersion: storage.k8s.io/v1\n"
+        + "  kind: StorageClass\n  metadata: {name: listed}\n  provisioner: flexhub\n"
+        + f"  {wait}  parameters: {{backend: loopfile, directory: /abs}}\n---\n"
         + sc.format("other")
         + "provisioner: ebs.csi.aws.com\n"
     )
     proc = validate(str(manifest))
     assert proc.returncode == 1
     assert proc.stdout.splitlines() == [
-        "StorageClass/plain: ok (no provisioner parameters to check yet)",
+        "StorageClass/plain: parameters.backend: required (installed: broken, cifs, echo, iscsi, "
+        "loopfile, nfs, notabackend)",
         "StorageClass/typo: parameters.backend: unknown backend 'loopfle', did you mean loopfile?",
-        "StorageClass/fast: ok (backend loopfile installed; no other parameters are checked yet)",
+        "StorageClass/driver: provisioner: 'k8s/flexhub' is the FlexVolume driver's name; "
+        "flexhub's provisioner is 'flexhub'",
+        "StorageClass/fast: ok (backend loopfile, onDelete delete)",
+        "StorageClass/bad: 6 problems",
+        "  parameters.preallocate: must be a string, not a boolean (quote it)",
+        "  parameters.onDelete: backend loopfile honours delete, retain, not 'archive'",
+        "  parameters.secretNamespace: required with secretName",
+        "  parameters.drectory: unknown parameter, did you mean directory?",
+        "  mountOptions: a FlexVolume PV cannot carry mountOptions (kubelet fails its mount): "
+        "put them in parameters.mountOptions, comma-separated",
+        "  volumeBindingMode: backend loopfile keeps a volume on one node, so the class must be"
+        " WaitForFirstConsumer (not 'Immediate'): the volume is made where the pod is scheduled",
+        "StorageClass/listed: parameters.directory: '/abs' is not valid: expected Directory of"
+        " the files, relative to the loopfile root (default provisioned); segments of"
+        " A-Za-z0-9_.+-, no . or ..",
+        "StorageClass/other: skipped (provisioner 'ebs.csi.aws.com' is not flexhub's)",
     ]
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import subprocess
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flexhub.testing import Conformance, Sample
+from flexhub.provisioning import Claim
+from flexhub.testing import Conformance, ProvisionSample, Sample
 from tests.conftest import needs_root
 
 pytestmark = [needs_root, pytest.mark.root]
@@ -31,6 +33,15 @@ class TestLoopfileConformance(Conformance):
             fs_group=2000,
             expand_to=600 * MiB,
         )
+
+    def provision_sample(self) -> ProvisionSample:
+        return ProvisionSample(
+            parameters={"directory": "kit-claims", "fsType": "xfs"}, size=300 * MiB
+        )
+
+    def assets(self, claim: Claim) -> list[str]:
+        """Every file of the claim under the root (with a creation's leftovers), any area."""
+        return [str(p) for p in Path(self.root()).rglob(f"*{claim.volume_name}*")]
 
     def root(self) -> str:
         return f"{self.env.base}/loopfiles"

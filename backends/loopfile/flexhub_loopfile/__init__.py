@@ -62,10 +62,12 @@ from flexhub.backend import (
     Node,
     NodeConfig,
     NodeRequirements,
+    Secrets,
     Volume,
     VolumeError,
 )
-from flexhub_loopfile import _loop, _room, _tenancy
+from flexhub.provisioning import Claim, Provisioned, Provisioning
+from flexhub_loopfile import _loop, _provision, _room, _tenancy
 from flexhub_loopfile._quantity import parse_quantity
 
 __all__ = ["DEFAULT_ROOT", "LoopfileBackend"]
@@ -146,8 +148,9 @@ def _root_of(settings: Mapping[str, Any]) -> Path:
     return root
 
 
-class LoopfileBackend(BlockBackend):
-    """Block volumes backed by files under the node's loopfile root."""
+class LoopfileBackend(BlockBackend, Provisioning):
+    """Block volumes backed by files under the node's loopfile root; StorageClasses make one
+    file per claim on the node its pod is scheduled on (:mod:`flexhub_loopfile._provision`)."""
 
     def __init__(self, node: Node) -> None:
         super().__init__(node)
@@ -163,6 +166,14 @@ class LoopfileBackend(BlockBackend):
     )
 
     settings_keys = frozenset({"root", *_tenancy.SETTINGS})
+
+    # Provisioning: the node's mount makes the file, the node's DaemonSet pod removes it; the
+    # node's expandfs grows it. ``BlockBackend.expand`` is the node's (Provisioning's, which
+    # the provisioner would call, is never called: ``expands_storage`` is False).
+    parameters_schema_file = "provision-schema.json"
+    reclaim_on = "node"
+    expands_storage = False
+    on_delete = frozenset({"delete", "retain"})
 
     @classmethod
     def check_settings(
@@ -478,7 +489,9 @@ class LoopfileBackend(BlockBackend):
             return None
         return identity == (st.st_dev, st.st_ino)
 
-    def expand(self, attachment: Attachment, volume: Volume, new_size: int) -> None:
+    def expand(  # type: ignore[override]  # BlockBackend.expand, not Provisioning.expand
+        self, attachment: Attachment, volume: Volume, new_size: int
+    ) -> None:
         """Grow the file to ``new_size`` bytes and the loop device with it.
 
         The file is the one journalled at attach (``expandfs`` carries no namespace).
@@ -511,6 +524,24 @@ class LoopfileBackend(BlockBackend):
                 f"{dev.path} is {dev.size()} bytes after growing {path} to {target} bytes"
             )
         LOG.info("expanded %s from %d to %d bytes", path, current, target)
+
+    # --------------------------------------------------------------------------- provisioning
+
+    def provision(
+        self, claim: Claim, parameters: Mapping[str, str], secrets: Secrets
+    ) -> Provisioned:
+        """The claim's PV: ``file: <directory>/pvc-<uid>.img``, ``size`` the claim's, on the
+        claim's selected node; nothing is made here (the node's mount creates the file)."""
+        return _provision.provision(claim, parameters)
+
+    def reclaim(
+        self, options: Mapping[str, str], reclaim: Mapping[str, str], secrets: Secrets
+    ) -> None:
+        """On the node: remove the PV's file unless it is in use or not a regular file (see
+        :mod:`flexhub_loopfile._provision`); gone already is success."""
+        text = self._relative(Volume(options=dict(options)))
+        _tenancy.check_settings(self.node.settings)
+        _provision.reclaim(self.node, self._root(), text, reclaim, self._room_lock)
 
     # --------------------------------------------------------------------------- helpers
 
