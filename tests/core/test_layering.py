@@ -6,7 +6,8 @@ the tree, and the arrows between the packages point one way.
 - ``flexhub.node`` imports nothing of those nor of ``flexhub.driver``;
 - the public backend API (``flexhub.backend``, ``volume``, ``errors``, ``config``) imports only
   itself and ``flexhub.node``;
-- backends import only ``flexhub.backend`` of flexhub.
+- backends import only ``flexhub.backend`` (and ``flexhub.provisioning``, the optional
+  provisioning interface they mix in) of flexhub.
 
 Imports are read from the source (every ``import``/``from`` statement, also those inside
 functions), so a lazy import breaks the rule as much as a top-level one.
@@ -77,14 +78,15 @@ def test_the_public_backend_api_stands_on_node_services_only(module: str) -> Non
 
 
 def test_backends_import_only_the_public_backend_api() -> None:
-    allowed = {"flexhub", "flexhub.backend"}
+    allowed = {"flexhub", "flexhub.backend", "flexhub.provisioning"}
     out = []
     for path in sorted((REPO / "backends").glob("*/flexhub_*/**/*.py")):
         for name in sorted(_imports(path)):
             if (
                 name.startswith("flexhub.")
                 and not name.startswith("flexhub_")
-                and (name not in allowed and not name.startswith("flexhub.backend."))
+                and name not in allowed
+                and not name.startswith(("flexhub.backend.", "flexhub.provisioning."))
             ):
                 out.append(f"{path.relative_to(REPO)} imports {name}")
     assert out == []
