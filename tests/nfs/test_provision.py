@@ -111,7 +111,7 @@ def test_the_recorded_path_is_re_validated() -> None:
         ({"subPath": f"{UID}/data"}, {"path": f"{UID}/data", "claimUid": UID}),  # nor there
         ({"subPath": path}, {"path": path, "claimUid": "x"}),  # not a uid
     ]:
-        with pytest.raises(InvalidOptions, match="reclaim|path"):
+        with pytest.raises(InvalidOptions, match=r"reclaim|path"):
             check_recorded(options, bad)
 
 
