@@ -7,6 +7,7 @@ TCG is most of a call's cost). The request, secrets included, goes in on stdin, 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -16,6 +17,10 @@ from tests.rig.vm import GUEST_PYTHON, VM
 
 __all__ = ["Op", "claim", "run_ops"]
 
+LOG = logging.getLogger(__name__)
+
+#: (The mount timeout is 20 s: a fresh smbd under TCG may take more than 8 s to answer the
+#: first mount; a dead server is not what these tests are about.)
 #: Runs every op of the request and prints one JSON list: per op, its result or its error.
 SCRIPT = r"""
 import json, logging, sys
@@ -31,7 +36,7 @@ logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 name = request["backend"]
 config = NodeConfig(
     state_dir=Path(request["state_dir"]), log_dir=Path(request["state_dir"]) / "log",
-    mount_timeout=8, unmount_timeout=8, backends={name: {"stat_timeout": 3}},
+    mount_timeout=20, unmount_timeout=8, backends={name: {"stat_timeout": 3}},
 )
 if name == "nfs":
     from flexhub_nfs import NfsBackend as Backend
@@ -99,5 +104,7 @@ def run_ops(
     lines = result.stdout.strip().splitlines()
     assert lines, result.output
     answers: list[dict[str, Any]] = json.loads(lines[-1])
+    if any("error" in answer for answer in answers):
+        LOG.warning("provisioning in the guest: %s", result.stderr[-4000:])
     assert len(answers) == len(ops), result.output
     return answers, elapsed

@@ -148,6 +148,7 @@ def test_retain_archive_and_symlinks_refused(rig: Rig) -> None:
     assert client_link["error"] == "VolumeError", client_link
     assert "symbolic link" in client_link["message"], client_link
     assert "error" in server_link, server_link
+    LOG.warning("server-side symlink: %s", server_link["message"])
     assert rig.sh(f"ls -A {outside}") == ""
     path = made["options"]["subPath"]
     rig.sh(f"echo data > {rig.server_path(path, 'f')}")
