@@ -141,6 +141,8 @@ def archive(root: int, path: str) -> str:
             raise VolumeError(f"cannot archive {path}: {shown} exists already")
         try:
             os.rename(leaf, ARCHIVE_PREFIX + leaf, src_dir_fd=parent, dst_dir_fd=parent)
+        except FileNotFoundError:
+            return ""  # archived (or removed) meanwhile by another call: gone is success
         except OSError as exc:
             raise VolumeError(f"cannot archive {path} as {shown}: {exc.strerror}") from None
         return shown
