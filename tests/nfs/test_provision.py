@@ -186,6 +186,17 @@ def test_make_gives_owner_and_mode_and_is_idempotent(export: tuple[Path, int]) -
     assert tree(root) == ["team", "team/claim-x", "team/claim-x/data"]
 
 
+def test_parents_made_get_exactly_0755_whatever_the_umask(export: tuple[Path, int]) -> None:
+    root, fd = export
+    old = os.umask(0)
+    try:
+        _claimdir.make(fd, "a/b/claim-x", uid=0, gid=0, mode=0o2770)
+    finally:
+        os.umask(old)
+    modes = [stat.S_IMODE((root / p).stat().st_mode) for p in ("a", "a/b", "a/b/claim-x")]
+    assert modes == [0o755, 0o755, 0o2770]
+
+
 def test_make_refuses_a_symlink_on_the_way(export: tuple[Path, int]) -> None:
     root, fd = export
     (root / "team").symlink_to(root.parent / "outside")

@@ -101,6 +101,8 @@ def run_ops(
     started = time.monotonic()
     result = vm.run([GUEST_PYTHON, "-I", "-c", SCRIPT], input=json.dumps(request), timeout=300)
     elapsed = time.monotonic() - started
+    for value in (secrets or {}).values():  # never in a reply, a log line or an error
+        assert value not in result.output, "a secret reached the provisioner's output"
     lines = result.stdout.strip().splitlines()
     assert lines, result.output
     answers: list[dict[str, Any]] = json.loads(lines[-1])

@@ -5,7 +5,7 @@ Every step starts from a descriptor of the mounted export's root and walks with
 ``mkdirat`` where missing), so a symlink planted on the way (by any client, or served by a
 hostile server) is refused and nothing is made, removed or renamed outside the export.
 
-* :func:`make`: missing parents get ``0755`` (less the umask); the claim's directory is made
+* :func:`make`: missing parents get exactly ``0755``; the claim's directory is made
   ``0700``, then given its owner (``fchown``) and its mode (``fchmod``, after the chown, which
   may clear setgid) through its descriptor. Found already (a retried call), it gets them again:
   nothing else is made. If the owner or mode cannot be set, a directory made by this call is
@@ -40,9 +40,20 @@ _FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 def _parent(root: int, path: str, *, create: bool) -> tuple[int, str]:
     """A descriptor of ``path``'s parent (walked safely) and the last segment's name."""
     parent, _, leaf = path.rpartition("/")
+    fd = os.dup(root)
     if not parent:
-        return os.dup(root), leaf
-    return open_sub_path(root, parent, create=create, mode=PARENT_MODE), leaf
+        return fd, leaf
+    try:
+        # one segment at a time, so that every parent made gets exactly PARENT_MODE (never
+        # the umask's idea of it: a world-writable parent would let any client move claims)
+        for segment in parent.split("/"):
+            child = open_sub_path(fd, segment, create=create, mode=PARENT_MODE)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, leaf
 
 
 def _refused(path: str, info: os.stat_result) -> VolumeError:
