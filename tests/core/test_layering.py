@@ -6,7 +6,8 @@ the tree, and the arrows between the packages point one way.
 - ``flexhub.node`` imports nothing of those nor of ``flexhub.driver``;
 - the public backend API (``flexhub.backend``, ``volume``, ``errors``, ``config``) imports only
   itself and ``flexhub.node``;
-- backends import only ``flexhub.backend`` (and ``flexhub.provisioning``) of flexhub.
+- backends import only ``flexhub.backend`` (and ``flexhub.provisioning``, the optional
+  provisioning interface they mix in) of flexhub.
 
 Imports are read from the source (every ``import``/``from`` statement, also those inside
 functions), so a lazy import breaks the rule as much as a top-level one.

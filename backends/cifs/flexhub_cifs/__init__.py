@@ -41,6 +41,16 @@ server), or when the plain step fails, ``umount -f -l`` bounded by
 most ``stat_timeout + force_unmount_timeout``.
 
 Expansion: success without change (the share's size is the server's).
+
+Provisioning (:class:`~flexhub.provisioning.Provisioning`): a StorageClass names a share
+(``server``, ``share``) and the Secret of its credentials (``secretName``,
+``secretNamespace``); each claim gets its own directory there, named by ``pathPattern``
+(:mod:`flexhub_cifs._pattern`), and its PV mounts exactly that directory through ``subPath``,
+with the class's ``uid``/``gid`` and modes (``mode`` -> ``dir_mode``, ``fileMode`` ->
+``file_mode``) and the class's Secret as its ``secretRef``. The provisioner mounts the share
+on a private directory for each call (the mount code above, with its timeouts and its
+credentials file), makes, removes or renames the directory with a walk that never follows a
+symlink (:mod:`flexhub_cifs._claimdir`), and unmounts. The claim's size is not enforced.
 """
 
 from __future__ import annotations
@@ -50,21 +60,24 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from flexhub.backend import (
     CommandError,
     CommandTimeout,
     FilesystemBackend,
     FlexhubError,
+    InvalidOptions,
     NodeConfig,
     NodeRequirements,
+    Secrets,
     Volume,
     VolumeError,
     kernel_lacks,
 )
+from flexhub.provisioning import Claim, Provisioned, Provisioning
 from flexhub_cifs import _subpath
 from flexhub_cifs._credentials import collect_leftovers, credentials_file
 from flexhub_cifs._options import Credentials, Plan, build_plan, credentials
@@ -81,6 +94,10 @@ DEFAULT_FORCE_TIMEOUT = 5.0
 TEMP_MAX_AGE = 3600.0
 
 _ID_PREFIX = "cifs:"
+#: Seconds a reclaim's removal (or rename) of a claim's directory may take on the server.
+RECLAIM_TIMEOUT = 600.0
+
+_T = TypeVar("_T")
 
 
 class _Entry(Protocol):
@@ -112,10 +129,16 @@ def _seconds(settings: Mapping[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
-class CifsBackend(FilesystemBackend):
-    """SMB/CIFS shares mounted straight onto pod directories."""
+# Provisioning.expand (storage-side) and FilesystemBackend.expand (the node's) share a name:
+# the node's comes first in the MRO, and the provisioner never calls ours (expands_storage is
+# False), so mypy's complaint about the two signatures is silenced here.
+class CifsBackend(FilesystemBackend, Provisioning):  # type: ignore[misc]
+    """SMB/CIFS shares mounted straight onto pod directories; a directory per claim on a
+    share for a provisioning StorageClass."""
 
     schema_package = "flexhub_cifs"
+    parameters_schema_file = "provision-schema.json"
+    on_delete = frozenset({"delete", "retain", "archive"})
     node_requirements = NodeRequirements(
         commands=("mount.cifs", "mount", "umount"),
         kernel_modules=("cifs",),
@@ -230,6 +253,127 @@ class CifsBackend(FilesystemBackend):
         the core calls this on every unmount of a CIFS pod directory, mounted or not."""
         collect_leftovers(self.node.state_dir)
 
+    # --------------------------------------------------------------------------- provisioning
+
+    @classmethod
+    def check_parameters(cls, parameters: Mapping[str, str]) -> None:
+        """A provisioning class's parameters: the share, its Secret, mount options,
+        pathPattern, owner and modes (see :mod:`flexhub_cifs._provision`)."""
+        from flexhub_cifs import _provision
+
+        _provision.read(parameters)
+
+    def provision(
+        self, claim: Claim, parameters: Mapping[str, str], secrets: Secrets
+    ) -> Provisioned:
+        """Make (or find) the claim's directory on the share and return PV options that
+        mount exactly it (``subPath``) with the class's owner and modes, and the class's
+        Secret as the PV's ``secretRef``.
+
+        The share is mounted on a private directory for the call with the Secret's
+        credentials (in a private file, never on a command line); the directory is made by a
+        walk that never follows a symlink (:mod:`flexhub_cifs._claimdir`). The size is the
+        claim's: SMB does not enforce it (the server's quota may).
+        """
+        from flexhub_cifs import _claimdir, _provision
+        from flexhub_cifs._pattern import render
+
+        spec = _provision.read(parameters)
+        path = render(spec.pattern, claim)
+        creds = credentials(secrets)
+        options = spec.pv_options(path)
+        plan = build_plan(Volume(options={"backend": "cifs", **options}, fs_type=spec.fs_type))
+        made = self._in_share(
+            plan,
+            creds,
+            f"making {path} in {plan.root_source}",
+            self.mount_timeout,
+            lambda root: _claimdir.make(root, path),
+        )
+        LOG.info(
+            "%s %s/%s for claim %s/%s",
+            "made" if made else "found",
+            plan.root_source,
+            path,
+            claim.namespace,
+            claim.name,
+        )
+        return Provisioned(
+            options=options,
+            size=claim.size,
+            reclaim={"path": path, "claimUid": claim.uid},
+            fs_type=spec.fs_type,
+            secret=spec.secret,
+        )
+
+    def reclaim(
+        self, options: Mapping[str, str], reclaim: Mapping[str, str], secrets: Secrets
+    ) -> None:
+        """Delete, archive (``archived-<name>`` beside it) or retain the recorded directory.
+
+        Only the directory the reclaim record names, when it is the PV's ``subPath`` and its
+        name holds the claim's uid, is touched; gone already is success.
+        """
+        from flexhub_cifs import _claimdir
+        from flexhub_cifs._pattern import check_recorded
+
+        on_delete = reclaim.get("onDelete", "delete")
+        if on_delete not in self.on_delete:
+            raise InvalidOptions(
+                f"invalid onDelete {on_delete[:20]!r}: not one of {sorted(self.on_delete)}"
+            )
+        if on_delete == "retain":
+            LOG.info(
+                "retaining //%s/%s/%s",
+                options.get("server"),
+                options.get("share"),
+                reclaim.get("path"),
+            )
+            return
+        path = check_recorded(options, reclaim)
+        creds = credentials(secrets)
+        plan = build_plan(Volume(options={**options, "backend": "cifs"}))
+        if on_delete == "archive":
+            shown = self._in_share(
+                plan,
+                creds,
+                f"archiving {path} in {plan.root_source}",
+                RECLAIM_TIMEOUT,
+                lambda root: _claimdir.archive(root, path),
+            )
+            LOG.info("archived %s/%s as %s", plan.root_source, path, shown or "(already gone)")
+            return
+        removed = self._in_share(
+            plan,
+            creds,
+            f"removing {path} from {plan.root_source}",
+            RECLAIM_TIMEOUT,
+            lambda root: _claimdir.remove(root, path),
+        )
+        LOG.info("removed %s/%s%s", plan.root_source, path, "" if removed else " (already gone)")
+
+    def _in_share(
+        self, plan: Plan, creds: Credentials, what: str, bound: float, work: Callable[[int], _T]
+    ) -> _T:
+        """Run ``work(root_fd)`` on the share's root, mounted on a private directory,
+        within ``bound`` seconds (a dead server makes it a CommandTimeout)."""
+
+        def run(temp: Path) -> _T:
+            root = os.open(temp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                return work(root)
+            finally:
+                os.close(root)
+
+        collect_leftovers(self.node.state_dir)
+        with self._private_mount(plan, creds) as temp:
+            try:
+                return _subpath.bounded(lambda: run(temp), bound, what)
+            except CommandTimeout:
+                raise CommandTimeout(
+                    f"CIFS server {plan.host} did not answer within {bound:g}s while {what}"
+                ) from None
+
     # --------------------------------------------------------------------------- mount
 
     def _healthy(self, path: Path) -> bool:
@@ -302,6 +446,14 @@ class CifsBackend(FilesystemBackend):
     def _mount_sub_path(self, target: Path, plan: Plan, creds: Credentials) -> None:
         """Mount the share's root on a private directory, walk the sub-directory without
         following a symlink, and bind-mount exactly that directory on ``target``."""
+        with self._private_mount(plan, creds) as temp:
+            self._bind_sub_path(temp, target, plan)
+
+    @contextlib.contextmanager
+    def _private_mount(self, plan: Plan, creds: Credentials) -> Iterator[Path]:
+        """The share's root mounted (under the mount timeout, the credentials in a private
+        file) on a new private directory ``<state_dir>/cifs-tmp/<random>``, unmounted and
+        removed on the way out."""
         base = Path(os.path.realpath(self.node.state_dir)) / "cifs-tmp"
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._collect_temp(base)
@@ -310,7 +462,7 @@ class CifsBackend(FilesystemBackend):
         try:
             self._mount(temp, plan, creds)
             try:
-                self._bind_sub_path(temp, target, plan)
+                yield temp
             finally:
                 self._cleanup(temp)
         finally:

@@ -29,6 +29,8 @@ __all__ = ["SubPathMissing", "bounded", "open_sub_path"]
 _T = TypeVar("_T")
 
 _FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Mode asked for a directory ``create`` makes (the server applies its own masks).
+_MADE_MODE = 0o755
 
 
 class SubPathMissing(VolumeError):
@@ -52,12 +54,14 @@ def _open_dir(parent: int, name: str, shown: str) -> int:
     raise VolumeError(f"{shown} is not a directory in the share")
 
 
-def open_sub_path(root: int, sub_path: str) -> int:
+def open_sub_path(root: int, sub_path: str, *, create: bool = False) -> int:
     """Return a descriptor of ``sub_path`` below the directory ``root``, walked safely.
 
     :param root: a descriptor of the share's root directory (not consumed).
-    :raises SubPathMissing: a component is missing.
-    :raises VolumeError: a component is a symlink or not a directory.
+    :param create: make missing components (``mkdirat``, mode ``0755``; the modes a pod sees
+        are the mount's ``dir_mode``); used by provisioning only, never by a pod's mount.
+    :raises SubPathMissing: a component is missing (and ``create`` is false).
+    :raises VolumeError: a component is a symlink or not a directory, or cannot be made.
     """
     parts = sub_path.split("/")
     if not sub_path or any(part in ("", ".", "..") for part in parts):
@@ -65,7 +69,19 @@ def open_sub_path(root: int, sub_path: str) -> int:
     fd = os.dup(root)
     try:
         for index, name in enumerate(parts):
-            child = _open_dir(fd, name, "/".join(parts[: index + 1]))
+            shown = "/".join(parts[: index + 1])
+            try:
+                child = _open_dir(fd, name, shown)
+            except SubPathMissing:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(name, _MADE_MODE, dir_fd=fd)
+                except FileExistsError:
+                    pass  # made concurrently: opened (and checked) below
+                except OSError as exc:
+                    raise VolumeError(f"cannot make {shown} in the share: {exc.strerror}") from None
+                child = _open_dir(fd, name, shown)
             os.close(fd)
             fd = child
         return fd

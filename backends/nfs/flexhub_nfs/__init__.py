@@ -59,6 +59,14 @@ and is often refused by root squashing). Give the export the right owner on the 
 ``createSubPath`` with ``subPathMode``.
 
 Expansion: success without change (an NFS volume's size is the server's).
+
+Provisioning (:class:`~flexhub.provisioning.Provisioning`): a StorageClass names an export
+(``server``, ``share``); each claim gets its own directory there, named by ``pathPattern``
+(:mod:`flexhub_nfs._pattern`) and owned as ``uid``/``gid``/``mode`` say (default ``0:0``,
+``2770``), and its PV mounts exactly that directory through ``subPath``. The provisioner mounts
+the export read-write on a private directory for each call (the mount code above, with its
+timeouts), makes, removes or renames the directory with a walk that never follows a symlink
+(:mod:`flexhub_nfs._claimdir`), and unmounts. The claim's size is not enforced.
 """
 
 from __future__ import annotations
@@ -68,21 +76,24 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from flexhub.backend import (
     CommandError,
     CommandTimeout,
     FilesystemBackend,
     FlexhubError,
+    InvalidOptions,
     NodeConfig,
     NodeRequirements,
+    Secrets,
     Volume,
     VolumeError,
     kernel_lacks,
 )
+from flexhub.provisioning import Claim, Provisioned, Provisioning
 from flexhub_nfs import _subpath
 from flexhub_nfs._options import Plan, build_plan
 
@@ -103,6 +114,11 @@ DEFAULT_FORCE_TIMEOUT = 5.0
 TEMP_MAX_AGE = 3600.0
 
 _ID_PREFIX = "nfs:"
+#: Seconds a reclaim's removal (or rename) of a claim's directory may take on the server: a
+#: large tree takes a while; a dead server must still not hold a provisioner worker forever.
+RECLAIM_TIMEOUT = 600.0
+
+_T = TypeVar("_T")
 
 
 def _same_source(shown: str, wanted: str) -> bool:
@@ -127,10 +143,16 @@ def _seconds(settings: Mapping[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
-class NfsBackend(FilesystemBackend):
-    """NFS exports mounted straight onto pod directories."""
+# Provisioning.expand (storage-side) and FilesystemBackend.expand (the node's) share a name:
+# the node's comes first in the MRO, and the provisioner never calls ours (expands_storage is
+# False), so mypy's complaint about the two signatures is silenced here.
+class NfsBackend(FilesystemBackend, Provisioning):  # type: ignore[misc]
+    """NFS exports mounted straight onto pod directories; a directory per claim on an
+    export for a provisioning StorageClass."""
 
     schema_package = "flexhub_nfs"
+    parameters_schema_file = "provision-schema.json"
+    on_delete = frozenset({"delete", "retain", "archive"})
     node_requirements = NodeRequirements(
         commands=("mount.nfs", "mount", "umount"),
         kernel_modules=("nfs",),
@@ -233,6 +255,119 @@ class NfsBackend(FilesystemBackend):
         self._unmount(target)
         self.node.unmount(target)  # anything else stacked there: the core's escalation
 
+    # --------------------------------------------------------------------------- provisioning
+
+    @classmethod
+    def check_parameters(cls, parameters: Mapping[str, str]) -> None:
+        """A provisioning class's parameters: the export, mount options, pathPattern, owner
+        and mode (see :mod:`flexhub_nfs._provision`)."""
+        from flexhub_nfs import _provision
+
+        _provision.read(parameters)
+
+    def provision(
+        self, claim: Claim, parameters: Mapping[str, str], secrets: Secrets
+    ) -> Provisioned:
+        """Make (or find) the claim's directory on the export, owned and moded as the class
+        says, and return PV options that mount exactly it (``subPath``).
+
+        The export is mounted read-write on a private directory for the call; the directory
+        is made by a walk that never follows a symlink (:mod:`flexhub_nfs._claimdir`). The
+        size is the claim's: NFS does not enforce it (the server's quota may).
+        """
+        from flexhub_nfs import _claimdir, _provision
+
+        spec = _provision.read(parameters)
+        path = _provision.directory(spec, claim)
+        options = spec.pv_options(path)
+        plan = build_plan(Volume(options={"backend": "nfs", **options}, fs_type=spec.fs_type))
+        made = self._in_export(
+            plan,
+            f"making {path} in {plan.root_source}",
+            self.mount_timeout,
+            lambda root: _claimdir.make(root, path, uid=spec.uid, gid=spec.gid, mode=spec.mode),
+        )
+        LOG.info(
+            "%s %s/%s for claim %s/%s (owner %d:%d, mode %04o)",
+            "made" if made else "found",
+            plan.root_source,
+            path,
+            claim.namespace,
+            claim.name,
+            spec.uid,
+            spec.gid,
+            spec.mode,
+        )
+        return Provisioned(
+            options=options,
+            size=claim.size,
+            reclaim={"path": path, "claimUid": claim.uid},
+            fs_type=spec.fs_type,
+        )
+
+    def reclaim(
+        self, options: Mapping[str, str], reclaim: Mapping[str, str], secrets: Secrets
+    ) -> None:
+        """Delete, archive (``archived-<name>`` beside it) or retain the recorded directory.
+
+        Only the directory the reclaim record names, when it is the PV's ``subPath`` and its
+        name holds the claim's uid, is touched; gone already is success.
+        """
+        from flexhub_nfs import _claimdir
+        from flexhub_nfs._pattern import check_recorded
+
+        on_delete = reclaim.get("onDelete", "delete")
+        if on_delete not in self.on_delete:
+            raise InvalidOptions(
+                f"invalid onDelete {on_delete[:20]!r}: not one of {sorted(self.on_delete)}"
+            )
+        if on_delete == "retain":
+            LOG.info(
+                "retaining %s:%s/%s",
+                options.get("server"),
+                options.get("share"),
+                reclaim.get("path"),
+            )
+            return
+        path = check_recorded(options, reclaim)
+        volume_options = {**options, "backend": "nfs"}
+        plan = build_plan(Volume(options=volume_options))
+        if on_delete == "archive":
+            shown = self._in_export(
+                plan,
+                f"archiving {path} in {plan.root_source}",
+                RECLAIM_TIMEOUT,
+                lambda root: _claimdir.archive(root, path),
+            )
+            LOG.info("archived %s/%s as %s", plan.root_source, path, shown or "(already gone)")
+            return
+        removed = self._in_export(
+            plan,
+            f"removing {path} from {plan.root_source}",
+            RECLAIM_TIMEOUT,
+            lambda root: _claimdir.remove(root, path),
+        )
+        LOG.info("removed %s/%s%s", plan.root_source, path, "" if removed else " (already gone)")
+
+    def _in_export(self, plan: Plan, what: str, bound: float, work: Callable[[int], _T]) -> _T:
+        """Run ``work(root_fd)`` on the export's root, mounted read-write on a private
+        directory, within ``bound`` seconds (a dead server makes it a CommandTimeout)."""
+
+        def run(temp: Path) -> _T:
+            root = os.open(temp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                return work(root)
+            finally:
+                os.close(root)
+
+        with self._private_mount(plan, plan.root_options) as temp:
+            try:
+                return _subpath.bounded(lambda: run(temp), bound, what)
+            except CommandTimeout:
+                raise CommandTimeout(
+                    f"NFS server {plan.host} did not answer within {bound:g}s while {what}"
+                ) from None
+
     # --------------------------------------------------------------------------- mount
 
     def _healthy(self, path: Path) -> bool:
@@ -305,16 +440,23 @@ class NfsBackend(FilesystemBackend):
         the bind's source is that descriptor, so a symlink swapped in meanwhile changes
         nothing; the result is checked again (same device and inode) after the bind.
         """
+        options = plan.root_options if plan.create_sub_path else plan.options
+        with self._private_mount(plan, options) as temp:
+            self._bind_sub_path(temp, target, plan)
+
+    @contextlib.contextmanager
+    def _private_mount(self, plan: Plan, options: tuple[str, ...]) -> Iterator[Path]:
+        """The export's root mounted (under the mount timeout) on a new private directory
+        ``<state_dir>/nfs-tmp/<random>``, unmounted and removed on the way out."""
         base = Path(os.path.realpath(self.node.state_dir)) / "nfs-tmp"
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._collect_temp(base)
         temp = base / secrets.token_hex(8)
         temp.mkdir(mode=0o700)
         try:
-            options = plan.root_options if plan.create_sub_path else plan.options
             self._mount(plan.root_source, temp, options, plan)
             try:
-                self._bind_sub_path(temp, target, plan)
+                yield temp
             finally:
                 self._cleanup(temp)
         finally:

@@ -1,0 +1,94 @@
+"""Provisioning for cifs on the host: the class parameters' checks, the PV options and Secret
+they give, and the share-side walk on real directories (no server: the walk only sees a tree;
+the VM tests run it against Samba). pathPattern itself is tested in tests/nfs/test_provision.py:
+the module is the same file in both packages, which this file checks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from flexhub_cifs import CifsBackend, _claimdir
+from flexhub_cifs._provision import read
+
+from flexhub.driver.validation import validate_options
+from flexhub.errors import InvalidOptions, VolumeError
+
+REPO = Path(__file__).resolve().parents[2]
+CLASS = {
+    "server": "files.example.com",
+    "share": "k8s",
+    "secretName": "smb-k8s",
+    "secretNamespace": "flexhub",
+}
+
+
+def test_the_pattern_module_is_the_same_file_in_both_backends() -> None:
+    nfs = REPO / "backends/nfs/flexhub_nfs/_pattern.py"
+    cifs = REPO / "backends/cifs/flexhub_cifs/_pattern.py"
+    assert nfs.read_text() == cifs.read_text()
+
+
+def test_a_class_its_pv_options_and_secret() -> None:
+    import jsonschema
+
+    parameters = {**CLASS, "vers": "3.1.1", "uid": "1000", "mountOptions": "seal"}
+    jsonschema.Draft202012Validator(CifsBackend.parameters_schema()).validate(parameters)
+    spec = read(parameters)
+    assert spec.secret == ("flexhub", "smb-k8s")
+    options = spec.pv_options("team-a-db-pvc-x")
+    assert options == {
+        "server": "files.example.com",
+        "share": "k8s",
+        "vers": "3.1.1",
+        "mountOptions": "seal",
+        "uid": "1000",
+        "dir_mode": "0770",
+        "file_mode": "0660",
+        "subPath": "team-a-db-pvc-x",
+    }
+    validate_options(CifsBackend, {"backend": "cifs", **options})
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ({"secretName": ""}, "secretName"),
+        ({"secretNamespace": "Bad_NS"}, "secretNamespace"),
+        ({"share": "a/b"}, "share"),
+        ({"vers": "1.0"}, "vers"),
+        ({"mountOptions": "password=hunter2"}, "password"),
+        ({"mountOptions": "ro"}, "mountOptions"),
+        ({"mode": "2770"}, "mode"),
+        ({"fileMode": "x"}, "fileMode"),
+        ({"uid": "99999999999"}, "uid"),
+        ({"pathPattern": "/${pvName}"}, "pathPattern"),
+        ({"username": "u"}, "username"),
+    ],
+)
+def test_bad_parameters_are_one_line_naming_the_key(extra: dict[str, str], key: str) -> None:
+    with pytest.raises(InvalidOptions) as info:
+        CifsBackend.check_parameters({**CLASS, **extra})
+    message = str(info.value)
+    assert key in message and "\n" not in message and "hunter2" not in message
+
+
+def test_make_and_remove_on_real_directories(tmp_path: Path) -> None:
+    root = tmp_path / "share"
+    root.mkdir()
+    (tmp_path / "outside").mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert _claimdir.make(fd, "a/b/claim-x") is True
+        assert _claimdir.make(fd, "a/b/claim-x") is False
+        (root / "a" / "b" / "claim-x" / "link").symlink_to(tmp_path / "outside")
+        assert _claimdir.remove(fd, "a/b/claim-x") is True
+        assert _claimdir.remove(fd, "a/b/claim-x") is False
+        (root / "l").symlink_to(tmp_path / "outside")
+        with pytest.raises(VolumeError, match="symbolic link"):
+            _claimdir.make(fd, "l/claim-y")
+        assert list((tmp_path / "outside").iterdir()) == []
+        assert sorted(p.name for p in root.iterdir()) == ["a", "l"]
+    finally:
+        os.close(fd)

@@ -1,0 +1,244 @@
+"""Provisioning for nfs on the host: pathPattern rendering and its refusals, the class
+parameters' checks, and the claim directory's make/remove/archive walk on real directories
+(no server: the walk only sees a tree; the VM tests run it against a real NFS export)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from flexhub_nfs import NfsBackend, _claimdir
+from flexhub_nfs._pattern import DEFAULT_PATTERN, check_pattern, check_recorded, render
+from flexhub_nfs._provision import DEFAULT_MODE, directory, read
+
+from flexhub.driver.validation import validate_options
+from flexhub.errors import InvalidOptions, VolumeError
+from flexhub.provisioning import Claim
+
+UID = "3f9a1c2e-5b7d-4e8f-9a0b-1c2d3e4f5a6b"
+CLAIM = Claim(
+    uid=UID,
+    namespace="team-a",
+    name="db",
+    size=1 << 30,
+    annotations={"example.com/team": "payments", "bad": "..", "slash": "a/b"},
+)
+CLASS = {"server": "nfs.example.com", "share": "/exports/k8s"}
+
+
+def validate_parameters(parameters: dict[str, str]) -> None:
+    """What the provisioner does with a class's parameters: the schema, then the backend."""
+    import jsonschema
+
+    jsonschema.Draft202012Validator(NfsBackend.parameters_schema()).validate(parameters)
+    NfsBackend.check_parameters(parameters)
+
+
+# -- pathPattern -------------------------------------------------------------------------------
+
+
+def test_default_pattern_renders_namespace_name_and_pv_name() -> None:
+    assert render(DEFAULT_PATTERN, CLAIM) == f"team-a-db-pvc-{UID}"
+
+
+def test_every_placeholder() -> None:
+    pattern = "k8s/${annotations['example.com/team']}/${namespace}/${name}-${uid}-${pvName}"
+    assert render(pattern, CLAIM) == f"k8s/payments/team-a/db-{UID}-pvc-{UID}"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        ("/abs/${pvName}", "absolute"),
+        ("../${pvName}", "'..' segment"),
+        ("a/../${pvName}", "'..' segment"),
+        ("./${pvName}", "'.' segment"),
+        ("a//${pvName}", "empty segment"),
+        ("a\n/${pvName}", "control character"),
+        ("a\x7f/${pvName}", "control character"),
+        ("a b/${pvName}", "only letters"),
+        ("${nope}/${pvName}", "unknown placeholder"),
+        ("$HOME/${pvName}", "'$'"),
+        ("${namespace}", "last segment must hold"),
+        ("${pvName}/data", "last segment must hold"),
+        ("x" * 250 + "${pvName}", "longer than"),
+    ],
+)
+def test_unsafe_patterns_are_refused_by_name(pattern: str, why: str) -> None:
+    with pytest.raises(InvalidOptions, match=r"^invalid parameter \$\['pathPattern'\]: ") as info:
+        render(pattern, CLAIM)
+    assert why in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "why"),
+    [("bad", "'..' segment"), ("slash", "holds a '/'"), ("missing", "has no annotation")],
+)
+def test_an_annotation_cannot_leave_its_segment(key: str, why: str) -> None:
+    """A claim's author writes its annotations: ``..``, a ``/`` or nothing is refused."""
+    with pytest.raises(InvalidOptions, match="pathPattern") as info:
+        render(f"${{annotations['{key}']}}/${{pvName}}", CLAIM)
+    assert why in str(info.value)
+
+
+def test_pattern_checked_without_a_claim() -> None:
+    check_pattern("teams/${annotations['example.com/team']}/${pvName}")
+    with pytest.raises(InvalidOptions, match="pathPattern"):
+        check_pattern("teams/../${pvName}")
+
+
+def test_two_claims_never_share_a_directory() -> None:
+    other = Claim(uid=UID.replace("3f", "4f"), namespace="team-a", name="db", size=1)
+    assert render(DEFAULT_PATTERN, CLAIM) != render(DEFAULT_PATTERN, other)
+
+
+# -- the reclaim record --------------------------------------------------------------------------
+
+
+def test_the_recorded_path_is_re_validated() -> None:
+    path = f"team-a-db-pvc-{UID}"
+    record = {"path": path, "claimUid": UID}
+    assert check_recorded({"subPath": path}, record) == path
+    for options, bad in [
+        ({"subPath": path}, {"path": "../x", "claimUid": UID}),  # leaves the export
+        ({"subPath": ""}, {"path": "", "claimUid": UID}),  # the export's root
+        ({"subPath": "other"}, record),  # not the PV's subPath
+        ({"subPath": "team"}, {"path": "team", "claimUid": UID}),  # no uid in its name
+        ({"subPath": f"{UID}/data"}, {"path": f"{UID}/data", "claimUid": UID}),  # nor there
+        ({"subPath": path}, {"path": path, "claimUid": "x"}),  # not a uid
+    ]:
+        with pytest.raises(InvalidOptions, match=r"reclaim|path"):
+            check_recorded(options, bad)
+
+
+# -- parameters ----------------------------------------------------------------------------------
+
+
+def test_a_class_and_its_pv_options() -> None:
+    parameters = {**CLASS, "nfsVersion": "4.2", "mountOptions": "noatime", "gid": "2000"}
+    validate_parameters(parameters)
+    spec = read(parameters)
+    assert (spec.uid, spec.gid, spec.mode) == (0, 2000, DEFAULT_MODE)
+    options = spec.pv_options(directory(spec, CLAIM))
+    assert options == {
+        "server": "nfs.example.com",
+        "share": "/exports/k8s",
+        "nfsVersion": "4.2",
+        "mountOptions": "noatime",
+        "subPath": f"team-a-db-pvc-{UID}",
+    }
+    validate_options(NfsBackend, {"backend": "nfs", **options})  # what the node accepts
+
+
+def test_default_mode_is_not_world_writable() -> None:
+    assert DEFAULT_MODE & 0o007 == 0 and DEFAULT_MODE == 0o2770
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ({"server": "bad host!"}, "server"),
+        ({"share": "relative"}, "share"),
+        ({"mountOptions": "ro"}, "mountOptions"),
+        ({"mountOptions": "hard,soft"}, "hard"),
+        ({"uid": "4294967295"}, "uid"),
+        ({"gid": "-1"}, "gid"),
+        ({"mode": "4770"}, "mode"),
+        ({"mode": "0070"}, "mode"),
+        ({"pathPattern": "../${pvName}"}, "pathPattern"),
+        ({"subPath": "x"}, "subPath"),
+    ],
+)
+def test_bad_parameters_are_one_line_naming_the_key(extra: dict[str, str], key: str) -> None:
+    with pytest.raises(InvalidOptions) as info:
+        NfsBackend.check_parameters({**CLASS, **extra})
+    assert key in str(info.value) and "\n" not in str(info.value)
+
+
+# -- the walk, on real directories -----------------------------------------------------------------
+
+
+@pytest.fixture
+def export(tmp_path: Path) -> Iterator[tuple[Path, int]]:
+    root = tmp_path / "export"
+    root.mkdir()
+    (tmp_path / "outside").mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    yield root, fd
+    os.close(fd)
+
+
+def tree(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def test_make_gives_owner_and_mode_and_is_idempotent(export: tuple[Path, int]) -> None:
+    root, fd = export
+    assert _claimdir.make(fd, "team/claim-x", uid=1234, gid=2345, mode=0o2770) is True
+    info = (root / "team" / "claim-x").stat()
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (1234, 2345, 0o2770)
+    (root / "team" / "claim-x" / "data").write_text("kept")
+    assert _claimdir.make(fd, "team/claim-x", uid=1234, gid=2345, mode=0o2770) is False
+    assert tree(root) == ["team", "team/claim-x", "team/claim-x/data"]
+
+
+def test_parents_made_get_exactly_0755_whatever_the_umask(export: tuple[Path, int]) -> None:
+    root, fd = export
+    old = os.umask(0)
+    try:
+        _claimdir.make(fd, "a/b/claim-x", uid=0, gid=0, mode=0o2770)
+    finally:
+        os.umask(old)
+    modes = [stat.S_IMODE((root / p).stat().st_mode) for p in ("a", "a/b", "a/b/claim-x")]
+    assert modes == [0o755, 0o755, 0o2770]
+
+
+def test_make_refuses_a_symlink_on_the_way(export: tuple[Path, int]) -> None:
+    root, fd = export
+    (root / "team").symlink_to(root.parent / "outside")
+    with pytest.raises(VolumeError, match="symbolic link"):
+        _claimdir.make(fd, "team/claim-x", uid=0, gid=0, mode=0o2770)
+    (root / "leaf").symlink_to(root.parent / "outside")
+    with pytest.raises(VolumeError, match="symbolic link"):
+        _claimdir.make(fd, "leaf", uid=0, gid=0, mode=0o700)
+    assert list((root.parent / "outside").iterdir()) == []
+    assert stat.S_IMODE((root.parent / "outside").stat().st_mode) != 0o700
+
+
+def test_remove_never_follows_a_symlink_inside(export: tuple[Path, int]) -> None:
+    root, fd = export
+    (root.parent / "outside" / "precious").write_text("x")
+    _claimdir.make(fd, "claim-x", uid=0, gid=0, mode=0o770)
+    (root / "claim-x" / "sub").mkdir()
+    (root / "claim-x" / "sub" / "f").write_text("y")
+    (root / "claim-x" / "link").symlink_to(root.parent / "outside")
+    assert _claimdir.remove(fd, "claim-x") is True
+    assert tree(root) == [] and (root.parent / "outside" / "precious").read_text() == "x"
+    assert _claimdir.remove(fd, "claim-x") is False  # gone: success
+    assert _claimdir.remove(fd, "no/such/claim") is False
+
+
+def test_remove_refuses_a_symlinked_parent(export: tuple[Path, int]) -> None:
+    root, fd = export
+    (root.parent / "outside" / "claim-x").mkdir()
+    (root / "team").symlink_to(root.parent / "outside")
+    with pytest.raises(VolumeError, match="symbolic link"):
+        _claimdir.remove(fd, "team/claim-x")
+    assert (root.parent / "outside" / "claim-x").is_dir()
+
+
+def test_archive_renames_beside_it(export: tuple[Path, int]) -> None:
+    root, fd = export
+    _claimdir.make(fd, "t/claim-x", uid=0, gid=0, mode=0o770)
+    (root / "t" / "claim-x" / "f").write_text("kept")
+    assert _claimdir.archive(fd, "t/claim-x") == "t/archived-claim-x"
+    assert (root / "t" / "archived-claim-x" / "f").read_text() == "kept"
+    assert _claimdir.archive(fd, "t/claim-x") == ""  # gone: success
+    _claimdir.make(fd, "t/claim-x", uid=0, gid=0, mode=0o770)
+    with pytest.raises(VolumeError, match="exists already"):
+        _claimdir.archive(fd, "t/claim-x")  # an archive is never replaced
+    assert (root / "t" / "archived-claim-x" / "f").read_text() == "kept"
