@@ -19,6 +19,8 @@ COMMANDS = frozenset(
         "daemonset",
         "fence",
         "new-backend",
+        "provisioner",
+        "node-agent",
         "help",
     }
 )

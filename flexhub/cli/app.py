@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from flexhub import DRIVER_NAME, __version__
+from flexhub.cli.provisioning import register as register_provisioning
 from flexhub.errors import FlexhubError
 
 app = typer.Typer(
@@ -320,6 +321,7 @@ fence_app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(fence_app, name="fence")
+register_provisioning(app)
 
 
 def _iscsi_fencing() -> Any:

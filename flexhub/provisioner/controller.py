@@ -19,7 +19,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from flexhub.errors import FlexhubError, InvalidOptions
 from flexhub.node.checkpoints import checkpoint
@@ -215,7 +215,7 @@ class Controller:
             f"Successfully provisioned volume {pv['metadata']['name']}",
         )
 
-    def _failed(self, pvc: Mapping[str, Any], message: str) -> None:
+    def _failed(self, pvc: Mapping[str, Any], message: str) -> NoReturn:
         """A mistake an operator must fix: an Event naming it, and a slow retry."""
         LOG.warning(
             "claim %s/%s: %s", pvc["metadata"]["namespace"], pvc["metadata"]["name"], message

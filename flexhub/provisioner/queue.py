@@ -54,7 +54,7 @@ class WorkQueue:
         with self._cond:
             failures = self._failures.get(key, 0)
             self._failures[key] = failures + 1
-        delay = max(at_least, min(MAX_RETRY, FIRST_RETRY * (2**failures)))
+        delay = float(max(at_least, min(MAX_RETRY, FIRST_RETRY * (2**failures))))
         self.add(key, delay)
         return delay
 

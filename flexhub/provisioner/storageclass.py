@@ -34,8 +34,11 @@ __all__ = [
 
 #: The ``provisioner`` of every StorageClass flexhub serves.
 PROVISIONER_NAME = "flexhub"
-#: The parameters the provisioner reads itself (``fsType`` is passed on to the backend too).
+#: The parameters the provisioner reads itself.
 PROVISIONER_KEYS = frozenset({"backend", "onDelete", "secretName", "secretNamespace", "fsType"})
+#: Those the backend gets too, so its schema lists them when it takes them (a backend whose
+#: storage needs credentials names the Secret in :attr:`Provisioned.secret`).
+PASSED_ON = frozenset({"fsType", "secretName", "secretNamespace"})
 #: Every ``onDelete`` flexhub knows; a backend honours some (``Provisioning.on_delete``).
 ON_DELETE = ("delete", "retain", "archive")
 WAIT = "WaitForFirstConsumer"
@@ -48,8 +51,8 @@ _SHOWN = 80
 class ClassSpec:
     """What the provisioner needs of one StorageClass.
 
-    :param parameters: what the backend gets: every parameter but :data:`PROVISIONER_KEYS`,
-        plus ``fsType`` when set.
+    :param parameters: what the backend gets: every parameter but ``backend`` and
+        ``onDelete`` (:data:`PASSED_ON` included).
     :param on_delete: ``delete`` (default), ``retain`` or ``archive``.
     :param secret: ``(namespace, name)`` from ``secretNamespace``/``secretName``, or ``None``.
     :param reclaim_on: the backend's ``Provisioning.reclaim_on`` (``provisioner`` or ``node``).
@@ -235,7 +238,7 @@ def _schema_problems(
 
 def _backend_key(key: str) -> bool:
     """Whether ``key`` is one of the parameters the backend gets."""
-    return key not in PROVISIONER_KEYS or key == "fsType"
+    return key not in PROVISIONER_KEYS or key in PASSED_ON
 
 
 def _parameter_rule(message: str) -> str:

@@ -132,7 +132,7 @@ def _seconds(settings: Mapping[str, Any], key: str, default: float) -> float:
 # Provisioning.expand (storage-side) and FilesystemBackend.expand (the node's) share a name:
 # the node's comes first in the MRO, and the provisioner never calls ours (expands_storage is
 # False), so mypy's complaint about the two signatures is silenced here.
-class CifsBackend(FilesystemBackend, Provisioning):  # type: ignore[misc]
+class CifsBackend(FilesystemBackend, Provisioning):
     """SMB/CIFS shares mounted straight onto pod directories; a directory per claim on a
     share for a provisioning StorageClass."""
 

@@ -489,7 +489,7 @@ class LoopfileBackend(BlockBackend, Provisioning):
             return None
         return identity == (st.st_dev, st.st_ino)
 
-    def expand(  # type: ignore[override]  # BlockBackend.expand, not Provisioning.expand
+    def expand(
         self, attachment: Attachment, volume: Volume, new_size: int
     ) -> None:
         """Grow the file to ``new_size`` bytes and the loop device with it.

@@ -146,7 +146,7 @@ def _seconds(settings: Mapping[str, Any], key: str, default: float) -> float:
 # Provisioning.expand (storage-side) and FilesystemBackend.expand (the node's) share a name:
 # the node's comes first in the MRO, and the provisioner never calls ours (expands_storage is
 # False), so mypy's complaint about the two signatures is silenced here.
-class NfsBackend(FilesystemBackend, Provisioning):  # type: ignore[misc]
+class NfsBackend(FilesystemBackend, Provisioning):
     """NFS exports mounted straight onto pod directories; a directory per claim on an
     export for a provisioning StorageClass."""
 

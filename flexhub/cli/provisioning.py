@@ -1,0 +1,50 @@
+"""``flexhub provisioner`` and ``flexhub node-agent``: the long-running API clients."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["register"]
+
+_KUBECONFIG = typer.Option(help="kubeconfig file (default: the pod's service account)")
+_CONFIG = typer.Option(help="flexhub config for the backends' settings (default: FLEXHUB_CONFIG)")
+
+
+def provisioner(
+    kubeconfig: Annotated[Path | None, _KUBECONFIG] = None,
+    config: Annotated[Path | None, _CONFIG] = None,
+    leader_elect: Annotated[
+        bool, typer.Option(help="only the holder of the Lease provisions")
+    ] = True,
+    lease_namespace: Annotated[
+        str, typer.Option(help="namespace of the Lease (default: the pod's)")
+    ] = "",
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+) -> int:
+    """Make a PV for every claim of a StorageClass whose provisioner is flexhub, and reclaim
+    its storage when the PV is released (logs to stderr; runs until SIGTERM)."""
+    from flexhub.provisioner.service import run_provisioner
+
+    return run_provisioner(kubeconfig, config, leader_elect, lease_namespace, log_level=log_level)
+
+
+def node_agent(
+    node: Annotated[str, typer.Option(help="this node's name (default: $NODE_NAME)")] = "",
+    kubeconfig: Annotated[Path | None, _KUBECONFIG] = None,
+    config: Annotated[Path | None, _CONFIG] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+) -> int:
+    """Reclaim the storage of released PVs that lives on this node (loop files)."""
+    from flexhub.provisioner.service import run_node_agent
+
+    return run_node_agent(kubeconfig, config, node or os.environ.get("NODE_NAME", ""),
+                          log_level=log_level)  # fmt: skip
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(provisioner)
+    app.command("node-agent")(node_agent)

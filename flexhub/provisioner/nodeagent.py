@@ -1,0 +1,113 @@
+"""The node side of provisioning: a node's flexhub pod reclaims the storage that lives on it.
+
+A loop file exists only on its node, so the provisioner cannot remove it. The node agent (in
+the flexhub DaemonSet pod, ``flexhub daemonset --node-agent``, or ``flexhub node-agent``)
+watches PVs and reclaims those made by flexhub whose record says ``reclaimOn: node`` and
+names this node, once they are Released with reclaim policy Delete: the backend's
+``reclaim`` runs here (it refuses while this node still uses the file), then the PV object is
+deleted and flexhub's finalizer removed. A failure is an Event on the PV and a retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flexhub.errors import FlexhubError
+from flexhub.provisioner import pvs
+from flexhub.provisioner.controller import (
+    _one_line,
+    _record,
+    finish_reclaim,
+    get,
+    remove_finalizer,
+)
+from flexhub.provisioner.events import Recorder
+from flexhub.provisioner.queue import WorkQueue, watch_forever
+
+LOG = logging.getLogger(__name__)
+
+__all__ = ["NodeAgent"]
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        api: Any,
+        node: str,
+        reclaim: Callable[[str, Mapping[str, str], Mapping[str, str]], None],
+        name: str = "flexhub",
+    ) -> None:
+        """:param reclaim: ``reclaim(backend, options, record)`` on this node."""
+        from kubernetes import client
+
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.node = node
+        self.reclaim = reclaim
+        self.name = name
+        self.events = Recorder(self.core, component=f"{name}-node", instance=node)
+        self.queue = WorkQueue()
+        self.stop = threading.Event()
+
+    def feed(self) -> threading.Thread:
+        thread = threading.Thread(
+            target=watch_forever,
+            name="watch-volumes",
+            daemon=True,
+            args=(
+                self.core.list_persistent_volume,
+                lambda key, _event: self.queue.add(key),
+                lambda o: o["metadata"]["name"] if isinstance(o, dict) else o.metadata.name,
+                self.stop,
+                "volumes",
+            ),
+        )
+        thread.start()
+        return thread
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            key = self.queue.get(timeout=1)
+            if key is None:
+                continue
+            try:
+                self.sync(key)
+            except Exception as exc:
+                delay = self.queue.retry(key)
+                LOG.warning("PV %s: %s (again in %.0f s)", key, _one_line(exc), delay)
+            else:
+                self.queue.forget(key)
+
+    def sync(self, name: str) -> None:
+        pv = get(self.api, self.core.read_persistent_volume, name)
+        if pv is None:
+            return
+        annotations = pv["metadata"].get("annotations") or {}
+        if (
+            annotations.get(pvs.ANN_PROVISIONED_BY) != self.name
+            or pvs.ANN_RECLAIM not in annotations
+        ):
+            return
+        if pvs.FINALIZER not in (pv["metadata"].get("finalizers") or []):
+            return
+        record = _record(pv)
+        if record.get("reclaimOn") != "node" or record.get("node") != self.node:
+            return
+        if pv["spec"].get("persistentVolumeReclaimPolicy") != "Delete":
+            remove_finalizer(self.core, pv)
+            return
+        if (pv.get("status") or {}).get("phase") != "Released":
+            return
+        options = dict(pv["spec"]["flexVolume"].get("options") or {})
+        try:
+            self.reclaim(record["backend"], options, record)
+        except FlexhubError as exc:
+            self.events.volume(
+                pv, "Warning", "VolumeFailedDelete", f"on {self.node}: {_one_line(exc)}"
+            )
+            raise
+        finish_reclaim(self.core, pv)
+        LOG.info("reclaimed %s on %s (onDelete %s)", name, self.node, record.get("onDelete"))
