@@ -489,9 +489,7 @@ class LoopfileBackend(BlockBackend, Provisioning):
             return None
         return identity == (st.st_dev, st.st_ino)
 
-    def expand(
-        self, attachment: Attachment, volume: Volume, new_size: int
-    ) -> None:
+    def expand(self, attachment: Attachment, volume: Volume, new_size: int) -> None:
         """Grow the file to ``new_size`` bytes and the loop device with it.
 
         The file is the one journalled at attach (``expandfs`` carries no namespace).
