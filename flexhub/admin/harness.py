@@ -1,6 +1,6 @@
 """Replay kubelet's FlexVolume calls against an installed driver, as kubelet makes them.
 
-Used by ``flexhub demo`` and by the tests. What it reproduces (``kubelet-contract.md``):
+Used by ``flexhub demo`` and by the tests. What it reproduces (kubelet's FlexVolume code):
 
 * the driver runs with an argv list (no shell), stdin ``/dev/null``, stderr merged into
   stdout, a bare environment and cwd ``/``; the reply is parsed strictly as one JSON object;

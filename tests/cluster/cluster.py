@@ -151,6 +151,8 @@ class Cluster:
             directory.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o755)
         self._flexhub()
+        if os.environ.get("FLEXHUB_CLUSTER_BREAK"):
+            self.break_driver(os.environ["FLEXHUB_CLUSTER_BREAK"])
         self._etcd()
         self._apiserver()
         self._client()
@@ -195,6 +197,22 @@ class Cluster:
             text=True,
             timeout=120,
         )
+
+    def break_driver(self, operation: str) -> None:
+        """Test the tests: the installed driver answers ``operation`` with Success and does
+        nothing (``FLEXHUB_CLUSTER_BREAK``); every other call reaches flexhub."""
+        from flexhub.admin.install import driver_path
+
+        driver = driver_path(self.plugin_dir)
+        real = self.root / "real-driver"
+        driver.rename(real)
+        driver.write_text(
+            f"#!{self.python}\nimport os, sys\n"
+            f"if sys.argv[1:2] == [{operation!r}]:\n"
+            "    print('{\"status\": \"Success\"}')\n    sys.exit(0)\n"
+            f"os.execv({str(real)!r}, [{str(real)!r}, *sys.argv[1:]])\n"
+        )
+        driver.chmod(0o755)
 
     def _etcd(self) -> None:
         client, peer = free_port(), free_port()

@@ -47,6 +47,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     try:
         # As an operator installs flexhub: its admission policies are in force for every test.
         apply_file(running, REPO / "deploy" / "admission-policy.yaml")
+        _wait_for_policies(running)
         yield running
     finally:
         running.stop()
@@ -54,3 +55,23 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             print(f"cluster root kept: {running.root}")
         else:
             running.remove()
+
+
+def _wait_for_policies(cluster: Cluster) -> None:
+    """The API server enforces a new policy once it has compiled it and its binding (about
+    a second): wait until an inline flexhub volume in an unlabelled namespace is refused."""
+    from kubernetes.client.rest import ApiException
+
+    from tests.cluster.kube import eventually, flex, loopfile, namespace, pod
+
+    ns = namespace(cluster, "policy-probe", inline_allowed=False)
+    probe = pod("probe", [{"name": "v", "flexVolume": flex(loopfile("p.img"))}])
+
+    def refused() -> bool:
+        try:
+            cluster.core.create_namespaced_pod(ns, probe, dry_run="All")
+        except ApiException as exc:
+            return exc.status == 403
+        return False
+
+    eventually("the admission policies in force", refused, timeout=60)
