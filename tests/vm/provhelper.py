@@ -50,8 +50,13 @@ for op in request["ops"]:
         if op["op"] == "provision":
             c = op["claim"]
             made = backend.provision(Claim(**c), op["parameters"], secrets)
+            # The PV exactly as flexhub provisioner writes it (what kubelet then reads).
+            from flexhub.provisioner.pvs import build_pv
+            pv = build_pv(Claim(**c), "class", "Delete", name, "delete", backend.reclaim_on,
+                          made, "k8s/flexhub", "flexhub")
             out.append({"options": dict(made.options), "reclaim": dict(made.reclaim),
-                        "size": made.size, "secret": made.secret, "fs_type": made.fs_type})
+                        "size": made.size, "secret": made.secret, "fs_type": made.fs_type,
+                        "pv": pv["spec"]["flexVolume"]})
         else:
             backend.reclaim(op["options"], op["reclaim"], secrets)
             out.append({"reclaimed": True})

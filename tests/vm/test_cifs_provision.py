@@ -91,7 +91,10 @@ def test_provision_mount_and_delete(rig: Rig) -> None:
     nothing_left(rig)
 
     target = rig.pod_dir(f"pvc-{the_claim['uid']}")
-    reply, _ = rig.mount(target, first["options"])
+    # The driver mounts what the PV says, as kubelet passes it (its flexVolume options).
+    assert first["pv"]["options"] == {"backend": "cifs", **first["options"]}
+    assert first["pv"]["secretRef"] == {"namespace": "flexhub", "name": "smb-k8s"}
+    reply, _ = rig.mount(target, first["pv"]["options"])
     assert reply == {"status": "Success"}, reply
     rig.vm.write_file(f"{target}/written-by-pod", "hello\n")
     assert rig.sh(f"stat -c '%u %g %a' {target} {target}/written-by-pod") == (

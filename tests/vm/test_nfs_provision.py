@@ -73,7 +73,9 @@ def test_provision_mount_and_delete(rig: Rig) -> None:
     no_private_mount_left(rig)
 
     target = rig.pod_dir(f"pvc-{the_claim['uid']}")
-    reply, _ = rig.mount(target, first["options"])
+    # The driver mounts what the PV says, as kubelet passes it (its flexVolume options).
+    assert first["pv"]["options"] == {"backend": "nfs", **first["options"]}
+    reply, _ = rig.mount(target, first["pv"]["options"])
     assert reply == {"status": "Success"}, reply
     rig.vm.write_file(f"{target}/written-by-pod", "hello\n")
     assert rig.sh(f"cat {EXPORT}/{path}/written-by-pod") == "hello\n"
