@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     except Exception as exc:
         tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
         pytest.fail(f"building the control plane failed: {exc}\n{tail}", pytrace=False)
+    # A SIGTERM (a CI run ended early) tears the cluster down too, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
     running = Cluster(bin_dir)
     try:
         running.start()
@@ -55,6 +58,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             print(f"cluster root kept: {running.root}")
         else:
             running.remove()
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _wait_for_policies(cluster: Cluster) -> None:
