@@ -98,6 +98,15 @@ class VMConformance(Conformance):
     test_init = None  # type: ignore[assignment]
     test_unmount_missing_dir = None  # type: ignore[assignment]
     test_unmount_never_mounted = None  # type: ignore[assignment]
+    # The kit calls provision and reclaim in its own process, the host's, which has no NFS,
+    # SMB or iSCSI client. The same properties (provision twice gives the same and makes
+    # nothing else, the PV mounts through the driver, reclaim removes it and again is
+    # success, a second provision after a crash leaks nothing) are checked in the guest,
+    # against the same servers, by tests/vm/test_nfs_provision.py, test_cifs_provision.py and
+    # test_iscsi_provision.py; the kit's static check of the parameters runs here.
+    test_provision_is_idempotent = None  # type: ignore[assignment]
+    test_reclaim_of_nothing_is_success = None  # type: ignore[assignment]
+    test_provision_retried_after_a_crash = None  # type: ignore[assignment]
 
 
 def vm_kit_host(backend: str) -> Callable[..., VMHost]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from flexhub.testing import Sample
+from flexhub.testing import ProvisionSample, Sample
 from tests.rig import services
 from tests.vm.kithost import VM_OVERHEAD, VMConformance, vm_kit_host
 
@@ -51,6 +51,12 @@ class TestCifsConformance(VMConformance):
             options={"server": "127.0.0.1", "share": "kit", "vers": "3.1.1"},
             secrets={"username": "flexsmb", "password": PASSWORD},
             fs_group=2000,
+        )
+
+    def provision_sample(self) -> ProvisionSample:
+        return ProvisionSample(
+            parameters={"server": "127.0.0.1", "share": "kit", "vers": "3.1.1"},
+            secrets={"username": "flexsmb", "password": PASSWORD},
         )
 
     @contextlib.contextmanager

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from flexhub.testing import Sample
+from flexhub.testing import ProvisionSample, Sample
 from tests.rig import services
 from tests.vm.kithost import VM_OVERHEAD, VMConformance, vm_kit_host
 from tests.vm.test_nfs import short_nfs_grace
@@ -43,6 +43,11 @@ class TestNfsConformance(VMConformance):
 
     def sample(self) -> Sample:
         return Sample(options={"server": "127.0.0.1", "share": "/export", "nfsVersion": "4.2"})
+
+    def provision_sample(self) -> ProvisionSample:
+        return ProvisionSample(
+            parameters={"server": "127.0.0.1", "share": "/export", "nfsVersion": "4.2"}
+        )
 
     @contextlib.contextmanager
     def unreachable(self, sample: Sample) -> Iterator[None]:
