@@ -219,9 +219,12 @@ def prune_runtimes(
     return tuple(removed)
 
 
-def run_in_host(host_root: Path, argv: list[str], timeout: float = 60) -> tuple[int, bytes]:
+def run_in_host(
+    host_root: Path, argv: list[str], timeout: float = 60, stdin_data: bytes | None = None
+) -> tuple[int, bytes]:
     """Run ``argv`` the way kubelet runs a driver (bare environment, stdin /dev/null, stderr
-    merged, cwd /), inside the host's root; return its exit status and output.
+    merged, cwd /), inside the host's root; return its exit status and output. With
+    ``stdin_data``, stdin is a pipe holding those bytes instead (never a command line).
 
     :raises OSError: it could not start; :raises subprocess.TimeoutExpired: it hung.
     """
@@ -236,7 +239,8 @@ def run_in_host(host_root: Path, argv: list[str], timeout: float = 60) -> tuple[
 
     proc = subprocess.run(
         argv,
-        stdin=subprocess.DEVNULL,
+        stdin=None if stdin_data is not None else subprocess.DEVNULL,
+        input=stdin_data,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=dict(KUBELET_ENV),

@@ -21,6 +21,7 @@ COMMANDS = frozenset(
         "new-backend",
         "provisioner",
         "node-agent",
+        "reclaim-volume",
         "help",
     }
 )

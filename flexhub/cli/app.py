@@ -196,11 +196,25 @@ def daemonset(
         str, typer.Option(help="where runtimes live on the host")
     ] = "/var/lib/flexhub/runtime",
     once: Annotated[bool, typer.Option("--once", help="install and exit")] = False,
+    node_agent: Annotated[
+        bool,
+        typer.Option(
+            "--node-agent",
+            help="then reclaim this node's released PVs ($NODE_NAME; the pod's service account)",
+        ),
+    ] = False,
 ) -> None:
     """The DaemonSet's entrypoint: install this runtime and the driver onto the host, check
-    the driver's init as kubelet runs it, then stay up (never uninstalls: see the README)."""
+    the driver's init as kubelet runs it, then stay up (never uninstalls: see the README).
+    With --node-agent it stays up as the node agent: the storage of released PVs on this
+    node (loop files) is reclaimed by the installed driver, in the host, with its config."""
+    import os
+
     from flexhub.admin.deploy import deploy, serve_forever
 
+    node = os.environ.get("NODE_NAME", "")
+    if node_agent and not once and not node:
+        raise FlexhubError("--node-agent needs the node's name in NODE_NAME (spec.nodeName)")
     done = deploy(
         host_root,
         plugin_dir=plugin_dir,
@@ -215,8 +229,15 @@ def daemonset(
         "removed": list(done.removed),
     }
     typer.echo(json.dumps({"flexhub": "installed", **summary}, sort_keys=True))
-    if not once:
-        serve_forever()
+    if once:
+        return
+    if node_agent:
+        from flexhub.admin.reclaim import host_reclaimer
+        from flexhub.provisioner.service import run_node_agent
+
+        run_node_agent(None, None, node, reclaim=host_reclaimer(host_root, done.driver))
+        return
+    serve_forever()
 
 
 @app.command()

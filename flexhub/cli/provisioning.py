@@ -45,6 +45,26 @@ def node_agent(
                           log_level=log_level)  # fmt: skip
 
 
+def reclaim_volume() -> None:
+    """(Hidden: what the DaemonSet's node agent runs in the host through the installed driver.)
+    Reclaim one released PV's storage on this node with this node's config: reads
+    ``{"backend", "options", "record"}`` on stdin, answers one JSON line."""
+    import json
+    import sys
+
+    from flexhub.admin.reclaim import MAX_REQUEST, parse_request, reclaim_volume
+
+    try:
+        backend, options, record = parse_request(sys.stdin.buffer.read(MAX_REQUEST + 1))
+        reclaim_volume(backend, options, record)
+    except Exception as exc:  # one line on stdout, whatever failed: stderr goes nowhere
+        message = " ".join(str(exc).split())[:400] or type(exc).__name__
+        typer.echo(json.dumps({"status": "Failure", "message": message}))
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps({"status": "Success"}))
+
+
 def register(app: typer.Typer) -> None:
     app.command()(provisioner)
     app.command("node-agent")(node_agent)
+    app.command("reclaim-volume", hidden=True)(reclaim_volume)

@@ -9,7 +9,7 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -135,18 +135,24 @@ def run_node_agent(
     node: str,
     name: str = "flexhub",
     log_level: str = "info",
+    reclaim: Callable[[str, Mapping[str, str], Mapping[str, str]], None] | None = None,
 ) -> int:
-    """``flexhub node-agent``: reclaim the storage of this node's released PVs."""
+    """``flexhub node-agent``: reclaim the storage of this node's released PVs.
+
+    :param reclaim: how (default: in this process, with ``config``); the DaemonSet's pod
+        reclaims in the host (:func:`flexhub.admin.reclaim.host_reclaimer`).
+    """
     from flexhub.provisioner.nodeagent import NodeAgent
 
     if not node:
         raise FlexhubError("node-agent needs the node's name (--node, or NODE_NAME)")
     _log_to_stderr(log_level)
     api = api_client(kubeconfig)
-    backends = _Backends(config)
+    if reclaim is None:
+        backends = _Backends(config)
 
-    def reclaim(backend: str, options: Mapping[str, str], record: Mapping[str, str]) -> None:
-        backends(backend).reclaim(options, record, Secrets())
+        def reclaim(backend: str, options: Mapping[str, str], record: Mapping[str, str]) -> None:
+            backends(backend).reclaim(options, record, Secrets())
 
     agent = NodeAgent(api, node, reclaim, name=name)
     _stop_on_signals(agent.stop)

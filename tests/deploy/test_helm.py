@@ -159,3 +159,230 @@ def test_the_plain_manifest_is_the_chart_rendered(helm: Path) -> None:
     )
     docs = list(yaml.safe_load_all(render_manifest.MANIFEST.read_text()))
     assert [d["kind"] for d in docs] == ["Namespace", "ServiceAccount", "ConfigMap", "DaemonSet"]
+
+
+def render_list(helm: Path, *values: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(render_manifest.render(helm, *values)) if doc]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
+def rules(role: dict[str, Any]) -> set[tuple[str, str, tuple[str, ...]]]:
+    """``(apiGroup, resource, sorted verbs)`` of every rule of ``role``."""
+    return {
+        (group, resource, tuple(sorted(rule["verbs"])))
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+
+
+PROVISIONING_KINDS = {
+    "Deployment",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "StorageClass",
+}
+
+
+def test_defaults_render_no_provisioner_node_agent_or_storage_class(helm: Path) -> None:
+    docs = render_list(helm)
+    assert not {d["kind"] for d in docs} & PROVISIONING_KINDS
+    (container,) = pod_of(render(helm))["containers"]
+    assert "--node-agent" not in container["args"] and "env" not in container
+
+
+def test_the_provisioner_gets_a_deployment_and_exactly_the_rbac_it_calls(helm: Path) -> None:
+    docs = render_list(helm, "provisioner.enabled=true", "provisioner.logLevel=debug")
+    ns = render_manifest.NAMESPACE
+    deployment = one(docs, "Deployment", "flexhub-provisioner")
+    assert deployment["apiVersion"] == "apps/v1" and deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    # never selected by the DaemonSet's selector (app.kubernetes.io/name: flexhub)
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "flexhub-provisioner"
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert pod["serviceAccountName"] == "flexhub-provisioner"
+    assert pod["automountServiceAccountToken"] is True
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+    (container,) = pod["containers"]
+    assert container["image"] == f"flexhub:{flexhub.__version__}"  # the DaemonSet's
+    assert container["command"][-3:] == ["-m", "flexhub", "provisioner"]
+    assert container["args"] == [
+        "--config",
+        "/etc/flexhub-node-config/flexhub.toml",
+        "--leader-elect",
+        "--lease-namespace",
+        ns,
+        "--log-level",
+        "debug",
+    ]
+    assert container["securityContext"] == {"privileged": True}  # nfs/cifs mounts
+    assert container["volumeMounts"] == [
+        {"name": "node-config", "mountPath": "/etc/flexhub-node-config", "readOnly": True}
+    ]
+    (volume,) = pod["volumes"]
+    assert volume["configMap"]["name"] == "flexhub-node-config"
+    account = one(docs, "ServiceAccount", "flexhub-provisioner")
+    assert account["metadata"]["namespace"] == ns
+    cluster_role = one(docs, "ClusterRole", "flexhub-provisioner")
+    assert cluster_role["apiVersion"] == "rbac.authorization.k8s.io/v1"
+    assert rules(cluster_role) == {
+        ("", "persistentvolumes", ("create", "delete", "get", "list", "patch", "update", "watch")),
+        ("", "persistentvolumeclaims", ("get", "list", "watch")),
+        ("storage.k8s.io", "storageclasses", ("get", "list", "watch")),
+        ("", "nodes", ("get",)),
+        ("", "secrets", ("get",)),
+        ("", "events", ("create", "patch")),
+    }
+    role = one(docs, "Role", "flexhub-provisioner")
+    assert role["metadata"]["namespace"] == ns
+    assert rules(role) == {("coordination.k8s.io", "leases", ("create", "get", "update"))}
+    subject = [{"kind": "ServiceAccount", "name": "flexhub-provisioner", "namespace": ns}]
+    for kind, ref in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        binding = one(docs, kind, "flexhub-provisioner")
+        assert binding["subjects"] == subject
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": ref,
+            "name": "flexhub-provisioner",
+        }
+
+
+def test_the_provisioners_own_values_land_where_they_belong(helm: Path) -> None:
+    docs = render_list(
+        helm,
+        "provisioner.enabled=true",
+        "provisioner.replicas=3",
+        "provisioner.image.repository=registry.example/flexhub-mount",
+        "provisioner.image.tag=1.2",
+        "provisioner.resources.limits.memory=1Gi",
+        "provisioner.nodeSelector.pool=control",
+        "provisioner.tolerations[0].operator=Exists",
+        "provisioner.priorityClassName=system-cluster-critical",
+        "provisioner.serviceAccount.create=false",
+        "provisioner.serviceAccount.name=prov",
+        "nodeConfig=",
+    )
+    deployment = one(docs, "Deployment", "flexhub-provisioner")
+    assert deployment["spec"]["replicas"] == 3
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "prov"
+    assert not [
+        d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "prov"
+    ]
+    assert one(docs, "ClusterRoleBinding", "flexhub-provisioner")["subjects"][0]["name"] == "prov"
+    assert pod["nodeSelector"]["pool"] == "control"
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.example/flexhub-mount:1.2"
+    assert container["resources"]["limits"]["memory"] == "1Gi"
+    # no node config: no --config, nothing mounted
+    assert "--config" not in container["args"] and "volumeMounts" not in container
+
+
+def test_the_node_agent_runs_in_the_daemonset_with_its_own_cluster_role(helm: Path) -> None:
+    for values in (("provisioner.enabled=true",), ("nodeAgent.enabled=true",)):
+        docs = render_list(helm, *values)
+        daemonset = one(docs, "DaemonSet", "flexhub")
+        pod = daemonset["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is True
+        (container,) = pod["containers"]
+        assert container["args"][-1] == "--node-agent"
+        assert container["env"] == [
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+        ]
+        role = one(docs, "ClusterRole", "flexhub-node-agent")
+        assert rules(role) == {
+            ("", "persistentvolumes", ("delete", "get", "list", "patch", "update", "watch")),
+            ("", "nodes", ("get",)),
+            ("", "events", ("create", "patch")),
+        }
+        binding = one(docs, "ClusterRoleBinding", "flexhub-node-agent")
+        assert binding["roleRef"]["name"] == "flexhub-node-agent"
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "flexhub", "namespace": render_manifest.NAMESPACE}
+        ]
+    # the provisioner without the node agent, when asked
+    docs = render_list(helm, "provisioner.enabled=true", "nodeAgent.enabled=false")
+    assert not [d for d in docs if d["metadata"]["name"] == "flexhub-node-agent"]
+    (container,) = one(docs, "DaemonSet", "flexhub")["spec"]["template"]["spec"]["containers"]
+    assert "--node-agent" not in container["args"]
+
+
+def test_storage_classes_render_with_the_given_fields(helm: Path) -> None:
+    docs = render_list(
+        helm,
+        "storageClasses[0].name=local-loopfile",
+        "storageClasses[0].volumeBindingMode=WaitForFirstConsumer",
+        "storageClasses[0].allowVolumeExpansion=true",
+        "storageClasses[0].default=true",
+        "storageClasses[0].parameters.backend=loopfile",
+        "storageClasses[0].parameters.preallocate=false",
+        "storageClasses[1].name=nfs-team",
+        "storageClasses[1].reclaimPolicy=Retain",
+        "storageClasses[1].parameters.backend=nfs",
+        "storageClasses[1].parameters.server=nfs1.example.com",
+        "storageClasses[1].parameters.gid=2000",
+    )
+    local = one(docs, "StorageClass", "local-loopfile")
+    assert local["apiVersion"] == "storage.k8s.io/v1"
+    assert local["metadata"]["annotations"] == {
+        "storageclass.kubernetes.io/is-default-class": "true"
+    }
+    assert local["provisioner"] == "flexhub"
+    assert local["parameters"] == {"backend": "loopfile", "preallocate": "false"}  # strings
+    assert local["reclaimPolicy"] == "Delete"
+    assert local["volumeBindingMode"] == "WaitForFirstConsumer"
+    assert local["allowVolumeExpansion"] is True
+    team = one(docs, "StorageClass", "nfs-team")
+    assert "annotations" not in team["metadata"] and "allowVolumeExpansion" not in team
+    assert team["parameters"] == {"backend": "nfs", "server": "nfs1.example.com", "gid": "2000"}
+    assert (team["reclaimPolicy"], team["volumeBindingMode"]) == ("Retain", "Immediate")
+    assert not {"Deployment", "ClusterRole"} & {d["kind"] for d in docs}
+
+
+def test_the_values_examples_of_storage_classes_render_and_read_as_the_provisioner_reads(
+    helm: Path, tmp_path: Path
+) -> None:
+    """The commented examples in values.yaml are real: rendered, each class is one the
+    provisioner accepts (its backend's provision schema)."""
+    from flexhub.driver.loader import load_backend
+    from flexhub.provisioner.storageclass import read_class
+
+    text = (CHART / "values.yaml").read_text()
+    block = text[text.index("#   storageClasses:") :].split("\nstorageClasses:")[0]
+    example = yaml.safe_load("\n".join(line[2:] for line in block.splitlines()))
+    (tmp_path / "classes.yaml").write_text(yaml.safe_dump(example))
+    argv = [str(helm), "template", "x", str(CHART), "-f", str(tmp_path / "classes.yaml")]
+    argv += ["--kube-version", render_manifest.KUBE_VERSION]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    classes = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "StorageClass"]
+    assert [c["metadata"]["name"] for c in classes] == ["local-loopfile", "nfs-team"]
+    for sc in classes:
+        read_class(sc, load_backend)  # raises InvalidOptions naming a wrong parameter
+
+
+def test_the_provisioning_values_render_only_api_versions_the_cluster_serves(helm: Path) -> None:
+    docs = render_list(
+        helm, "namespace.create=true", "provisioner.enabled=true", "storageClasses[0].name=x"
+    )
+    versions = {d["kind"]: d["apiVersion"] for d in docs}
+    assert versions == {
+        "Namespace": "v1",
+        "ServiceAccount": "v1",
+        "ConfigMap": "v1",
+        "StorageClass": "storage.k8s.io/v1",
+        "ClusterRole": "rbac.authorization.k8s.io/v1",
+        "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
+        "Role": "rbac.authorization.k8s.io/v1",
+        "RoleBinding": "rbac.authorization.k8s.io/v1",
+        "DaemonSet": "apps/v1",
+        "Deployment": "apps/v1",
+    }

@@ -23,3 +23,32 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "flexhub.serviceAccountName" -}}
 {{- default (include "flexhub.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
+
+{{- define "flexhub.provisionerName" -}}
+{{- printf "%s-provisioner" (include "flexhub.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "flexhub.provisionerServiceAccountName" -}}
+{{- default (include "flexhub.provisionerName" .) .Values.provisioner.serviceAccount.name -}}
+{{- end -}}
+
+{{- /* The provisioner's pods carry a name of their own: the DaemonSet's selector
+(app.kubernetes.io/name: flexhub) must never match them. */ -}}
+{{- define "flexhub.provisionerSelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}-provisioner
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- /* "true" when the DaemonSet runs the node agent: nodeAgent.enabled when it is a boolean,
+otherwise (auto) whether the provisioner is enabled. */ -}}
+{{- define "flexhub.nodeAgent" -}}
+{{- $on := .Values.nodeAgent.enabled -}}
+{{- if not (kindIs "bool" $on) -}}
+{{- $on = .Values.provisioner.enabled -}}
+{{- end -}}
+{{- if $on -}}true{{- end -}}
+{{- end -}}
+
+{{- define "flexhub.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
