@@ -15,6 +15,7 @@ PV holds flexhub's finalizer, which is removed after the backend confirmed the r
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import threading
@@ -185,6 +186,8 @@ class Controller:
             self.events.claim(pvc, "Warning", "ProvisioningFailed", _one_line(exc))
             raise
         checkpoint("provisioner-made")  # test hook: a crash between the storage and the PV
+        if made.secret is None and spec.secret is not None:
+            made = dataclasses.replace(made, secret=spec.secret)  # the class's Secret
         hostname = self._hostname(made.node) if made.node else ""
         pv = pvs.build_pv(
             claim,

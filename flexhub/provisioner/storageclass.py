@@ -36,8 +36,8 @@ __all__ = [
 PROVISIONER_NAME = "flexhub"
 #: The parameters the provisioner reads itself.
 PROVISIONER_KEYS = frozenset({"backend", "onDelete", "secretName", "secretNamespace", "fsType"})
-#: Those the backend gets too, so its schema lists them when it takes them (a backend whose
-#: storage needs credentials names the Secret in :attr:`Provisioned.secret`).
+#: Those the backend gets too: ``fsType`` always, the Secret's name and namespace when its
+#: parameters schema lists them (otherwise the provisioner alone reads them).
 PASSED_ON = frozenset({"fsType", "secretName", "secretNamespace"})
 #: Every ``onDelete`` flexhub knows; a backend honours some (``Provisioning.on_delete``).
 ON_DELETE = ("delete", "retain", "archive")
@@ -51,8 +51,8 @@ _SHOWN = 80
 class ClassSpec:
     """What the provisioner needs of one StorageClass.
 
-    :param parameters: what the backend gets: every parameter but ``backend`` and
-        ``onDelete`` (:data:`PASSED_ON` included).
+    :param parameters: what the backend gets: every parameter but the provisioner's, plus
+        ``fsType`` when set and :data:`PASSED_ON` keys its schema lists.
     :param on_delete: ``delete`` (default), ``retain`` or ``archive``.
     :param secret: ``(namespace, name)`` from ``secretNamespace``/``secretName``, or ``None``.
     :param reclaim_on: the backend's ``Provisioning.reclaim_on`` (``provisioner`` or ``node``).
@@ -138,13 +138,14 @@ def class_problems(
         )
     secret = _secret(parameters, problems)
     fs_type = parameters.get("fsType", "")
-    given = {k: v for k, v in parameters.items() if _backend_key(k)}
+    schema = cls.parameters_schema()
+    listed = set((schema.get("properties") or {}).keys())
+    given = {k: v for k, v in parameters.items() if _backend_key(k, listed)}
     if not fs_type:
         given.pop("fsType", None)
-    schema = cls.parameters_schema()
     found = _schema_problems(schema, given, raw)
     problems += found
-    strings = all(isinstance(v, str) for k, v in raw.items() if _backend_key(str(k)))
+    strings = all(isinstance(v, str) for k, v in raw.items() if _backend_key(str(k), listed))
     if not found and strings:
         try:
             cls.check_parameters(given)
@@ -236,9 +237,12 @@ def _schema_problems(
     return [f"{_path(key) if key else 'parameters'}: {text}" for key, text in found]
 
 
-def _backend_key(key: str) -> bool:
-    """Whether ``key`` is one of the parameters the backend gets."""
-    return key not in PROVISIONER_KEYS or key in PASSED_ON
+def _backend_key(key: str, listed: set[str]) -> bool:
+    """Whether ``key`` is one of the parameters the backend gets: its own, ``fsType``, and the
+    Secret's name and namespace when its schema lists them (cifs mounts with that Secret)."""
+    if key not in PROVISIONER_KEYS or key == "fsType":
+        return True
+    return key in PASSED_ON and key in listed
 
 
 def _parameter_rule(message: str) -> str:
