@@ -1,7 +1,7 @@
 """``flexhub demo``: what kubelet makes flexhub do, for real, with no cluster.
 
-It installs the driver into a temporary kubelet-style tree and replays kubelet's calls
-(its volume manager's order of calls, with kubelet's own JSON and directory handling) for one loopfile
+It installs the driver into a temporary kubelet-style tree and replays kubelet's calls (in
+its volume manager's order, with kubelet's own JSON and directory handling) for one loopfile
 PV: pod A mounts and writes, pod B mounts the same volume and reads, A and B unmount, pod C
 mounts and finds the data, the volume grows online, everything is cleaned up.
 """
