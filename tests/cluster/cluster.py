@@ -209,7 +209,7 @@ class Cluster:
         driver.write_text(
             f"#!{self.python}\nimport os, sys\n"
             f"if sys.argv[1:2] == [{operation!r}]:\n"
-            "    print('{\"status\": \"Success\"}')\n    sys.exit(0)\n"
+            '    print(\'{"status": "Success"}\')\n    sys.exit(0)\n'
             f"os.execv({str(real)!r}, [{str(real)!r}, *sys.argv[1:]])\n"
         )
         driver.chmod(0o755)
