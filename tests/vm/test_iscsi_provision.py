@@ -1,0 +1,313 @@
+"""iSCSI dynamic provisioning against the real thing: a kernel LIO target driven over SSH.
+
+The guest is the target host (sshd on 127.0.0.1:2222, LIO, rtslib) and the node. The
+provisioner's side runs in the guest as the provisioner runs it: ``IscsiBackend`` with the
+production runner, calling the real ``ssh`` (:data:`PROVISIONER`). The PV it returns is
+mounted through the installed driver exactly as kubelet calls it, with the node Secret's CHAP
+keys; a sampler reads every process's command line during all of it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from typing import Any
+
+from tests.rig import services
+from tests.rig.vm import VM
+from tests.vm import test_iscsi
+from tests.vm.test_iscsi import USED_SECRETS, Kubelet, go_json, read, sessions, write
+
+kubelet = test_iscsi.kubelet
+clean = test_iscsi.clean
+
+pytest_plugins = ["tests.rig.fixtures"]
+
+MiB = 1024 * 1024
+LUNS = f"{services.LUN_DIR}/prov"
+PREFIX = "iqn.2026-01.io.flexhub.rig:prov"
+CHAP_USER = "prov-chap-user"
+CHAP_PASSWORD = "Prov-Chap-Pw-9xQ2m7Lk"
+CONFIGFS = "/sys/kernel/config/target"
+SAVED = "/etc/rtslib-fb-target/saveconfig.json"
+
+#: Runs in the guest: one provisioner call, the request on stdin, the answer on stdout.
+PROVISIONER = r"""
+import json, sys
+from pathlib import Path
+from flexhub.config import NodeConfig
+from flexhub.errors import FlexhubError
+from flexhub.node.services import Node
+from flexhub.provisioning import Claim
+from flexhub.volume import Secret, Secrets
+from flexhub_iscsi import IscsiBackend
+
+req = json.load(sys.stdin)
+node = Node(NodeConfig(state_dir=Path("/var/lib/flexhub-prov-test")), "iscsi")
+backend = IscsiBackend(node)
+secrets = Secrets({k: Secret(v) for k, v in req["secrets"].items()})
+try:
+    if req["op"] == "provision":
+        p = backend.provision(Claim(**req["claim"]), req["parameters"], secrets)
+        out = {"options": dict(p.options), "size": p.size, "reclaim": dict(p.reclaim),
+               "fs_type": p.fs_type, "secret": p.secret}
+    elif req["op"] == "expand":
+        out = {"size": backend.expand(req["options"], req["reclaim"], req["size"], secrets)}
+    else:
+        backend.reclaim(req["options"], req["reclaim"], secrets)
+        out = {}
+except FlexhubError as exc:
+    out = {"error": exc.message}
+print(json.dumps(out))
+"""
+
+SAMPLER = r"""
+import os, sys
+with open(sys.argv[2], "rb") as f:  # not on this argv: the sampler would find itself
+    needles = [n for n in f.read().split(b"\n") if n]
+out = open(sys.argv[3], "a", buffering=1)
+scans = ssh = 0
+while not os.path.exists(sys.argv[1]):
+    scans += 1
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read()
+        except OSError:
+            continue
+        if argv.split(b"\0")[0] == b"ssh":
+            ssh += 1
+        if any(n in argv for n in needles):
+            out.write("HIT " + argv.replace(b"\0", b" ").decode("utf-8", "replace")[:200] + "\n")
+out.write(f"DONE {scans} {ssh}\n")
+"""
+
+
+def provisioner(vm: VM, request: dict[str, Any]) -> dict[str, Any]:
+    vm.write_file("/tmp/prov-call.py", PROVISIONER)
+    started = time.monotonic()
+    res = vm.run([vm.python, "/tmp/prov-call.py"], input=json.dumps(request), timeout=180)
+    answer: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+    answer["seconds"] = round(time.monotonic() - started, 2)
+    print(f"provisioner {request['op']}: {answer['seconds']} s")
+    return answer
+
+
+def setup(vm: VM) -> tuple[services.SshServer, dict[str, str]]:
+    ssh = services.start_sshd(vm)
+    services._ensure_lio(vm)
+    vm.run(["mkdir", "-p", "-m", "0755", LUNS])
+    secrets = {
+        "ssh-privatekey": ssh.private_key,
+        "ssh-knownhosts": ssh.known_hosts,
+        "node.session.auth.username": CHAP_USER,
+        "node.session.auth.password": CHAP_PASSWORD,
+    }
+    return ssh, secrets
+
+
+def parameters(ssh: services.SshServer, **extra: str) -> dict[str, str]:
+    return {
+        "targetHost": ssh.host,
+        "sshPort": str(ssh.port),
+        "portals": "127.0.0.1:3260",
+        "iqnPrefix": PREFIX,
+        "fileioDirectory": LUNS,
+        "initiators": services.GUEST_INITIATOR,
+        "nodeSecretName": "iscsi-chap",
+        "nodeSecretNamespace": "flexhub",
+        **extra,
+    }
+
+
+def claim(size: int) -> dict[str, Any]:
+    return {"uid": str(uuid.uuid4()), "namespace": "default", "name": "data", "size": size}
+
+
+def mount_pv(
+    kubelet: Kubelet, pv: dict[str, Any], secrets: dict[str, str], name: str
+) -> tuple[str, dict[str, object]]:
+    """``mount`` of the provisioned PV as kubelet calls it: the PV's options, its fsType, the
+    pod keys and the node Secret's keys base64-encoded."""
+    directory = kubelet.pod_dir(name)
+    options = {
+        **pv["options"],
+        "backend": "iscsi",
+        "kubernetes.io/fsType": pv["fs_type"],
+        "kubernetes.io/readwrite": "rw",
+        "kubernetes.io/pvOrVolumeName": name,
+        "kubernetes.io/pod.name": "web-0",
+        "kubernetes.io/pod.namespace": "default",
+        "kubernetes.io/pod.uid": directory.split("/")[-4],
+        "kubernetes.io/serviceAccount.name": "default",
+    }
+    for key, value in secrets.items():
+        USED_SECRETS.add(value)
+        options[f"kubernetes.io/secret/{key}"] = base64.b64encode(value.encode()).decode()
+    return directory, kubelet.call("mount", ["mount", directory, go_json(options)])
+
+
+def exists(vm: VM, path: str) -> bool:
+    return vm.run(["test", "-e", path], check=False).rc == 0
+
+
+def backstores(vm: VM, name: str) -> list[str]:
+    out = vm.sh(f"ls -d {CONFIGFS}/core/fileio_*/{name} 2>/dev/null; true").stdout
+    return out.split()
+
+
+def fs_size(vm: VM, directory: str) -> int:
+    return int(vm.run(["df", "-B1", "--output=size", directory]).stdout.split()[-1])
+
+
+def test_provision_mount_expand_reclaim(vm: VM, kubelet: Kubelet, clean: None) -> None:
+    """A claim's LUN made over ssh; provisioned twice, one LUN; mounted with CHAP through the
+    driver, written, grown on the target and by expandfs; deleted (twice); retained; and no
+    CHAP value or key line on any command line meanwhile."""
+    ssh, secrets = setup(vm)
+    node_secret = {k: v for k, v in secrets.items() if k.startswith("node.session.")}
+    key_line = ssh.private_key.splitlines()[1]
+    vm.write_file("/tmp/prov-sampler.py", SAMPLER)
+    vm.write_file("/tmp/prov-sampler.needles", f"{CHAP_PASSWORD}\n{key_line}\n", mode=0o600)
+    vm.run(["rm", "-f", "/tmp/prov-sampler.stop", "/tmp/prov-sampler.out"])
+    sampler = f"{vm.python} /tmp/prov-sampler.py /tmp/prov-sampler.stop /tmp/prov-sampler.needles"
+    vm.run(
+        ["/bin/sh", "-c", f"setsid {sampler} /tmp/prov-sampler.out >/dev/null 2>&1 </dev/null &"]
+    )
+    timings: dict[str, float] = {}
+
+    wanted = claim(64 * MiB - 5)  # rounded up to MiB
+    request = {
+        "op": "provision",
+        "claim": wanted,
+        "parameters": parameters(ssh),
+        "secrets": secrets,
+    }
+    pv = provisioner(vm, request)
+    timings["provision"] = pv.pop("seconds")
+    name = f"pvc-{wanted['uid']}"
+    iqn = f"{PREFIX}:{name}"
+    assert pv == {
+        "options": {
+            "targetPortal": "127.0.0.1:3260",
+            "iqn": iqn,
+            "lun": "0",
+            "chapAuthSession": "true",
+        },
+        "size": 64 * MiB,
+        "reclaim": {
+            "targetHost": "127.0.0.1",
+            "sshUser": "root",
+            "sshPort": "2222",
+            "backstore": "fileio",
+            "fileioDirectory": LUNS,
+            "sparse": "true",
+        },
+        "fs_type": "ext4",
+        "secret": ["flexhub", "iscsi-chap"],
+    }, pv
+    image = f"{LUNS}/{name}.img"
+    assert vm.run(["stat", "-c", "%s %a %U", image]).stdout.split() == [
+        str(64 * MiB),
+        "600",
+        "root",
+    ]
+    assert exists(vm, f"{CONFIGFS}/iscsi/{iqn}/tpgt_1/lun/lun_0")
+    acl = f"{CONFIGFS}/iscsi/{iqn}/tpgt_1/acls/{services.GUEST_INITIATOR}"
+    assert exists(vm, f"{acl}/lun_0")
+    assert read(vm, acl, "auth/userid").strip() == CHAP_USER
+    assert iqn in vm.read_file(SAVED).decode(), "saveconfig did not keep the target"
+
+    again = provisioner(vm, request)  # after a crash before the PV was saved
+    timings["provision again"] = again.pop("seconds")
+    assert again == pv
+    assert len(backstores(vm, name)) == 1
+    assert vm.sh(f"ls {CONFIGFS}/iscsi/{iqn}/tpgt_1/lun").stdout.split() == ["lun_0"]
+
+    directory, reply = mount_pv(kubelet, pv, node_secret, name)
+    assert reply == {"status": "Success"}, reply
+    write(vm, directory, "data", "provisioned")
+    before = fs_size(vm, directory)
+
+    grown = provisioner(
+        vm,
+        {
+            "op": "expand",
+            "options": pv["options"],
+            "reclaim": pv["reclaim"],
+            "size": 160 * MiB,
+            "secrets": secrets,
+        },
+    )
+    timings["expand"] = grown.pop("seconds")
+    assert grown == {"size": 160 * MiB}, grown
+    assert vm.run(["stat", "-c", "%s", image]).stdout.strip() == str(160 * MiB)
+    options = {
+        **pv["options"],
+        "backend": "iscsi",
+        "kubernetes.io/fsType": "ext4",
+        "kubernetes.io/readwrite": "rw",
+        "kubernetes.io/pvOrVolumeName": name,
+    }
+    reply = kubelet.call(
+        "expandfs", ["expandfs", go_json(options), "", directory, str(160 * MiB), str(64 * MiB)]
+    )
+    assert reply == {"status": "Success"}, reply
+    assert fs_size(vm, directory) > before + 64 * MiB
+    assert read(vm, directory, "data") == "provisioned"
+    assert kubelet.unmount(directory) == {"status": "Success"}
+    assert sessions(vm, iqn) == []
+
+    gone = {
+        "op": "reclaim",
+        "options": pv["options"],
+        "reclaim": {**pv["reclaim"], "onDelete": "delete"},
+        "secrets": secrets,
+    }
+    answer = provisioner(vm, gone)
+    timings["reclaim"] = answer.pop("seconds")
+    assert answer == {}, answer
+    assert not exists(vm, f"{CONFIGFS}/iscsi/{iqn}")
+    assert backstores(vm, name) == []
+    assert not exists(vm, image)
+    assert iqn not in vm.read_file(SAVED).decode()
+    answer = provisioner(vm, gone)  # already gone: success
+    timings["reclaim again"] = answer.pop("seconds")
+    assert answer == {}, answer
+
+    kept = claim(8 * MiB)
+    pv2 = provisioner(vm, {**request, "claim": kept})
+    assert pv2["size"] == 8 * MiB, pv2
+    kept_iqn = pv2["options"]["iqn"]
+    retain = {
+        **gone,
+        "options": pv2["options"],
+        "reclaim": {**pv2["reclaim"], "onDelete": "retain"},
+    }
+    assert provisioner(vm, retain).get("error") is None
+    assert exists(vm, f"{CONFIGFS}/iscsi/{kept_iqn}") and exists(
+        vm, f"{LUNS}/pvc-{kept['uid']}.img"
+    )
+    delete = {
+        **gone,
+        "options": pv2["options"],
+        "reclaim": {**pv2["reclaim"], "onDelete": "delete"},
+    }
+    assert provisioner(vm, delete).get("error") is None
+    assert not exists(vm, f"{CONFIGFS}/iscsi/{kept_iqn}")
+
+    vm.run(["touch", "/tmp/prov-sampler.stop"])
+    for _ in range(100):
+        text = vm.run(["cat", "/tmp/prov-sampler.out"], check=False).stdout
+        if "DONE" in text:
+            break
+        time.sleep(0.2)
+    hits = [line for line in text.splitlines() if line.startswith("HIT ")]
+    assert hits == [], hits
+    scans, ssh_seen = (int(x) for x in text.split("DONE")[1].split()[:2])
+    assert scans > 0 and ssh_seen > 0, text  # it did see ssh running
+    print(f"iscsi provisioning seconds: {json.dumps(timings)}")
