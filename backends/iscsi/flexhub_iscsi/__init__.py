@@ -73,11 +73,11 @@ from flexhub.backend import (
     InvalidOptions,
     NodeConfig,
     NodeRequirements,
+    Secrets,
     Volume,
     VolumeError,
 )
 from flexhub.provisioning import Claim, Provisioned, Provisioning
-from flexhub.volume import Secrets
 from flexhub_iscsi import _lio
 from flexhub_iscsi._chap import access, check_chap
 from flexhub_iscsi._chap import node_key as access_key

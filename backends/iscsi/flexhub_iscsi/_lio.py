@@ -40,9 +40,14 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from flexhub.backend import CommandError, FlexhubError, InvalidOptions
-from flexhub.node.runner import CommandRunner, mask_text
-from flexhub.volume import Secrets
+from flexhub.backend import (
+    CommandError,
+    CommandRunner,
+    FlexhubError,
+    InvalidOptions,
+    Secrets,
+    redact,
+)
 from flexhub_iscsi._chap import check_value
 from flexhub_iscsi._options import SESSION, Portal, parse_portal
 
@@ -403,7 +408,7 @@ class Lio:
             why = result.stderr.strip() or result.stdout.strip() or "no answer"
             if result.returncode == 255:
                 why = f"ssh failed: {why}"
-        why = " ".join(mask_text(why, masked).split())[:400]
+        why = " ".join(redact(why, masked).split())[:400]
         raise FlexhubError(f"iscsi: target host {self.ssh.host} ({action}): {why}")
 
 
