@@ -375,12 +375,20 @@ class Lio:
         """
         key, known_hosts = self._credentials()
         program = remote_program({"action": action, "spec": dict(spec)})
-        private = tempfile.mkdtemp(prefix="flexhub-ssh-")  # 0700, ours
+        try:
+            private = tempfile.mkdtemp(prefix="flexhub-ssh-")  # 0700, ours
+        except OSError as exc:
+            raise FlexhubError(f"iscsi: no private directory for the ssh key: {exc}") from None
         try:
             key_file = os.path.join(private, "id")
             hosts_file = os.path.join(private, "known_hosts")
-            _write_private(key_file, key)
-            _write_private(hosts_file, known_hosts)
+            try:
+                _write_private(key_file, key)
+                _write_private(hosts_file, known_hosts)
+            except OSError as exc:  # disk full: named, never the key
+                raise FlexhubError(
+                    f"iscsi: cannot write the ssh key file: {exc.strerror}"
+                ) from None
             argv = ssh_argv(self.ssh, key_file, hosts_file)
             try:
                 result = self.runner(
