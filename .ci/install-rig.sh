@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages the real-kernel VM rig (tests/rig) needs: qemu, a stock
 # kernel with every module, busybox for the initramfs, and the NFS / iSCSI / SMB /
-# filesystem tools the guest uses (it sees the host's root read-only).
+# filesystem tools the guest uses (it sees the host's root read-only), and OpenSSH
+# (sshd in the guest plays the target host the iSCSI provisioner reaches with ssh).
 # Idempotent: does nothing when everything is installed.  Services are not
 # started on the host (policy-rc.d exits 101 while apt runs).
 set -euo pipefail
