@@ -172,9 +172,10 @@ def fs_size(vm: VM, directory: str) -> int:
 
 
 def test_provision_mount_expand_reclaim(vm: VM, kubelet: Kubelet, clean: None) -> None:
-    """A claim's LUN made over ssh; provisioned twice, one LUN; mounted with CHAP through the
-    driver, written, grown on the target and by expandfs; deleted (twice); retained; and no
-    CHAP value or key line on any command line meanwhile."""
+    """A claim's LUN made over ssh; provisioned twice, one LUN; CHAP enforced; mounted with
+    the node Secret's CHAP through the driver, written, grown on the target and by expandfs;
+    deleted, and deleted again once gone; no CHAP value or key line on any command line
+    meanwhile."""
     ssh, secrets = setup(vm)
     node_secret = {k: v for k, v in secrets.items() if k.startswith("node.session.")}
     key_line = ssh.private_key.splitlines()[1]
@@ -230,6 +231,13 @@ def test_provision_mount_expand_reclaim(vm: VM, kubelet: Kubelet, clean: None) -
     assert exists(vm, f"{acl}/lun_0")
     assert read(vm, acl, "auth/userid").strip() == CHAP_USER
     assert iqn in vm.read_file(SAVED).decode(), "saveconfig did not keep the target"
+
+    # CHAP is enforced: the same initiator without it, or with another password, is refused
+    for chap in (None, services.Chap(CHAP_USER, "Not-The-Chap-Pw-3k")):
+        refused = services.login(vm, iqn, "127.0.0.1:3260", chap=chap, check=False)
+        assert refused.rc != 0, refused.output
+    vm.run(["iscsiadm", "-m", "node", "-T", iqn, "-o", "delete"], check=False)
+    assert sessions(vm, iqn) == []
 
     directory, reply = mount_pv(kubelet, pv, node_secret, name)
     assert reply == {"status": "Success"}, reply
