@@ -78,7 +78,6 @@ from flexhub.backend import (
     VolumeError,
 )
 from flexhub.provisioning import Claim, Provisioned, Provisioning
-from flexhub_iscsi import _lio
 from flexhub_iscsi._chap import access, check_chap
 from flexhub_iscsi._chap import node_key as access_key
 from flexhub_iscsi._devices import _POLL
@@ -428,12 +427,16 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
     @classmethod
     def check_parameters(cls, parameters: Mapping[str, str]) -> None:
         """The class's parameters, beyond what the schema checks (see :mod:`~._lio`)."""
+        from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
+
         _lio.parse_class(parameters)
 
     def provision(
         self, claim: Claim, parameters: Mapping[str, str], secrets: Secrets
     ) -> Provisioned:
         """Make (or find) the claim's target, LUN 0 and backing file on the target host."""
+        from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
+
         lio = _lio.parse_class(parameters)
         if _lio.UID.fullmatch(claim.uid) is None:
             raise InvalidOptions(f"claim {claim.namespace}/{claim.name}: uid is not a UUID")
@@ -502,6 +505,8 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
     ) -> None:
         """``delete``: remove the target, the backstore and its file (gone is success);
         ``retain``: leave them all on the target host."""
+        from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
+
         on_delete = reclaim.get("onDelete", "delete")
         if on_delete not in self.on_delete:
             raise InvalidOptions(f"onDelete {on_delete!r}: iscsi honours delete and retain")
@@ -533,6 +538,8 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
         """Grow the backing file and the backstore to ``new_size`` (rounded up to MiB; never
         shrinks); return the LUN's size. The node's ``expandfs`` then rescans the LUN and
         grows the filesystem."""
+        from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
+
         volume = _lio.parse_volume(options, reclaim)
         spec = {
             "name": volume.name,
