@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Debian packages the real-kernel VM rig (tests/rig) needs: qemu, a stock
 # kernel with every module, busybox for the initramfs, and the NFS / iSCSI / SMB /
-# filesystem tools the guest uses (it sees the host's root read-only).
+# filesystem tools the guest uses (it sees the host's root read-only), and OpenSSH
+# (sshd in the guest plays the target host the iSCSI provisioner reaches with ssh).
 # Idempotent: does nothing when everything is installed.  Services are not
 # started on the host (policy-rc.d exits 101 while apt runs).
 set -euo pipefail
 pkgs=(qemu-system-x86 linux-image-amd64 busybox-static kmod udev iproute2 procps
       nfs-kernel-server nfs-common open-iscsi python3-rtslib-fb samba cifs-utils
-      e2fsprogs xfsprogs btrfs-progs util-linux multipath-tools sg3-utils)
+      e2fsprogs xfsprogs btrfs-progs util-linux multipath-tools sg3-utils
+      openssh-server openssh-client)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' \

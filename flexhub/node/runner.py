@@ -55,8 +55,12 @@ class CommandRunner(Protocol):
         check: bool = True,
         secrets: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        input: str | None = None,
     ) -> Result:
         """Run ``argv`` and return its :class:`Result`.
+
+        ``input`` is written to the command's stdin (then closed); ``None``: stdin is
+        ``/dev/null``. It is how a secret reaches a command without a command line.
 
         :raises CommandError: ``check`` is true and the command exited non-zero.
         :raises CommandTimeout: the command ran past ``timeout`` and was killed.
@@ -145,8 +149,9 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
 class SubprocessRunner:
     """The production runner.
 
-    Each command runs without a shell, with stdin from ``/dev/null``, its output captured, in
-    its own session (process group), and is killed with its whole group after ``timeout``.
+    Each command runs without a shell, with stdin from ``/dev/null`` (or ``input``), its
+    output captured, in its own session (process group), and is killed with its whole group
+    after ``timeout``.
 
     :param timeout: default bound in seconds for one command.
     """
@@ -162,6 +167,7 @@ class SubprocessRunner:
         check: bool = True,
         secrets: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        input: str | None = None,
     ) -> Result:
         """Run ``argv``; see :class:`CommandRunner`."""
         args = tuple(str(a) for a in argv)
@@ -176,7 +182,7 @@ class SubprocessRunner:
         try:
             proc = subprocess.Popen(
                 args,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
@@ -188,7 +194,7 @@ class SubprocessRunner:
         except OSError as exc:
             raise CommandError(f"{shown} could not start: {exc.strerror or exc}") from None
         try:
-            stdout, stderr = proc.communicate(timeout=bound)
+            stdout, stderr = proc.communicate(input=input, timeout=bound)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             try:
@@ -238,6 +244,8 @@ class RecordingRunner:
 
     script: dict[tuple[str, ...], object] = field(default_factory=dict)
     calls: list[list[str]] = field(default_factory=list)
+    #: The ``input`` of each call (``None`` for none), secrets masked, beside :attr:`calls`.
+    inputs: list[str | None] = field(default_factory=list)
 
     def __call__(
         self,
@@ -247,10 +255,12 @@ class RecordingRunner:
         check: bool = True,
         secrets: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        input: str | None = None,
     ) -> Result:
-        """Record ``argv`` and return the scripted answer."""
+        """Record ``argv`` (and ``input``) and return the scripted answer."""
         args = tuple(str(a) for a in argv)
         self.calls.append(mask(args, secrets))
+        self.inputs.append(None if input is None else mask_text(input, secrets))
         answer: object = None
         best = -1
         for prefix, value in self.script.items():

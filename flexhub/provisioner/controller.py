@@ -188,6 +188,8 @@ class Controller:
         checkpoint("provisioner-made")  # test hook: a crash between the storage and the PV
         if made.secret is None and spec.secret is not None:
             made = dataclasses.replace(made, secret=spec.secret)  # the class's Secret
+        if made.secret is not None:
+            self._check_pv_secret(pvc, made.secret)
         hostname = self._hostname(made.node) if made.node else ""
         pv = pvs.build_pv(
             claim,
@@ -200,6 +202,7 @@ class Controller:
             self.driver,
             self.name,
             hostname,
+            spec.secret,
         )
         from kubernetes.client.rest import ApiException
 
@@ -233,13 +236,23 @@ class Controller:
         secret = self._get(self.core.read_namespaced_secret, name, namespace)
         if secret is None:
             self._failed(pvc, f"Secret {namespace}/{name} (secretNamespace/secretName) not found")
-        if secret.get("type") != SECRET_TYPE:
-            self._failed(
-                pvc,
-                f"Secret {namespace}/{name} has type {secret.get('type')!r}: "
-                f"kubelet passes a volume only a Secret of type {SECRET_TYPE!r}",
-            )
         return Secrets(encoded=dict(secret.get("data") or {}))
+
+    def _check_pv_secret(self, pvc: Mapping[str, Any], ref: tuple[str, str]) -> None:
+        """Warn when the Secret the PV names is not one kubelet will pass (its type must be
+        the driver's name). The PV is made anyway: its storage exists now, and a PV is what
+        gets it reclaimed; the pod's mount then fails with kubelet's own message."""
+        secret = self._get(self.core.read_namespaced_secret, ref[1], ref[0])
+        kind = None if secret is None else secret.get("type")
+        if kind != SECRET_TYPE:
+            found = "does not exist" if secret is None else f"has type {kind!r}"
+            self.events.claim(
+                pvc,
+                "Warning",
+                "SecretType",
+                f"the PV's Secret {ref[0]}/{ref[1]} {found}: kubelet passes a volume only a "
+                f"Secret of type {SECRET_TYPE!r}, so mounts will fail until it is one",
+            )
 
     def _hostname(self, node: str) -> str:
         found = self._get(self.core.read_node, node)
@@ -261,7 +274,7 @@ class Controller:
         if wanted <= int(record.get("size", "0")):
             return
         options = dict(pv["spec"]["flexVolume"].get("options") or {})
-        secrets = self._volume_secrets(pv)
+        secrets = self._volume_secrets(pv, record)
         grown = backend.expand_storage(options, record, wanted, secrets)
         record["size"] = str(max(grown, wanted))
         self.core.patch_persistent_volume(
@@ -310,15 +323,21 @@ class Controller:
         backend = self.backend_for(record["backend"])
         options = dict(pv["spec"]["flexVolume"].get("options") or {})
         try:
-            backend.reclaim(options, record, self._volume_secrets(pv))
+            backend.reclaim(options, record, self._volume_secrets(pv, record))
         except FlexhubError as exc:
             self.events.volume(pv, "Warning", "VolumeFailedDelete", _one_line(exc))
             raise
         finish_reclaim(self.core, pv)
         LOG.info("reclaimed %s (%s, onDelete %s)", name, record["backend"], record["onDelete"])
 
-    def _volume_secrets(self, pv: Mapping[str, Any]) -> Secrets:
-        ref = pv["spec"]["flexVolume"].get("secretRef")
+    def _volume_secrets(self, pv: Mapping[str, Any], record: Mapping[str, str]) -> Secrets:
+        """The Secret the storage side authenticates with: the class's, named in the record
+        (the class may be gone; iSCSI's holds the target host's key, which nodes never get),
+        else the one the PV's ``secretRef`` names."""
+        ref: Mapping[str, str] | None = pv["spec"]["flexVolume"].get("secretRef")
+        if record.get("classSecret"):
+            namespace, _, name = record["classSecret"].partition("/")
+            ref = {"namespace": namespace, "name": name}
         if not ref:
             return Secrets()
         secret = self._get(

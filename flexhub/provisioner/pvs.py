@@ -78,9 +78,16 @@ def claim_from(pvc: Mapping[str, Any]) -> Claim:
 
 
 def reclaim_record(
-    backend: str, on_delete: str, reclaim_on: str, made: Provisioned, size: int
+    backend: str,
+    on_delete: str,
+    reclaim_on: str,
+    made: Provisioned,
+    size: int,
+    class_secret: tuple[str, str] | None = None,
 ) -> dict[str, str]:
     record = dict(made.reclaim)
+    if class_secret is not None:  # what reclaim and expansion authenticate with, by name only
+        record["classSecret"] = f"{class_secret[0]}/{class_secret[1]}"
     record.update(
         {
             "backend": backend,
@@ -104,6 +111,7 @@ def build_pv(
     driver: str,
     provisioner: str,
     node_hostname: str = "",
+    class_secret: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """The PV for ``claim``: pre-bound to it (``claimRef`` with its uid), the binder then
     completes the binding."""
@@ -117,7 +125,8 @@ def build_pv(
     annotations = {
         ANN_PROVISIONED_BY: provisioner,
         ANN_RECLAIM: json.dumps(
-            reclaim_record(backend, on_delete, reclaim_on, made, size), sort_keys=True
+            reclaim_record(backend, on_delete, reclaim_on, made, size, class_secret),
+            sort_keys=True,
         ),
     }
     spec: dict[str, Any] = {

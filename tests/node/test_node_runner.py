@@ -221,3 +221,19 @@ def test_recording_runner_scripts_by_longest_prefix() -> None:
         runner(["boom"])
     runner(["login", "pw"], secrets=["pw"])
     assert runner.calls[-1] == ["login", "***"]
+
+
+def test_input_goes_to_stdin_never_to_the_command_line(tmp_path: Path) -> None:
+    """``input=``: how a secret reaches a command (the iSCSI provisioner's ssh); the
+    recording runner keeps it masked."""
+    secret = "Stdin-Only-Pw-8qW"
+    runner = SubprocessRunner(timeout=10)
+    script = tmp_path / "echo.py"
+    script.write_text("import sys\nprint(sys.stdin.read()[::-1])\n")
+    result = runner(["python3", str(script)], input=f"pw={secret}", secrets=[secret])
+    assert result.stdout.splitlines()[0] == f"pw={secret}"[::-1]
+    assert secret not in " ".join(result.argv)
+    recording = RecordingRunner()
+    recording(["ssh", "host"], input=f"pw={secret}\n", secrets=[secret])
+    recording(["true"])
+    assert recording.inputs == ["pw=***\n", None]

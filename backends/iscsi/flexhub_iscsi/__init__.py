@@ -70,11 +70,14 @@ from flexhub.backend import (
     Attachment,
     CommandError,
     FlexhubError,
+    InvalidOptions,
     NodeConfig,
     NodeRequirements,
+    Secrets,
     Volume,
     VolumeError,
 )
+from flexhub.provisioning import Claim, Provisioned, Provisioning
 from flexhub_iscsi._chap import access, check_chap
 from flexhub_iscsi._chap import node_key as access_key
 from flexhub_iscsi._devices import _POLL
@@ -102,8 +105,9 @@ LOG = logging.getLogger(__name__)
 _RESIZE_WAIT = 5.0
 
 
-class IscsiBackend(_Sessions, _Fencing):
-    """Block volumes on LUNs of iSCSI targets."""
+class IscsiBackend(_Sessions, _Fencing, Provisioning):
+    """Block volumes on LUNs of iSCSI targets; provisioned on a Linux LIO target host
+    (:mod:`flexhub_iscsi._lio`)."""
 
     schema_package = "flexhub_iscsi"
     node_requirements = NodeRequirements(
@@ -115,6 +119,10 @@ class IscsiBackend(_Sessions, _Fencing):
     #: A LUN can be logged in from several nodes: read-only staging mounts use
     #: ``norecovery`` and read-write mounts are fenced with a persistent reservation.
     shared_device = True
+    #: Provisioning: the LUN is grown on the target host, then the node's ``expandfs``
+    #: rescans it and grows the filesystem.
+    expands_storage = True
+    on_delete = frozenset({"delete", "retain"})
 
     # --------------------------------------------------------------------------- helpers
 
@@ -389,3 +397,132 @@ class IscsiBackend(_Sessions, _Fencing):
             attachment.device,
             details.get("multipath", ""),
         )
+
+    # --------------------------------------------------------------------------- provisioning
+
+    @classmethod
+    def check_parameters(cls, parameters: Mapping[str, str]) -> None:
+        """The class's parameters, beyond what the schema checks (see :mod:`~._lio`)."""
+        from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
+
+        _lio.parse_class(parameters)
+
+    def provision(
+        self, claim: Claim, parameters: Mapping[str, str], secrets: Secrets
+    ) -> Provisioned:
+        """Make (or find) the claim's target, LUN 0 and backing file on the target host."""
+        from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
+
+        lio = _lio.parse_class(parameters)
+        if _lio.UID.fullmatch(claim.uid) is None:
+            raise InvalidOptions(f"claim {claim.namespace}/{claim.name}: uid is not a UUID")
+        chap = _lio.chap_from(secrets)
+        if chap is not None and lio.node_secret is None:
+            raise InvalidOptions(
+                "parameter 'nodeSecretName' is required with CHAP: the PV's secretRef must "
+                "name a Secret with only the CHAP keys, never the one holding the SSH key"
+            )
+        if chap is None and lio.node_secret is not None:
+            raise InvalidOptions(
+                f"parameter 'nodeSecretName': the class's Secret holds no CHAP keys "
+                f"({SESSION}username, {SESSION}password)"
+            )
+        if chap is None and not lio.initiators:
+            raise InvalidOptions(
+                "parameter 'initiators' is required without CHAP: otherwise any initiator "
+                "that reaches the portal could use the LUN"
+            )
+        name = claim.volume_name
+        iqn = f"{lio.iqn_prefix}:{name}"
+        spec = {
+            "name": name,
+            "iqn": iqn,
+            "directory": lio.directory,
+            "file": f"{name}.img",
+            "size": _lio.size_of(claim.size),
+            "sparse": lio.sparse,
+            "portals": [[p.host, p.port] for p in lio.portals],
+            "initiators": list(lio.initiators),
+            "chap": chap,
+        }
+        masked = list(chap.values()) if chap else []
+        done = _lio.Lio(self.node.runner, lio.ssh, secrets).call("provision", spec, masked)
+        LOG.info(
+            "iscsi: %s on %s: LUN 0 of %s, %s bytes (%s)",
+            name,
+            lio.ssh.host,
+            iqn,
+            done.get("size"),
+            "made" if done.get("created") else "found",
+        )
+        options = {"targetPortal": str(lio.portals[0]), "iqn": iqn, "lun": "0"}
+        if len(lio.portals) > 1:
+            options["portals"] = ",".join(str(p) for p in lio.portals[1:])
+        if chap is not None:
+            options["chapAuthSession"] = "true"
+        record = {
+            "targetHost": lio.ssh.host,
+            "sshUser": lio.ssh.user,
+            "sshPort": str(lio.ssh.port),
+            "backstore": "fileio",
+            "fileioDirectory": lio.directory,
+            "sparse": "true" if lio.sparse else "false",
+        }
+        return Provisioned(
+            options=options,
+            size=int(done["size"]),
+            reclaim=record,
+            fs_type=lio.fs_type,
+            secret=lio.node_secret if chap is not None else None,
+        )
+
+    def reclaim(
+        self, options: Mapping[str, str], reclaim: Mapping[str, str], secrets: Secrets
+    ) -> None:
+        """``delete``: remove the target, the backstore and its file (gone is success);
+        ``retain``: leave them all on the target host."""
+        from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
+
+        on_delete = reclaim.get("onDelete", "delete")
+        if on_delete not in self.on_delete:
+            raise InvalidOptions(f"onDelete {on_delete!r}: iscsi honours delete and retain")
+        volume = _lio.parse_volume(options, reclaim)
+        if on_delete == "retain":
+            LOG.info("iscsi: %s kept on %s (onDelete: retain)", volume.iqn, volume.ssh.host)
+            return
+        spec = {
+            "name": volume.name,
+            "iqn": volume.iqn,
+            "directory": volume.directory,
+            "file": volume.file,
+        }
+        done = _lio.Lio(self.node.runner, volume.ssh, secrets).call("delete", spec, [])
+        LOG.info(
+            "iscsi: %s on %s deleted (%s)",
+            volume.iqn,
+            volume.ssh.host,
+            ", ".join(done.get("deleted", [])) or "already gone",
+        )
+
+    def expand_storage(
+        self,
+        options: Mapping[str, str],
+        reclaim: Mapping[str, str],
+        new_size: int,
+        secrets: Secrets,
+    ) -> int:
+        """Grow the backing file and the backstore to ``new_size`` (rounded up to MiB; never
+        shrinks); return the LUN's size. The node's ``expandfs`` then rescans the LUN and
+        grows the filesystem."""
+        from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
+
+        volume = _lio.parse_volume(options, reclaim)
+        spec = {
+            "name": volume.name,
+            "directory": volume.directory,
+            "file": volume.file,
+            "size": _lio.size_of(new_size),
+            "sparse": volume.sparse,
+        }
+        done = _lio.Lio(self.node.runner, volume.ssh, secrets).call("expand", spec, [])
+        return int(done["size"])

@@ -1,0 +1,425 @@
+"""Dynamic provisioning of iSCSI volumes: one LIO target and LUN per claim, over SSH.
+
+A StorageClass of ``backend: iscsi`` names a Linux target host (LIO) that the provisioner
+reaches with SSH. For a claim it makes, on that host:
+
+* a **fileio backstore** ``pvc-<uid>``: the file ``<fileioDirectory>/pvc-<uid>.img`` of the
+  claim's size (rounded up to MiB; sparse unless ``sparse: "false"``);
+* a **target** ``<iqnPrefix>:pvc-<uid>`` with TPG 1 on the class's portals and the backstore
+  as **LUN 0**. One target per claim, not one per class: a node logging in sees only the
+  LUN of the volume it mounts, each volume has its own ACLs and its own sessions (the node
+  logs out when its last pod of *that* volume goes), and deleting a claim deletes a whole
+  target without touching a neighbour;
+* **access**: with ``initiators`` one ACL per initiator name (only those nodes may log in),
+  else any initiator that passes CHAP (LIO's demo mode with TPG-level CHAP). A class with
+  neither is refused: it would give the LUN to anyone who can reach the portal.
+
+The SSH command is fixed (``/usr/bin/python3 -I -``); the program (:mod:`flexhub_iscsi._lio_remote`)
+and the request, CHAP values included, go on its stdin. The private key and the known host
+key come from the class's Secret and are written to 0600 files in a private temporary
+directory for the one ``ssh`` call; ssh runs with no config file, no agent, batch mode and
+strict host key checking, bounded by the injected runner's timeout.
+
+Secrets: the class's Secret (``secretName``) is the **provisioner's**: it holds the SSH key,
+which must never reach a node. The PV's ``secretRef`` therefore names another Secret,
+``nodeSecretName`` / ``nodeSecretNamespace``, holding only the CHAP keys the node driver
+reads (``node.session.auth.username``, ``.password``, optionally ``.username_in`` and
+``.password_in``), the same values as in the class's Secret.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from flexhub.backend import (
+    CommandError,
+    CommandRunner,
+    FlexhubError,
+    InvalidOptions,
+    Secrets,
+    redact,
+)
+from flexhub_iscsi._chap import check_value
+from flexhub_iscsi._options import SESSION, Portal, parse_portal
+
+__all__ = [
+    "KNOWN_HOSTS_KEY",
+    "PRIVATE_KEY",
+    "UID",
+    "Lio",
+    "LioClass",
+    "LioVolume",
+    "Ssh",
+    "chap_from",
+    "parse_class",
+    "parse_volume",
+    "remote_program",
+    "size_of",
+    "ssh_argv",
+]
+
+LOG = logging.getLogger(__name__)
+
+#: Keys of the class's (the provisioner's) Secret.
+PRIVATE_KEY = "ssh-privatekey"
+KNOWN_HOSTS_KEY = "ssh-knownhosts"
+
+MiB = 1024 * 1024
+#: Bound of one SSH call (connect, the LIO work, a non-sparse file's allocation).
+CALL_TIMEOUT = 120.0
+CONNECT_TIMEOUT = 10
+#: The system python3, where the distribution installs rtslib-fb (targetcli's library).
+REMOTE_COMMAND = ("/usr/bin/python3", "-I", "-")
+
+_HOST = re.compile(r"[0-9A-Za-z]([0-9A-Za-z.-]{0,251}[0-9A-Za-z])?|[0-9A-Fa-f:.]{2,45}", re.ASCII)
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}", re.ASCII)
+_PREFIX = re.compile(
+    r"iqn\.[0-9]{4}-(0[1-9]|1[0-2])\.[a-z0-9]([a-z0-9.-]*[a-z0-9])?(:[a-z0-9][a-z0-9.:-]*)?",
+    re.ASCII,
+)
+_INITIATOR = re.compile(
+    r"iqn\.[0-9]{4}-(0[1-9]|1[0-2])\.[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?"
+    r"(:[A-Za-z0-9.:_-]+)?|eui\.[0-9A-Fa-f]{16}",
+    re.ASCII,
+)
+_DIRECTORY = re.compile(r"(/[A-Za-z0-9._+-]+)+", re.ASCII)
+UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.ASCII)
+_NAME = re.compile(r"pvc-" + UID.pattern, re.ASCII)
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", re.ASCII)
+_IPV4 = re.compile(r"(25[0-5]|2[0-4][0-9]|1?[0-9]{1,2})(\.(25[0-5]|2[0-4][0-9]|1?[0-9]{1,2})){3}")
+#: The longest IQN (RFC 3720: 223 bytes) minus ``:pvc-<uid>``.
+_PREFIX_MAX = 223 - len(":pvc-") - 36
+MAX_INITIATORS = 64
+FS_TYPES = ("", "ext4", "ext3", "xfs")
+
+
+def _full(pattern: re.Pattern[str], text: str) -> bool:
+    return pattern.fullmatch(text) is not None and "\n" not in text
+
+
+@dataclass(frozen=True)
+class Ssh:
+    """How the provisioner reaches the target host."""
+
+    host: str
+    user: str = "root"
+    port: int = 22
+
+
+@dataclass(frozen=True)
+class LioClass:
+    """A StorageClass's parameters, checked."""
+
+    ssh: Ssh
+    portals: tuple[Portal, ...]
+    iqn_prefix: str
+    directory: str
+    sparse: bool = True
+    initiators: tuple[str, ...] = ()
+    node_secret: tuple[str, str] | None = None
+    fs_type: str = "ext4"
+
+
+@dataclass(frozen=True)
+class LioVolume:
+    """What reclaim and expand need of one volume: from the PV's options and its record."""
+
+    ssh: Ssh
+    iqn: str
+    name: str
+    directory: str
+    sparse: bool
+
+    @property
+    def file(self) -> str:
+        return f"{self.name}.img"
+
+
+def _ssh(host: str, user: str, port: str, what: str = "parameter") -> Ssh:
+    if not host or not _full(_HOST, host) or host.startswith("-"):
+        raise InvalidOptions(f"{what} 'targetHost' must be a host name or an IP address")
+    if not _full(_USER, user):
+        raise InvalidOptions(f"{what} 'sshUser' must be a user name ([a-z_][a-z0-9_-]*)")
+    if not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidOptions(f"{what} 'sshPort' must be a port number (1-65535)")
+    return Ssh(host, user, int(port))
+
+
+def _bool(parameters: Mapping[str, str], key: str, default: bool) -> bool:
+    value = parameters.get(key, "")
+    if value == "":
+        return default
+    if value not in ("true", "false"):
+        raise InvalidOptions(f'parameter {key!r} must be "true" or "false"')
+    return value == "true"
+
+
+def _directory(value: str, what: str = "parameter") -> str:
+    parts = value.split("/")
+    if not _full(_DIRECTORY, value) or any(p in (".", "..") for p in parts) or len(value) > 1024:
+        raise InvalidOptions(
+            f"{what} 'fileioDirectory' must be an absolute path without '.', '..', "
+            "spaces or special characters"
+        )
+    return value
+
+
+def parse_class(parameters: Mapping[str, str]) -> LioClass:
+    """Check a StorageClass's parameters (the schema has checked their shape).
+
+    :raises InvalidOptions: one line naming the parameter.
+    """
+    ssh = _ssh(
+        parameters.get("targetHost", ""),
+        parameters.get("sshUser", "") or "root",
+        parameters.get("sshPort", "") or "22",
+    )
+    texts = [p.strip() for p in parameters.get("portals", "").split(",") if p.strip()]
+    if not texts:
+        raise InvalidOptions("parameter 'portals' is required: the target's ip:port list")
+    portals: list[Portal] = []
+    for text in texts:
+        try:
+            portal = parse_portal(text)
+        except InvalidOptions as exc:
+            raise InvalidOptions(f"parameter 'portals': {exc.message}") from None
+        if not (_full(_IPV4, portal.host) or ":" in portal.host):
+            raise InvalidOptions(
+                f"parameter 'portals': {text!r} is not an IP address (LIO listens on addresses)"
+            )
+        if portal not in portals:
+            portals.append(portal)
+    if len(portals) > 16:
+        raise InvalidOptions("parameter 'portals': at most 16 portals")
+    prefix = parameters.get("iqnPrefix", "")
+    if not _full(_PREFIX, prefix) or len(prefix) > _PREFIX_MAX:
+        raise InvalidOptions(
+            "parameter 'iqnPrefix' must be a lower-case iqn.YYYY-MM.reverse.domain[:name] "
+            f"of at most {_PREFIX_MAX} characters"
+        )
+    backstore = parameters.get("backstore", "") or "fileio"
+    if backstore != "fileio":
+        raise InvalidOptions("parameter 'backstore' must be \"fileio\"")
+    directory = _directory(parameters.get("fileioDirectory", ""))
+    initiators = tuple(
+        dict.fromkeys(i.strip() for i in parameters.get("initiators", "").split(",") if i.strip())
+    )
+    for name in initiators:
+        if not _full(_INITIATOR, name) or len(name) > 223:
+            raise InvalidOptions(f"parameter 'initiators': {name!r} is not an initiator name")
+    if len(initiators) > MAX_INITIATORS:
+        raise InvalidOptions(f"parameter 'initiators': at most {MAX_INITIATORS} names")
+    node_secret = None
+    name = parameters.get("nodeSecretName", "")
+    namespace = parameters.get("nodeSecretNamespace", "")
+    if bool(name) != bool(namespace):
+        missing = "nodeSecretNamespace" if name else "nodeSecretName"
+        raise InvalidOptions(f"parameter {missing!r} is required with the other one")
+    if name:
+        for key, value in (("nodeSecretName", name), ("nodeSecretNamespace", namespace)):
+            if not _full(_K8S_NAME, value) or (key.endswith("Namespace") and len(value) > 63):
+                raise InvalidOptions(f"parameter {key!r} is not a Kubernetes object name")
+        node_secret = (namespace, name)
+    fs_type = parameters.get("fsType", "") or "ext4"
+    if fs_type not in FS_TYPES:
+        raise InvalidOptions("parameter 'fsType' must be ext4, ext3 or xfs")
+    return LioClass(
+        ssh=ssh,
+        portals=tuple(portals),
+        iqn_prefix=prefix,
+        directory=directory,
+        sparse=_bool(parameters, "sparse", True),
+        initiators=initiators,
+        node_secret=node_secret,
+        fs_type=fs_type,
+    )
+
+
+def chap_from(secrets: Secrets) -> dict[str, str] | None:
+    """The session CHAP credentials of the class's Secret (node driver key names), checked;
+    ``None`` when it holds none.
+
+    :raises InvalidOptions: a half pair, or a value open-iscsi cannot hold (named by key).
+    """
+
+    def get(field: str) -> str:
+        secret = secrets.get(SESSION + field)
+        return secret.reveal() if secret is not None else ""
+
+    values = {f: get(f) for f in ("username", "password", "username_in", "password_in")}
+    for field, value in values.items():
+        if value:
+            check_value(SESSION + field, value)
+    for user, password in (("username", "password"), ("username_in", "password_in")):
+        if bool(values[user]) != bool(values[password]):
+            missing = password if values[user] else user
+            raise InvalidOptions(f"the class's Secret has no {SESSION}{missing}")
+    if not values["username"]:
+        if values["username_in"]:
+            raise InvalidOptions(f"mutual CHAP needs {SESSION}username and .password too")
+        return None
+    chap = {"userid": values["username"], "password": values["password"]}
+    if values["username_in"]:
+        chap["mutual_userid"] = values["username_in"]
+        chap["mutual_password"] = values["password_in"]
+    return chap
+
+
+def parse_volume(options: Mapping[str, str], record: Mapping[str, str]) -> LioVolume:
+    """The volume a PV's options and its reclaim record name, checked again (a PV can be
+    edited: nothing from it reaches the target host unchecked).
+
+    :raises InvalidOptions: a value is missing or malformed.
+    """
+    ssh = _ssh(
+        record.get("targetHost", ""),
+        record.get("sshUser", ""),
+        record.get("sshPort", ""),
+        what="reclaim record",
+    )
+    iqn = options.get("iqn", "")
+    prefix, _, name = iqn.rpartition(":")
+    if not _full(_NAME, name) or not _full(_PREFIX, prefix):
+        raise InvalidOptions("option 'iqn' is not one the iscsi provisioner made")
+    if record.get("backstore", "") != "fileio":
+        raise InvalidOptions("reclaim record 'backstore' must be \"fileio\"")
+    directory = _directory(record.get("fileioDirectory", ""), what="reclaim record")
+    sparse = record.get("sparse", "true")
+    if sparse not in ("true", "false"):
+        raise InvalidOptions('reclaim record \'sparse\' must be "true" or "false"')
+    if options.get("lun", "0") != "0":
+        raise InvalidOptions("option 'lun' must be 0 on a provisioned target")
+    return LioVolume(ssh, iqn, name, directory, sparse == "true")
+
+
+def ssh_argv(ssh: Ssh, key_file: str, known_hosts: str) -> list[str]:
+    """The ``ssh`` command: no config, no agent, no password prompt, strict host keys."""
+    options = {
+        "BatchMode": "yes",
+        "StrictHostKeyChecking": "yes",
+        "UserKnownHostsFile": known_hosts,
+        "GlobalKnownHostsFile": "/dev/null",
+        "CheckHostIP": "no",
+        "UpdateHostKeys": "no",
+        "IdentityFile": key_file,
+        "IdentitiesOnly": "yes",
+        "IdentityAgent": "none",
+        "PasswordAuthentication": "no",
+        "KbdInteractiveAuthentication": "no",
+        "ControlMaster": "no",
+        "ControlPath": "none",
+        "ConnectTimeout": str(CONNECT_TIMEOUT),
+        "ServerAliveInterval": "10",
+        "ServerAliveCountMax": "3",
+        "RequestTTY": "no",
+        "ForwardAgent": "no",
+        "ForwardX11": "no",
+        "LogLevel": "ERROR",
+    }
+    argv = ["ssh", "-F", "/dev/null", "-T"]
+    for name, value in options.items():
+        argv += ["-o", f"{name}={value}"]
+    argv += ["-p", str(ssh.port), "-l", ssh.user, "--", ssh.host, *REMOTE_COMMAND]
+    return argv
+
+
+def remote_program(request: Mapping[str, Any]) -> str:
+    """The text sent on ssh's stdin: the remote program, then its call with ``request``."""
+    source = resources.files("flexhub_iscsi").joinpath("_lio_remote.py").read_text("utf-8")
+    literal = json.dumps(json.dumps(request))
+    return f"{source}\n\nmain(json.loads({literal}))\n"
+
+
+def _write_private(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+class Lio:
+    """Runs requests on one target host through ``runner`` (``ssh``)."""
+
+    def __init__(self, runner: CommandRunner, ssh: Ssh, secrets: Secrets) -> None:
+        self.runner = runner
+        self.ssh = ssh
+        self.secrets = secrets
+
+    def _credentials(self) -> tuple[str, str]:
+        values = []
+        for key in (PRIVATE_KEY, KNOWN_HOSTS_KEY):
+            secret = self.secrets.get(key)
+            value = secret.reveal() if secret is not None else ""
+            if not value.strip():
+                raise InvalidOptions(
+                    f"the class's Secret has no {key}: the provisioner reaches the target "
+                    "host with that SSH key"
+                )
+            values.append(value if value.endswith("\n") else value + "\n")
+        return values[0], values[1]
+
+    def call(self, action: str, spec: Mapping[str, Any], masked: list[str]) -> dict[str, Any]:
+        """Run ``action`` on the target host; its ``ok`` answer.
+
+        :raises FlexhubError: ssh failed, or the target host refused (one line).
+        """
+        key, known_hosts = self._credentials()
+        program = remote_program({"action": action, "spec": dict(spec)})
+        try:
+            private = tempfile.mkdtemp(prefix="flexhub-ssh-")  # 0700, ours
+        except OSError as exc:
+            raise FlexhubError(f"iscsi: no private directory for the ssh key: {exc}") from None
+        try:
+            key_file = os.path.join(private, "id")
+            hosts_file = os.path.join(private, "known_hosts")
+            try:
+                _write_private(key_file, key)
+                _write_private(hosts_file, known_hosts)
+            except OSError as exc:  # disk full: named, never the key
+                raise FlexhubError(
+                    f"iscsi: cannot write the ssh key file: {exc.strerror}"
+                ) from None
+            argv = ssh_argv(self.ssh, key_file, hosts_file)
+            try:
+                result = self.runner(
+                    argv, timeout=CALL_TIMEOUT, check=False, secrets=masked, input=program
+                )
+            except CommandError as exc:  # a timeout, or ssh could not start
+                raise FlexhubError(f"iscsi: target host {self.ssh.host}: {exc.message}") from None
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+        answer: dict[str, Any] | None = None
+        for line in result.stdout.splitlines():
+            if line.startswith("FLEXHUB-LIO "):
+                try:
+                    loaded = json.loads(line[len("FLEXHUB-LIO ") :])
+                except ValueError:
+                    continue
+                if isinstance(loaded, dict):
+                    answer = loaded
+        if answer is not None and "ok" in answer and result.returncode == 0:
+            ok: dict[str, Any] = answer["ok"]
+            return ok
+        if answer is not None and "error" in answer:
+            why = str(answer["error"])
+        else:
+            why = result.stderr.strip() or result.stdout.strip() or "no answer"
+            if result.returncode == 255:
+                why = f"ssh failed: {why}"
+        why = " ".join(redact(why, masked).split())[:400]
+        raise FlexhubError(f"iscsi: target host {self.ssh.host} ({action}): {why}")
+
+
+def size_of(size: int) -> int:
+    """A LUN's size for ``size`` bytes: rounded up to MiB (at least 1 MiB)."""
+    return max(MiB, -(-size // MiB) * MiB)

@@ -1,0 +1,282 @@
+"""The program the provisioner runs on an iSCSI target host (Linux LIO), over SSH.
+
+It is never imported by flexhub: :func:`flexhub_iscsi._lio.remote_program` reads this file's
+text and sends it, with the request appended as one JSON literal, on the standard input of
+``/usr/bin/python3 -I -`` on the target host (root, with ``python3-rtslib-fb``, the library
+``targetcli`` is built on). Nothing of the request is on any command line there or here:
+CHAP values travel on stdin only. The answer is one line on stdout, :data:`MARK` followed by
+JSON (``{"ok": ...}`` or ``{"error": "one line"}``).
+
+Every request runs under one lock file (``/run/flexhub-lio.lock``), so two provisioner
+workers never edit the LIO configuration (or its saved copy) at once, and ends with a save
+of the configuration (``saveconfig``) so that a reboot of the target host keeps the LUNs.
+Actions (all idempotent):
+
+``provision``  the fileio backing file (created 0600 in a root-owned directory no one else
+    can write, never through a symlink), its storage object, the target with TPG 1, LUN 0,
+    the network portals, the ACLs (or demo mode) and CHAP; whatever exists already is kept
+    when it matches, and refused when it does not (another file behind the storage object).
+``delete``     the target, the storage object and the backing file; gone is success.
+``expand``     grows the file and the storage object's size (never shrinks).
+"""
+
+# This file runs under the target host's python3 (3.7 or later), standard library and
+# rtslib-fb only: no flexhub import.
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import stat
+import sys
+from typing import Any
+
+MARK = "FLEXHUB-LIO "
+LOCK = "/run/flexhub-lio.lock"
+
+
+class Refused(Exception):
+    pass
+
+
+def answer(payload: dict[str, Any]) -> None:
+    sys.stdout.write(MARK + json.dumps(payload) + "\n")
+    sys.stdout.flush()
+
+
+def rts() -> Any:
+    try:
+        import rtslib_fb  # type: ignore[import-not-found]
+    except ImportError:
+        raise Refused(
+            "python3 cannot import rtslib_fb: install targetcli-fb (or python3-rtslib-fb)"
+        ) from None
+
+    return rtslib_fb
+
+
+def check_directory(path: str) -> None:
+    """A directory that only root can change, reached without a symlink."""
+    if os.path.realpath(path) != path:
+        raise Refused(f"fileioDirectory {path} is (or is under) a symlink")
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise Refused(f"fileioDirectory {path}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refused(f"fileioDirectory {path} is not a directory")
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        raise Refused(f"fileioDirectory {path} must be owned by root and writable by no one else")
+
+
+def open_file(spec: dict[str, Any], create: bool) -> tuple[int, bool]:
+    """Open (or create, 0600) the backing file in its directory, never through a symlink."""
+    directory, name = spec["directory"], spec["file"]
+    check_directory(directory)
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        made = False
+        if create:
+            try:
+                fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dfd)
+                made = True
+            except FileExistsError:
+                fd = os.open(name, flags, dir_fd=dfd)
+        else:
+            fd = os.open(name, flags, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise Refused(f"{directory}/{name} is not a plain file of its own")
+    return fd, made
+
+
+def grow(fd: int, size: int, sparse: bool) -> None:
+    if os.fstat(fd).st_size >= size:
+        return
+    if sparse:
+        os.ftruncate(fd, size)
+    else:
+        os.posix_fallocate(fd, 0, size)
+    os.fsync(fd)
+
+
+def storage_object(lib: Any, name: str) -> Any:
+    try:
+        return lib.FileIOStorageObject(name)
+    except lib.RTSLibNotInCFS:
+        return None
+
+
+def target_of(lib: Any, fabric: Any, iqn: str) -> Any:
+    try:
+        return lib.Target(fabric, iqn, mode="lookup")
+    except lib.RTSLibNotInCFS:
+        return None
+
+
+def ensure_pr_dir() -> None:
+    """LIO keeps persistent-reservation state under <dbroot>/pr: without that directory a
+    REGISTER answers NOT READY, and the node's fencing needs persistent reservations."""
+    try:
+        with open("/sys/kernel/config/target/dbroot") as fh:
+            dbroot = fh.read().strip()
+    except OSError:
+        return
+    if dbroot:
+        os.makedirs(os.path.join(dbroot, "pr"), mode=0o700, exist_ok=True)
+
+
+def save(lib: Any) -> None:
+    root = lib.RTSRoot()
+    target = getattr(lib.root, "default_save_file", "/etc/rtslib-fb-target/saveconfig.json")
+    os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+    root.save_to_file(target)
+
+
+def set_chap(node: Any, chap: dict[str, str]) -> None:
+    node.chap_userid = chap["userid"]
+    node.chap_password = chap["password"]
+    if chap.get("mutual_userid"):
+        node.chap_mutual_userid = chap["mutual_userid"]
+        node.chap_mutual_password = chap["mutual_password"]
+
+
+def provision(spec: dict[str, Any]) -> dict[str, Any]:
+    lib = rts()
+    root = lib.RTSRoot()  # loads the target modules and mounts configfs when needed
+    del root
+    ensure_pr_dir()
+    path = os.path.join(spec["directory"], spec["file"])
+    made = False
+    so = storage_object(lib, spec["name"])
+    if so is not None and so.udev_path != path:
+        raise Refused("storage object {} exists with another backing file".format(spec["name"]))
+    try:
+        if so is None:
+            fd, made = open_file(spec, create=True)
+            try:
+                grow(fd, spec["size"], spec["sparse"])
+                size = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+            so = lib.FileIOStorageObject(spec["name"], dev=path, size=size, write_back=False)
+        fabric = lib.FabricModule("iscsi")
+        target = lib.Target(fabric, spec["iqn"], mode="any")
+        tpg = lib.TPG(target, 1, mode="any")
+        luns = {lun.lun: lun for lun in tpg.luns}
+        lun = luns.get(0)
+        if lun is None:
+            lun = lib.LUN(tpg, 0, storage_object=so)
+        elif lun.storage_object.name != so.name:
+            raise Refused("target {} has another LUN 0".format(spec["iqn"]))
+        for ip, port in spec["portals"]:
+            lib.NetworkPortal(tpg, ip, port, mode="any")
+        chap = spec.get("chap")
+        if spec["initiators"]:
+            tpg.set_attribute("generate_node_acls", "0")
+            for name in spec["initiators"]:
+                acl = lib.NodeACL(tpg, name, mode="any")
+                if not any(m.mapped_lun == 0 for m in acl.mapped_luns):
+                    lib.MappedLUN(acl, 0, tpg_lun=lun)
+                if chap:
+                    set_chap(acl, chap)
+        else:
+            tpg.set_attribute("generate_node_acls", "1")
+            tpg.set_attribute("cache_dynamic_acls", "1")
+            tpg.set_attribute("demo_mode_write_protect", "0")
+            if chap:
+                set_chap(tpg, chap)
+        tpg.set_attribute("authentication", "1" if chap else "0")
+        tpg.enable = True
+        save(lib)
+    except BaseException:
+        if made:  # this call made the file: leave nothing behind
+            target = target_of(lib, lib.FabricModule("iscsi"), spec["iqn"])
+            if target is not None:
+                target.delete()
+            so = storage_object(lib, spec["name"])
+            if so is not None:
+                so.delete()
+            os.unlink(path)
+        raise
+    return {"size": int(so.size), "created": made}
+
+
+def delete(spec: dict[str, Any]) -> dict[str, Any]:
+    lib = rts()
+    lib.RTSRoot()
+    gone = []
+    target = target_of(lib, lib.FabricModule("iscsi"), spec["iqn"])
+    if target is not None:
+        target.delete()
+        gone.append("target")
+    so = storage_object(lib, spec["name"])
+    if so is not None:
+        so.delete()
+        gone.append("backstore")
+    try:
+        fd, _ = open_file(spec, create=False)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            raise
+    else:
+        os.close(fd)
+        check_directory(spec["directory"])
+        os.unlink(os.path.join(spec["directory"], spec["file"]))
+        gone.append("file")
+    if gone:
+        save(lib)
+    return {"deleted": gone}
+
+
+def expand(spec: dict[str, Any]) -> dict[str, Any]:
+    lib = rts()
+    lib.RTSRoot()
+    so = storage_object(lib, spec["name"])
+    path = os.path.join(spec["directory"], spec["file"])
+    if so is None:
+        raise Refused("storage object {} does not exist".format(spec["name"]))
+    if so.udev_path != path:
+        raise Refused("storage object {} has another backing file".format(spec["name"]))
+    current = int(so.size)
+    if spec["size"] <= current:
+        return {"size": current}
+    fd, _ = open_file(spec, create=False)
+    try:
+        grow(fd, spec["size"], spec["sparse"])
+    finally:
+        os.close(fd)
+    # The fileio backstore of a regular file reports fd_dev_size on every READ CAPACITY.
+    with open(os.path.join(so.path, "control"), "w") as fh:
+        fh.write("fd_dev_size={:d}".format(spec["size"]))
+    save(lib)
+    return {"size": int(lib.FileIOStorageObject(spec["name"]).size)}
+
+
+ACTIONS = {"provision": provision, "delete": delete, "expand": expand}
+
+
+def main(request: dict[str, Any]) -> None:
+    if os.geteuid() != 0:
+        answer({"error": "must run as root on the target host (sshUser)"})
+        sys.exit(3)
+    lock = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = ACTIONS[request["action"]](request["spec"])
+    except Refused as exc:
+        answer({"error": str(exc)})
+        sys.exit(3)
+    except Exception as exc:  # one line; rtslib's messages name objects, never CHAP values
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        answer({"error": f"{type(exc).__name__}: {text}"})
+        sys.exit(3)
+    finally:
+        os.close(lock)
+    answer({"ok": result})

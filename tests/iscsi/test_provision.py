@@ -1,0 +1,330 @@
+"""iSCSI provisioning on the host: StorageClass parameters, the ssh command and what it is fed.
+
+A recording runner stands in for ``ssh`` here (there is no target host on the host): these
+tests check the logic and the text built, and that nothing secret reaches a command line.
+The real thing (sshd, LIO, the node driver) is ``tests/vm/test_iscsi_provision.py``. The
+remote program's file checks run for real on the host's filesystem (``test_remote_*``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flexhub_iscsi import IscsiBackend, _lio, _lio_remote
+
+from flexhub.config import NodeConfig
+from flexhub.driver.validation import validate_options, validator_for
+from flexhub.errors import FlexhubError, InvalidOptions
+from flexhub.node import Node
+from flexhub.node.runner import RecordingRunner, Result
+from flexhub.provisioning import Claim, Provisioning
+from flexhub.volume import Secret, Secrets
+
+UID = "0b7f3c1e-5d2a-4e8f-9a61-2c4d8e0f1a3b"
+KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAAfakekeybody\n-----END OPENSSH PRIVATE KEY-----\n"
+KNOWN = "[10.0.0.5]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIfakehostkey\n"
+PASSWORD = "Chap-Secret-Pw-41xZ"
+PARAMS = {
+    "targetHost": "10.0.0.5",
+    "sshPort": "2222",
+    "portals": "10.0.1.5:3260, 10.0.2.5",
+    "iqnPrefix": "iqn.2003-01.com.example:k8s",
+    "fileioDirectory": "/srv/iscsi",
+    "initiators": "iqn.1993-08.org.debian:01:node-a",
+    "nodeSecretName": "iscsi-chap",
+    "nodeSecretNamespace": "flexhub",
+}
+
+
+def secrets(chap: bool = True, **extra: str) -> Secrets:
+    values = {"ssh-privatekey": KEY, "ssh-knownhosts": KNOWN}
+    if chap:
+        values["node.session.auth.username"] = "chap-user"
+        values["node.session.auth.password"] = PASSWORD
+    values.update(extra)
+    return Secrets({k: Secret(v) for k, v in values.items() if v})
+
+
+class Ssh(RecordingRunner):
+    """Records each ssh call, its stdin and the key files it was given (read while the call
+    runs, as ssh would); answers like the remote program."""
+
+    def __init__(self, answer: dict[str, Any] | None = None, rc: int = 0, stderr: str = ""):
+        super().__init__()
+        self.answer = answer if answer is not None else {"ok": {"size": 64 << 20}}
+        self.rc = rc
+        self.stderr = stderr
+        self.raw: list[tuple[str, ...]] = []
+        self.files: dict[str, tuple[int, str]] = {}
+
+    def __call__(self, argv: Sequence[str], **kwargs: Any) -> Result:
+        self.raw.append(tuple(argv))
+        self.stdin = kwargs.get("input")
+        for option in argv:
+            if option.startswith(("IdentityFile=", "UserKnownHostsFile=")):
+                path = option.split("=", 1)[1]
+                self.files[option.split("=")[0]] = (
+                    stat.S_IMODE(os.stat(path).st_mode),
+                    Path(path).read_text(),
+                )
+        result = super().__call__(argv, **{k: v for k, v in kwargs.items() if k != "check"})
+        out = f"{_lio_remote.MARK}{json.dumps(self.answer)}\n" if self.answer else ""
+        return Result(result.argv, self.rc, out, self.stderr)
+
+
+def backend(runner: RecordingRunner, tmp_path: Path) -> IscsiBackend:
+    return IscsiBackend(Node(NodeConfig(state_dir=tmp_path / "state"), "iscsi", runner))
+
+
+def claim(size: int = (64 << 20) - 1) -> Claim:
+    return Claim(uid=UID, namespace="default", name="data", size=size)
+
+
+def request_of(runner: Ssh) -> dict[str, Any]:
+    """The request at the end of the program sent on stdin."""
+    program = runner.inputs[-1]
+    assert program is not None
+    literal = program.rstrip().rsplit("main(json.loads(", 1)[1].rstrip(")")
+    loaded: dict[str, Any] = json.loads(json.loads(literal))
+    return loaded
+
+
+def test_provision_sends_one_fixed_ssh_command_and_the_request_on_stdin(tmp_path: Path) -> None:
+    runner = Ssh()
+    made = backend(runner, tmp_path).provision(claim(), PARAMS, secrets())
+    name = f"pvc-{UID}"
+    assert made.options == {
+        "targetPortal": "10.0.1.5:3260",
+        "portals": "10.0.2.5:3260",
+        "iqn": f"iqn.2003-01.com.example:k8s:{name}",
+        "lun": "0",
+        "chapAuthSession": "true",
+    }
+    validate_options(IscsiBackend, {"backend": "iscsi", **made.options})  # the node accepts it
+    assert made.size == 64 << 20 and made.fs_type == "ext4"
+    assert made.secret == ("flexhub", "iscsi-chap")
+    assert made.reclaim == {
+        "targetHost": "10.0.0.5",
+        "sshUser": "root",
+        "sshPort": "2222",
+        "backstore": "fileio",
+        "fileioDirectory": "/srv/iscsi",
+        "sparse": "true",
+    }
+    (argv,) = runner.raw
+    assert argv[:4] == ("ssh", "-F", "/dev/null", "-T")
+    assert argv[-6:] == ("root", "--", "10.0.0.5", "/usr/bin/python3", "-I", "-")
+    opts = dict(a.split("=", 1) for a in argv if "=" in a)
+    assert opts["BatchMode"] == "yes" and opts["StrictHostKeyChecking"] == "yes"
+    assert opts["GlobalKnownHostsFile"] == "/dev/null" and opts["IdentitiesOnly"] == "yes"
+    assert opts["IdentityAgent"] == "none" and opts["ConnectTimeout"] == "10"
+    assert argv[argv.index("-p") + 1] == "2222"
+    # the key and known host files existed only during the call, 0600, in a private dir
+    assert runner.files["IdentityFile"] == (0o600, KEY)
+    assert runner.files["UserKnownHostsFile"] == (0o600, KNOWN)
+    assert not Path(opts["IdentityFile"]).parent.exists()
+    # nothing secret on the command line; the CHAP values only on stdin
+    text = " ".join(argv)
+    for secret in (PASSWORD, "chap-user", "fakekeybody", "fakehostkey"):
+        assert secret not in text
+    assert runner.stdin is not None and PASSWORD in runner.stdin  # the real stdin has it
+    request = request_of(runner)
+    assert request["action"] == "provision"
+    assert request["spec"] == {
+        "name": name,
+        "iqn": f"iqn.2003-01.com.example:k8s:{name}",
+        "directory": "/srv/iscsi",
+        "file": f"{name}.img",
+        "size": 64 << 20,
+        "sparse": True,
+        "portals": [["10.0.1.5", 3260], ["10.0.2.5", 3260]],
+        "initiators": ["iqn.1993-08.org.debian:01:node-a"],
+        "chap": {"userid": "***", "password": "***"},  # masked in the record
+    }
+
+
+def test_provision_without_chap_names_no_secret(tmp_path: Path) -> None:
+    runner = Ssh()
+    params = {k: v for k, v in PARAMS.items() if not k.startswith("nodeSecret")}
+    made = backend(runner, tmp_path).provision(claim(), params, secrets(chap=False))
+    assert "chapAuthSession" not in made.options and made.secret is None
+    assert request_of(runner)["spec"]["chap"] is None
+
+
+BAD = [
+    ({"targetHost": "-oProxyCommand=x"}, "targetHost"),
+    ({"targetHost": "a b"}, "targetHost"),
+    ({"sshUser": "root;id"}, "sshUser"),
+    ({"sshPort": "0"}, "sshPort"),
+    ({"sshPort": "70000"}, "sshPort"),
+    ({"portals": ""}, "portals"),
+    ({"portals": "storage.example.com:3260"}, "portals"),
+    ({"portals": "10.0.0.1:99999"}, "portals"),
+    ({"iqnPrefix": "iqn.2003-01.com.Example"}, "iqnPrefix"),
+    ({"iqnPrefix": "eui.0123456789abcdef"}, "iqnPrefix"),
+    ({"iqnPrefix": "iqn.2003-01.com.example:" + "a" * 170}, "iqnPrefix"),
+    ({"backstore": "block"}, "backstore"),
+    ({"fileioDirectory": "srv/iscsi"}, "fileioDirectory"),
+    ({"fileioDirectory": "/srv/../etc"}, "fileioDirectory"),
+    ({"fileioDirectory": "/srv/i scsi"}, "fileioDirectory"),
+    ({"fileioDirectory": "/srv/$(id)"}, "fileioDirectory"),
+    ({"sparse": "yes"}, "sparse"),
+    ({"initiators": "node-a"}, "initiators"),
+    ({"nodeSecretNamespace": ""}, "nodeSecretNamespace"),
+    ({"nodeSecretName": "Bad_Name"}, "nodeSecretName"),
+    ({"fsType": "btrfs"}, "fsType"),
+]
+
+
+@pytest.mark.parametrize(("change", "named"), BAD)
+def test_a_bad_parameter_is_one_line_naming_it_and_nothing_runs(
+    tmp_path: Path, change: dict[str, str], named: str
+) -> None:
+    runner = Ssh()
+    with pytest.raises(InvalidOptions) as caught:
+        backend(runner, tmp_path).provision(claim(), {**PARAMS, **change}, secrets())
+    assert named in caught.value.message and "\n" not in caught.value.message
+    assert runner.calls == []
+    with pytest.raises(InvalidOptions):
+        IscsiBackend.check_parameters({**PARAMS, **change})
+
+
+@pytest.mark.parametrize(
+    ("params", "values", "named"),
+    [
+        ({}, {"node.session.auth.password": ""}, "node.session.auth.password"),
+        ({"nodeSecretName": "", "nodeSecretNamespace": ""}, {}, "nodeSecretName"),
+        (
+            {"initiators": "", "nodeSecretName": "", "nodeSecretNamespace": ""},
+            {"chap": False},
+            "initiators",
+        ),
+        ({}, {"chap": False}, "nodeSecretName"),
+        ({}, {"ssh-privatekey": ""}, "ssh-privatekey"),
+        ({}, {"ssh-knownhosts": ""}, "ssh-knownhosts"),
+        ({}, {"node.session.auth.password": "pw\nnode.startup = automatic"}, "password"),
+    ],
+)
+def test_secret_rules(
+    tmp_path: Path, params: dict[str, str], values: dict[str, Any], named: str
+) -> None:
+    """CHAP needs the node Secret (the class's holds the SSH key); no CHAP needs initiators;
+    the SSH key and host key are required; CHAP values are checked, never shown."""
+    chap = values.pop("chap", True)
+    runner = Ssh()
+    parameters = {k: v for k, v in {**PARAMS, **params}.items() if v}
+    with pytest.raises(InvalidOptions) as caught:
+        backend(runner, tmp_path).provision(claim(), parameters, secrets(chap=chap, **values))
+    assert named in caught.value.message, caught.value.message
+    assert "node.startup" not in caught.value.message
+    assert runner.calls == []
+
+
+def test_remote_refusal_and_ssh_failure_are_one_line_without_secrets(tmp_path: Path) -> None:
+    runner = Ssh({"error": f"fileioDirectory /srv/iscsi is not a directory {PASSWORD}"}, rc=3)
+    with pytest.raises(FlexhubError) as caught:
+        backend(runner, tmp_path).provision(claim(), PARAMS, secrets())
+    assert "is not a directory" in caught.value.message and PASSWORD not in caught.value.message
+    runner = Ssh({}, rc=255, stderr="Host key verification failed.\r\n")
+    with pytest.raises(FlexhubError) as caught:
+        backend(runner, tmp_path).provision(claim(), PARAMS, secrets())
+    assert caught.value.message == (
+        "iscsi: target host 10.0.0.5 (provision): ssh failed: Host key verification failed."
+    )
+
+
+def test_reclaim_delete_retain_and_a_tampered_record(tmp_path: Path) -> None:
+    made = backend(Ssh(), tmp_path).provision(claim(), PARAMS, secrets())
+    runner = Ssh({"ok": {"deleted": []}})
+    iscsi = backend(runner, tmp_path)
+    iscsi.reclaim(made.options, {**made.reclaim, "onDelete": "retain"}, secrets())
+    assert runner.calls == []  # retain: nothing runs
+    iscsi.reclaim(made.options, {**made.reclaim, "onDelete": "delete"}, secrets())
+    assert request_of(runner) == {
+        "action": "delete",
+        "spec": {
+            "name": f"pvc-{UID}",
+            "iqn": made.options["iqn"],
+            "directory": "/srv/iscsi",
+            "file": f"pvc-{UID}.img",
+        },
+    }
+    for options, record in [
+        ({**made.options, "iqn": "iqn.2003-01.com.example:k8s:other"}, made.reclaim),
+        (made.options, {**made.reclaim, "fileioDirectory": "/srv/../etc"}),
+        (made.options, {**made.reclaim, "targetHost": "-oProxyCommand=sh"}),
+        (made.options, {**made.reclaim, "onDelete": "archive"}),
+        ({**made.options, "lun": "3"}, made.reclaim),
+    ]:
+        with pytest.raises(InvalidOptions):
+            iscsi.reclaim(options, {"onDelete": "delete", **record}, secrets())
+    assert len(runner.calls) == 1
+
+
+def test_expand_of_storage_and_of_the_device_share_one_name(tmp_path: Path) -> None:
+    made = backend(Ssh(), tmp_path).provision(claim(), PARAMS, secrets())
+    runner = Ssh({"ok": {"size": 160 << 20}})
+    iscsi = backend(runner, tmp_path)
+    assert IscsiBackend.expands_storage and isinstance(iscsi, Provisioning)
+    assert iscsi.expand_storage(made.options, made.reclaim, (160 << 20) - 7, secrets()) == 160 << 20
+    assert request_of(runner)["spec"]["size"] == 160 << 20  # rounded up to MiB
+    assert request_of(runner)["action"] == "expand"
+
+
+def test_the_parameters_schema_is_valid_and_agrees(tmp_path: Path) -> None:
+    schema = IscsiBackend.parameters_schema()
+    validator = validator_for(schema)
+    validator.check_schema(schema)
+    assert schema["additionalProperties"] is False
+    assert validator.is_valid(PARAMS)
+    assert not validator.is_valid({**PARAMS, "targetPortal": "10.0.0.5"})
+    for key, prop in schema["properties"].items():
+        assert prop.get("description"), key
+        for example in prop.get("examples", []):
+            assert validator.is_valid({**PARAMS, key: example}), (key, example)
+            IscsiBackend.check_parameters({**PARAMS, key: example})
+
+
+def test_remote_program_is_what_is_sent(tmp_path: Path) -> None:
+    program = _lio.remote_program({"action": "delete", "spec": {"x": 'it\'s "quoted"\n'}})
+    compile(program, "<remote>", "exec")
+    assert program.endswith(
+        'main(json.loads("{\\"action\\": \\"delete\\", \\"spec\\": '
+        '{\\"x\\": \\"it\'s \\\\\\"quoted\\\\\\"\\\\n\\"}}"))\n'
+    )
+
+
+def test_remote_file_checks_on_a_real_filesystem(tmp_path: Path) -> None:
+    """The backing file is made 0600 in a root-only directory, never through a symlink."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the directory must be root's")
+    good = tmp_path / "luns"
+    good.mkdir(mode=0o755)
+    spec = {"directory": str(good), "file": "pvc-x.img"}
+    fd, made = _lio_remote.open_file(spec, create=True)
+    _lio_remote.grow(fd, 4 << 20, sparse=True)
+    os.close(fd)
+    assert made and stat.S_IMODE((good / "pvc-x.img").stat().st_mode) == 0o600
+    assert (good / "pvc-x.img").stat().st_size == 4 << 20
+    fd, made = _lio_remote.open_file(spec, create=True)  # found, not made
+    os.close(fd)
+    assert not made
+    (good / "pvc-y.img").symlink_to("/etc/passwd")
+    with pytest.raises(OSError):
+        _lio_remote.open_file({**spec, "file": "pvc-y.img"}, create=True)
+    os.link(good / "pvc-x.img", good / "pvc-z.img")
+    with pytest.raises(_lio_remote.Refused, match="plain file"):
+        _lio_remote.open_file({**spec, "file": "pvc-z.img"}, create=False)
+    link = tmp_path / "link"
+    link.symlink_to(good)
+    with pytest.raises(_lio_remote.Refused, match="symlink"):
+        _lio_remote.check_directory(str(link))
+    good.chmod(0o775)
+    with pytest.raises(_lio_remote.Refused, match="writable by no one else"):
+        _lio_remote.check_directory(str(good))

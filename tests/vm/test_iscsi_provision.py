@@ -1,0 +1,291 @@
+"""iSCSI dynamic provisioning against the real thing: a kernel LIO target driven over SSH.
+
+The guest is the target host (sshd on 127.0.0.1:2222, LIO, rtslib) and the node. The
+provisioner's side runs in the guest as the provisioner runs it: ``IscsiBackend`` with the
+production runner, calling the real ``ssh`` (:data:`PROVISIONER`). The PV it returns is
+mounted through the installed driver exactly as kubelet calls it, with the node Secret's CHAP
+keys; a sampler reads every process's command line during all of it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from typing import Any
+
+from tests.rig import services
+from tests.rig.vm import VM
+from tests.vm import test_iscsi
+from tests.vm.test_iscsi import USED_SECRETS, Kubelet, go_json, read, sessions, write
+
+kubelet = test_iscsi.kubelet
+clean = test_iscsi.clean
+
+pytest_plugins = ["tests.rig.fixtures"]
+
+MiB = 1024 * 1024
+LUNS = f"{services.LUN_DIR}/prov"
+PREFIX = "iqn.2026-01.io.flexhub.rig:prov"
+CHAP_USER = "prov-chap-user"
+CHAP_PASSWORD = "Prov-Chap-Pw-9xQ2m7Lk"
+CONFIGFS = "/sys/kernel/config/target"
+SAVED = "/etc/rtslib-fb-target/saveconfig.json"
+#: Seconds of each provisioner call, by kind (printed at the end).
+SECONDS: dict[str, list[float]] = {}
+
+#: Runs in the guest: one provisioner call, the request on stdin, the answer on stdout.
+PROVISIONER = r"""
+import json, sys, time
+from pathlib import Path
+from flexhub.config import NodeConfig
+from flexhub.errors import FlexhubError
+from flexhub.node.services import Node
+from flexhub.provisioning import Claim
+from flexhub.volume import Secret, Secrets
+from flexhub_iscsi import IscsiBackend
+
+node = Node(NodeConfig(state_dir=Path("/var/lib/flexhub-prov-test")), "iscsi")
+backend = IscsiBackend(node)
+answers = []
+for req in json.load(sys.stdin):  # several calls, one import (4 s under emulation)
+    secrets = Secrets({k: Secret(v) for k, v in req["secrets"].items()})
+    started = time.monotonic()
+    try:
+        if req["op"] == "provision":
+            p = backend.provision(Claim(**req["claim"]), req["parameters"], secrets)
+            out = {"options": dict(p.options), "size": p.size, "reclaim": dict(p.reclaim),
+                   "fs_type": p.fs_type, "secret": p.secret}
+        elif req["op"] == "expand":
+            out = {"size": backend.expand_storage(req["options"], req["reclaim"], req["size"], secrets)}
+        else:
+            backend.reclaim(req["options"], req["reclaim"], secrets)
+            out = {}
+    except FlexhubError as exc:
+        out = {"error": exc.message}
+    out["seconds"] = round(time.monotonic() - started, 2)
+    answers.append(out)
+print(json.dumps(answers))
+"""
+
+SAMPLER = r"""
+import os, sys, time
+with open(sys.argv[2], "rb") as f:  # not on this argv: the sampler would find itself
+    needles = [n for n in f.read().split(b"\n") if n]
+out = open(sys.argv[3], "a", buffering=1)
+scans = ssh = 0
+while not os.path.exists(sys.argv[1]):
+    scans += 1
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read()
+        except OSError:
+            continue
+        if argv.split(b"\0")[0] == b"ssh":
+            ssh += 1
+        if any(n in argv for n in needles):
+            out.write("HIT " + argv.replace(b"\0", b" ").decode("utf-8", "replace")[:200] + "\n")
+    time.sleep(0.02)  # the guest has one CPU: leave it to the calls sampled
+out.write(f"DONE {scans} {ssh}\n")
+"""
+
+
+def provisioner(vm: VM, *requests: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run provisioner calls in one guest process; their answers, each with its seconds."""
+    vm.write_file("/tmp/prov-call.py", PROVISIONER)
+    res = vm.run([vm.python, "/tmp/prov-call.py"], input=json.dumps(requests), timeout=300)
+    answers: list[dict[str, Any]] = json.loads(res.stdout.strip().splitlines()[-1])
+    for request, answer in zip(requests, answers, strict=True):
+        SECONDS.setdefault(request["op"], []).append(answer.pop("seconds"))
+    return answers
+
+
+def setup(vm: VM) -> tuple[services.SshServer, dict[str, str]]:
+    ssh = services.start_sshd(vm)
+    services._ensure_lio(vm)
+    vm.run(["mkdir", "-p", "-m", "0755", LUNS])
+    secrets = {
+        "ssh-privatekey": ssh.private_key,
+        "ssh-knownhosts": ssh.known_hosts,
+        "node.session.auth.username": CHAP_USER,
+        "node.session.auth.password": CHAP_PASSWORD,
+    }
+    return ssh, secrets
+
+
+def parameters(ssh: services.SshServer, **extra: str) -> dict[str, str]:
+    return {
+        "targetHost": ssh.host,
+        "sshPort": str(ssh.port),
+        "portals": "127.0.0.1:3260",
+        "iqnPrefix": PREFIX,
+        "fileioDirectory": LUNS,
+        "initiators": services.GUEST_INITIATOR,
+        "nodeSecretName": "iscsi-chap",
+        "nodeSecretNamespace": "flexhub",
+        **extra,
+    }
+
+
+def claim(size: int) -> dict[str, Any]:
+    return {"uid": str(uuid.uuid4()), "namespace": "default", "name": "data", "size": size}
+
+
+def mount_pv(
+    kubelet: Kubelet, pv: dict[str, Any], secrets: dict[str, str], name: str
+) -> tuple[str, dict[str, object]]:
+    """``mount`` of the provisioned PV as kubelet calls it: the PV's options, its fsType, the
+    pod keys and the node Secret's keys base64-encoded."""
+    directory = kubelet.pod_dir(name)
+    options = {
+        **pv["options"],
+        "backend": "iscsi",
+        "kubernetes.io/fsType": pv["fs_type"],
+        "kubernetes.io/readwrite": "rw",
+        "kubernetes.io/pvOrVolumeName": name,
+        "kubernetes.io/pod.name": "web-0",
+        "kubernetes.io/pod.namespace": "default",
+        "kubernetes.io/pod.uid": directory.split("/")[-4],
+        "kubernetes.io/serviceAccount.name": "default",
+    }
+    for key, value in secrets.items():
+        USED_SECRETS.add(value)
+        options[f"kubernetes.io/secret/{key}"] = base64.b64encode(value.encode()).decode()
+    return directory, kubelet.call("mount", ["mount", directory, go_json(options)])
+
+
+def exists(vm: VM, path: str) -> bool:
+    return vm.run(["test", "-e", path], check=False).rc == 0
+
+
+def backstores(vm: VM, name: str) -> list[str]:
+    out = vm.sh(f"ls -d {CONFIGFS}/core/fileio_*/{name} 2>/dev/null; true").stdout
+    return out.split()
+
+
+def fs_size(vm: VM, directory: str) -> int:
+    return int(vm.run(["df", "-B1", "--output=size", directory]).stdout.split()[-1])
+
+
+def test_provision_mount_expand_reclaim(vm: VM, kubelet: Kubelet, clean: None) -> None:
+    """A claim's LUN made over ssh; provisioned twice, one LUN; CHAP enforced; mounted with
+    the node Secret's CHAP through the driver, written, grown on the target and by expandfs;
+    deleted, and deleted again once gone; no CHAP value or key line on any command line
+    meanwhile."""
+    ssh, secrets = setup(vm)
+    node_secret = {k: v for k, v in secrets.items() if k.startswith("node.session.")}
+    key_line = ssh.private_key.splitlines()[1]
+    vm.write_file("/tmp/prov-sampler.py", SAMPLER)
+    vm.write_file("/tmp/prov-sampler.needles", f"{CHAP_PASSWORD}\n{key_line}\n", mode=0o600)
+    vm.run(["rm", "-f", "/tmp/prov-sampler.stop", "/tmp/prov-sampler.out"])
+    sampler = f"{vm.python} /tmp/prov-sampler.py /tmp/prov-sampler.stop /tmp/prov-sampler.needles"
+    vm.run(
+        ["/bin/sh", "-c", f"setsid {sampler} /tmp/prov-sampler.out >/dev/null 2>&1 </dev/null &"]
+    )
+    started = time.monotonic()
+
+    wanted = claim(64 * MiB - 5)  # rounded up to MiB
+    request = {
+        "op": "provision",
+        "claim": wanted,
+        "parameters": parameters(ssh),
+        "secrets": secrets,
+    }
+    # the second call is the provisioner's retry after a crash before it saved the PV
+    pv, again = provisioner(vm, request, request)
+    name = f"pvc-{wanted['uid']}"
+    iqn = f"{PREFIX}:{name}"
+    assert pv == {
+        "options": {
+            "targetPortal": "127.0.0.1:3260",
+            "iqn": iqn,
+            "lun": "0",
+            "chapAuthSession": "true",
+        },
+        "size": 64 * MiB,
+        "reclaim": {
+            "targetHost": "127.0.0.1",
+            "sshUser": "root",
+            "sshPort": "2222",
+            "backstore": "fileio",
+            "fileioDirectory": LUNS,
+            "sparse": "true",
+        },
+        "fs_type": "ext4",
+        "secret": ["flexhub", "iscsi-chap"],
+    }, pv
+    assert again == pv
+    image = f"{LUNS}/{name}.img"
+    assert vm.run(["stat", "-c", "%s %a %U", image]).stdout.split() == [
+        str(64 * MiB),
+        "600",
+        "root",
+    ]
+    assert len(backstores(vm, name)) == 1
+    assert vm.sh(f"ls {CONFIGFS}/iscsi/{iqn}/tpgt_1/lun").stdout.split() == ["lun_0"]
+    acl = f"{CONFIGFS}/iscsi/{iqn}/tpgt_1/acls/{services.GUEST_INITIATOR}"
+    assert exists(vm, f"{acl}/lun_0")
+    assert read(vm, acl, "auth/userid").strip() == CHAP_USER
+    assert iqn in vm.read_file(SAVED).decode(), "saveconfig did not keep the target"
+
+    # CHAP is enforced: the same initiator without it, or with another password, is refused
+    for chap in (None, services.Chap(CHAP_USER, "Not-The-Chap-Pw-3k")):
+        refused = services.login(vm, iqn, "127.0.0.1:3260", chap=chap, check=False)
+        assert refused.rc != 0, refused.output
+    vm.run(["iscsiadm", "-m", "node", "-T", iqn, "-o", "delete"], check=False)
+    assert sessions(vm, iqn) == []
+
+    directory, reply = mount_pv(kubelet, pv, node_secret, name)
+    assert reply == {"status": "Success"}, reply
+    write(vm, directory, "data", "provisioned")
+    before = fs_size(vm, directory)
+
+    grow = {"op": "expand", "options": pv["options"], "reclaim": pv["reclaim"], "size": 160 * MiB}
+    assert provisioner(vm, {**grow, "secrets": secrets}) == [{"size": 160 * MiB}]
+    assert vm.run(["stat", "-c", "%s", image]).stdout.strip() == str(160 * MiB)
+    options = {
+        **pv["options"],
+        "backend": "iscsi",
+        "kubernetes.io/fsType": "ext4",
+        "kubernetes.io/readwrite": "rw",
+        "kubernetes.io/pvOrVolumeName": name,
+    }
+    reply = kubelet.call(
+        "expandfs", ["expandfs", go_json(options), "", directory, str(160 * MiB), str(64 * MiB)]
+    )
+    assert reply == {"status": "Success"}, reply
+    assert fs_size(vm, directory) > before + 64 * MiB
+    assert read(vm, directory, "data") == "provisioned"
+    assert kubelet.unmount(directory) == {"status": "Success"}
+    assert sessions(vm, iqn) == []
+
+    gone = {
+        "op": "reclaim",
+        "options": pv["options"],
+        "reclaim": {**pv["reclaim"], "onDelete": "delete"},
+        "secrets": secrets,
+    }
+    assert provisioner(vm, gone, gone) == [{}, {}]  # the second finds it gone: success
+    assert not exists(vm, f"{CONFIGFS}/iscsi/{iqn}")
+    assert backstores(vm, name) == []
+    assert not exists(vm, image)
+    assert iqn not in vm.read_file(SAVED).decode()
+
+    vm.run(["touch", "/tmp/prov-sampler.stop"])
+    for _ in range(100):
+        text = vm.run(["cat", "/tmp/prov-sampler.out"], check=False).stdout
+        if "DONE" in text:
+            break
+        time.sleep(0.2)
+    hits = [line for line in text.splitlines() if line.startswith("HIT ")]
+    assert hits == [], hits
+    scans, ssh_seen = (int(x) for x in text.split("DONE")[1].split()[:2])
+    assert scans > 0 and ssh_seen > 0, text  # it did see ssh running
+    print(
+        f"iscsi provisioning: {time.monotonic() - started:.1f} s in all; "
+        f"provisioner calls (s): {json.dumps(SECONDS)}"
+    )
