@@ -24,12 +24,6 @@ CLASS = {
 }
 
 
-def test_the_pattern_module_is_the_same_file_in_both_backends() -> None:
-    nfs = REPO / "backends/nfs/flexhub_nfs/_pattern.py"
-    cifs = REPO / "backends/cifs/flexhub_cifs/_pattern.py"
-    assert nfs.read_text() == cifs.read_text()
-
-
 def test_a_class_its_pv_options_and_secret() -> None:
     import jsonschema
 

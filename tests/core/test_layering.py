@@ -7,7 +7,7 @@ the tree, and the arrows between the packages point one way.
 - the public backend API (``flexhub.backend``, ``volume``, ``errors``, ``config``) imports only
   itself and ``flexhub.node``;
 - backends import only ``flexhub.backend`` (and ``flexhub.provisioning``, the optional
-  provisioning interface they mix in) of flexhub.
+  provisioning interface they mix in, and ``flexhub.pathpattern``) of flexhub.
 
 Imports are read from the source (every ``import``/``from`` statement, also those inside
 functions), so a lazy import breaks the rule as much as a top-level one.
@@ -78,7 +78,7 @@ def test_the_public_backend_api_stands_on_node_services_only(module: str) -> Non
 
 
 def test_backends_import_only_the_public_backend_api() -> None:
-    allowed = {"flexhub", "flexhub.backend", "flexhub.provisioning"}
+    allowed = {"flexhub", "flexhub.backend", "flexhub.provisioning", "flexhub.pathpattern"}
     out = []
     for path in sorted((REPO / "backends").glob("*/flexhub_*/**/*.py")):
         for name in sorted(_imports(path)):
@@ -86,7 +86,9 @@ def test_backends_import_only_the_public_backend_api() -> None:
                 name.startswith("flexhub.")
                 and not name.startswith("flexhub_")
                 and name not in allowed
-                and not name.startswith(("flexhub.backend.", "flexhub.provisioning."))
+                and not name.startswith(
+                    ("flexhub.backend.", "flexhub.provisioning.", "flexhub.pathpattern.")
+                )
             ):
                 out.append(f"{path.relative_to(REPO)} imports {name}")
     assert out == []
@@ -108,6 +110,7 @@ def test_the_top_level_holds_only_the_public_api_and_the_entry_point() -> None:
         "backend.py",
         "config.py",
         "errors.py",
+        "pathpattern.py",
         "provisioning.py",
         "settings.py",
         "volume.py",

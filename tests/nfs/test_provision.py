@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 from flexhub_nfs import NfsBackend, _claimdir
-from flexhub_nfs._pattern import DEFAULT_PATTERN, check_pattern, check_recorded, render
 from flexhub_nfs._provision import DEFAULT_MODE, directory, read
 
 from flexhub.driver.validation import validate_options
 from flexhub.errors import InvalidOptions, VolumeError
+from flexhub.pathpattern import DEFAULT_PATTERN, check_pattern, check_recorded, render
 from flexhub.provisioning import Claim
 
 UID = "3f9a1c2e-5b7d-4e8f-9a0b-1c2d3e4f5a6b"

@@ -275,8 +275,8 @@ class CifsBackend(FilesystemBackend, Provisioning):
         walk that never follows a symlink (:mod:`flexhub_cifs._claimdir`). The size is the
         claim's: SMB does not enforce it (the server's quota may).
         """
+        from flexhub.pathpattern import render
         from flexhub_cifs import _claimdir, _provision
-        from flexhub_cifs._pattern import render
 
         spec = _provision.read(parameters)
         path = render(spec.pattern, claim)
@@ -314,8 +314,8 @@ class CifsBackend(FilesystemBackend, Provisioning):
         Only the directory the reclaim record names, when it is the PV's ``subPath`` and its
         name holds the claim's uid, is touched; gone already is success.
         """
+        from flexhub.pathpattern import check_recorded
         from flexhub_cifs import _claimdir
-        from flexhub_cifs._pattern import check_recorded
 
         on_delete = reclaim.get("onDelete", "delete")
         if on_delete not in self.on_delete:

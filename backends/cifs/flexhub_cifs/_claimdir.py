@@ -26,7 +26,7 @@ import sys
 from typing import Any
 
 from flexhub.backend import VolumeError
-from flexhub_cifs._pattern import ARCHIVE_PREFIX
+from flexhub.pathpattern import ARCHIVE_PREFIX
 from flexhub_cifs._subpath import SubPathMissing, open_sub_path
 
 __all__ = ["PARENT_MODE", "archive", "make", "remove"]

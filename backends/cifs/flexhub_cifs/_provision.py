@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from flexhub.backend import InvalidOptions, Volume
+from flexhub.pathpattern import DEFAULT_PATTERN, check_pattern
 from flexhub_cifs._options import build_plan
-from flexhub_cifs._pattern import DEFAULT_PATTERN, check_pattern
 
 __all__ = ["DEFAULT_DIR_MODE", "DEFAULT_FILE_MODE", "PASSED_ON", "Spec", "read"]
 

@@ -313,8 +313,8 @@ class NfsBackend(FilesystemBackend, Provisioning):
         Only the directory the reclaim record names, when it is the PV's ``subPath`` and its
         name holds the claim's uid, is touched; gone already is success.
         """
+        from flexhub.pathpattern import check_recorded
         from flexhub_nfs import _claimdir
-        from flexhub_nfs._pattern import check_recorded
 
         on_delete = reclaim.get("onDelete", "delete")
         if on_delete not in self.on_delete:

@@ -27,7 +27,7 @@ import sys
 from typing import Any
 
 from flexhub.backend import VolumeError
-from flexhub_nfs._pattern import ARCHIVE_PREFIX
+from flexhub.pathpattern import ARCHIVE_PREFIX
 from flexhub_nfs._subpath import SubPathMissing, open_sub_path
 
 __all__ = ["PARENT_MODE", "archive", "make", "remove"]

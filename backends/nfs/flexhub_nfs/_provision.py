@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from flexhub.backend import InvalidOptions, Volume
+from flexhub.pathpattern import DEFAULT_PATTERN, check_pattern, render
 from flexhub.provisioning import Claim
 from flexhub_nfs._options import build_plan
-from flexhub_nfs._pattern import DEFAULT_PATTERN, check_pattern, render
 
 __all__ = ["DEFAULT_GID", "DEFAULT_MODE", "DEFAULT_UID", "PASSED_ON", "Spec", "read"]
 

@@ -15,8 +15,9 @@ Two claims never share a directory: the pattern's *last* segment must hold ``${u
 class renders the same number of segments and ends in its own uid: no claim's directory is
 another's, nor inside another's (whose reclaim would delete it).
 
-This module is the same file in the nfs and cifs packages (a test keeps them identical: a
-backend imports only ``flexhub.backend`` and ``flexhub.provisioning``, never another backend).
+Public, for every backend that makes a directory per claim (nfs and cifs use it).
+
+.. versionadded:: 0.3
 """
 
 from __future__ import annotations
