@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from flexhub.testing import KitEnv, Sample
+from flexhub.testing import KitEnv, ProvisionSample, Sample
 from flexhub.testing.conformance import default_attached
 from tests.rig import services
 from tests.rig.services import Chap, IscsiTarget
@@ -61,6 +61,21 @@ class TestIscsiConformance(VMConformance):
 
     def settings(self, base: str) -> Mapping[str, Any]:
         return {"device_timeout": 20, "login_timeout": 15, "command_timeout": 20}
+
+    def provision_sample(self) -> ProvisionSample:
+        """The class of tests/vm/test_iscsi_provision.py (which runs provision and reclaim
+        in the guest); here only the kit's static check reads it."""
+        return ProvisionSample(
+            parameters={
+                "targetHost": "127.0.0.1",
+                "portals": "127.0.0.1:3260",
+                "iqnPrefix": "iqn.2026-01.io.flexhub.rig:kit",
+                "fileioDirectory": f"{services.LUN_DIR}/kit",
+                "initiators": services.GUEST_INITIATOR,
+                "nodeSecretName": "iscsi-chap",
+                "nodeSecretNamespace": "flexhub",
+            }
+        )
 
     def sample(self) -> Sample:
         (target,) = TARGET
