@@ -45,7 +45,7 @@ Expansion: success without change (the share's size is the server's).
 Provisioning (:class:`~flexhub.provisioning.Provisioning`): a StorageClass names a share
 (``server``, ``share``) and the Secret of its credentials (``secretName``,
 ``secretNamespace``); each claim gets its own directory there, named by ``pathPattern``
-(:mod:`flexhub_cifs._pattern`), and its PV mounts exactly that directory through ``subPath``,
+(:mod:`flexhub.pathpattern`), and its PV mounts exactly that directory through ``subPath``,
 with the class's ``uid``/``gid`` and modes (``mode`` -> ``dir_mode``, ``fileMode`` ->
 ``file_mode``) and the class's Secret as its ``secretRef``. The provisioner mounts the share
 on a private directory for each call (the mount code above, with its timeouts and its
@@ -129,9 +129,6 @@ def _seconds(settings: Mapping[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
-# Provisioning.expand (storage-side) and FilesystemBackend.expand (the node's) share a name:
-# the node's comes first in the MRO, and the provisioner never calls ours (expands_storage is
-# False), so mypy's complaint about the two signatures is silenced here.
 class CifsBackend(FilesystemBackend, Provisioning):
     """SMB/CIFS shares mounted straight onto pod directories; a directory per claim on a
     share for a provisioning StorageClass."""

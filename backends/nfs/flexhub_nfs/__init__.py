@@ -62,7 +62,7 @@ Expansion: success without change (an NFS volume's size is the server's).
 
 Provisioning (:class:`~flexhub.provisioning.Provisioning`): a StorageClass names an export
 (``server``, ``share``); each claim gets its own directory there, named by ``pathPattern``
-(:mod:`flexhub_nfs._pattern`) and owned as ``uid``/``gid``/``mode`` say (default ``0:0``,
+(:mod:`flexhub.pathpattern`) and owned as ``uid``/``gid``/``mode`` say (default ``0:0``,
 ``2770``), and its PV mounts exactly that directory through ``subPath``. The provisioner mounts
 the export read-write on a private directory for each call (the mount code above, with its
 timeouts), makes, removes or renames the directory with a walk that never follows a symlink
@@ -143,9 +143,6 @@ def _seconds(settings: Mapping[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
-# Provisioning.expand (storage-side) and FilesystemBackend.expand (the node's) share a name:
-# the node's comes first in the MRO, and the provisioner never calls ours (expands_storage is
-# False), so mypy's complaint about the two signatures is silenced here.
 class NfsBackend(FilesystemBackend, Provisioning):
     """NFS exports mounted straight onto pod directories; a directory per claim on an
     export for a provisioning StorageClass."""
