@@ -326,6 +326,13 @@ class Controller:
         )
         if secret is None:
             raise FlexhubError(f"Secret {ref.get('namespace')}/{ref['name']} not found")
+        if secret.get("type") != SECRET_TYPE:
+            # kubelet mounts a PV only with a Secret of the driver's type: a secretRef naming
+            # another (a hand-edited PV) must not hand an unrelated Secret to a backend
+            raise FlexhubError(
+                f"Secret {ref.get('namespace')}/{ref['name']} has type "
+                f"{str(secret.get('type'))[:80]!r}, not {SECRET_TYPE!r}: refusing to reclaim"
+            )
         return Secrets(encoded=dict(secret.get("data") or {}))
 
     # ----------------------------------------------------------------------------- API
