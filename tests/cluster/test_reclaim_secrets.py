@@ -40,9 +40,10 @@ class _Recording:
         self.calls.append({key: secrets[key].reveal() for key in secrets})
 
 
-def _released_pv(cluster: Cluster, secret_ns: str, secret: str) -> str:
+def _released_pv(cluster: Cluster, secret_ns: str, secret: str, **extra: str) -> str:
     name = f"pvc-{uuid.uuid4()}"
     record = {"backend": "rec", "onDelete": "delete", "reclaimOn": "provisioner", "node": ""}
+    record.update(extra)
     cluster.core.create_persistent_volume(
         {
             "apiVersion": "v1",
@@ -104,6 +105,63 @@ def test_reclaim_never_reads_a_secret_of_another_type(cluster: Cluster) -> None:
         assert backend.calls == []  # the Opaque Secret reached no backend
         pv: Any = cluster.core.read_persistent_volume(name)
         assert pvs.FINALIZER in (pv.metadata.finalizers or [])  # nothing reclaimed
+    finally:
+        cluster.core.patch_persistent_volume(name, {"metadata": {"finalizers": None}})
+        cluster.core.delete_persistent_volume(name)
+
+
+def test_reclaim_refuses_a_record_naming_another_claims_uid(cluster: Cluster) -> None:
+    """nfs and cifs remove the recorded directory when its name holds the record's
+    ``claimUid``: an edited record naming another claim's uid must reach no backend."""
+    ns = namespace(cluster, "reclaim-uid")
+    cluster.core.create_namespaced_secret(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "share"},
+            "type": DRIVER,
+            "stringData": {"username": "u", "password": "p"},
+        },
+    )
+    victim = str(uuid.uuid4())
+    name = _released_pv(cluster, ns, "share", claimUid=victim, path=f"{ns}-db-pvc-{victim}")
+    backend = _Recording()
+    controller = Controller(cluster.api, lambda _name: backend, lambda sc: sc)  # type: ignore[arg-type,return-value]
+    try:
+        with pytest.raises(FlexhubError, match="claim uid"):
+            controller.sync_volume(name)
+        assert backend.calls == []
+        pv: Any = cluster.core.read_persistent_volume(name)
+        assert pvs.FINALIZER in (pv.metadata.finalizers or [])
+    finally:
+        cluster.core.patch_persistent_volume(name, {"metadata": {"finalizers": None}})
+        cluster.core.delete_persistent_volume(name)
+
+
+@pytest.mark.parametrize("where", ["somewhere-new", ""])
+def test_reclaim_leaves_a_record_of_an_unknown_place_alone(cluster: Cluster, where: str) -> None:
+    """A PV whose record says ``reclaimOn`` is neither ``provisioner`` nor ``node`` (a newer
+    flexhub wrote it, during a downgrade, or it was edited) is not reclaimed here."""
+    ns = namespace(cluster, "reclaim-where")
+    cluster.core.create_namespaced_secret(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "share"},
+            "type": DRIVER,
+            "stringData": {"username": "u", "password": "p"},
+        },
+    )
+    name = _released_pv(cluster, ns, "share", reclaimOn=where)
+    backend = _Recording()
+    controller = Controller(cluster.api, lambda _name: backend, lambda sc: sc)  # type: ignore[arg-type,return-value]
+    try:
+        controller.sync(f"volume/{name}")
+        assert backend.calls == []
+        pv: Any = cluster.core.read_persistent_volume(name)
+        assert pvs.FINALIZER in (pv.metadata.finalizers or [])
     finally:
         cluster.core.patch_persistent_volume(name, {"metadata": {"finalizers": None}})
         cluster.core.delete_persistent_volume(name)
