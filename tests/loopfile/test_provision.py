@@ -94,7 +94,7 @@ def test_provision_names_the_claims_file_and_is_idempotent() -> None:
     assert first == again
     assert first.options == {"file": f"claims/pvc-{c.uid}.img", "size": "1000"}
     assert (first.size, first.fs_type, first.node) == (4096, "xfs", "node-1")
-    assert first.reclaim == {"namespace": NS}
+    assert first.reclaim == {"namespace": NS, "claimUid": c.uid}
     # exactly what the node driver accepts
     options = Kubelet.base_options({"backend": "loopfile", **first.options}, pv=c.volume_name)
     validate_options(load_backend("loopfile"), options)
@@ -288,3 +288,18 @@ def test_a_directory_in_the_namespace_areas_is_a_class_mistake() -> None:
 
     with pytest.raises(InvalidOptions, match="parameter 'directory'"):
         _provision.provision(claim(), {"directory": "namespaces/victim"})
+
+
+def test_a_hand_edited_file_option_never_reclaims_another_claims_file(
+    node_tree: dict[str, Path], agent: LoopfileBackend
+) -> None:
+    """The record's claimUid (the provisioner checks it is the PV's own) names the one file
+    reclaim may remove: not another claim's of the same namespace."""
+    other = provisioned(claim())
+    victim = image(node_tree, other)
+    victim.parent.mkdir(parents=True)
+    victim.write_bytes(b"\0" * 4096)
+    p = provisioned(claim())
+    with pytest.raises(InvalidOptions, match="is not the file of claim"):
+        agent.reclaim(other.options, {**p.reclaim, "onDelete": "delete"}, Secrets())
+    assert victim.is_file()

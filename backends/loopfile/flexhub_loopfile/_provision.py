@@ -105,7 +105,9 @@ def provision(claim: Claim, parameters: Mapping[str, str]) -> Provisioned:
     return Provisioned(
         options=options,
         size=-(-claim.size // block) * block,
-        reclaim={"namespace": claim.namespace},
+        # claimUid: the provisioner checks it is the PV's own (pvc-<uid>), reclaim that the
+        # file is named from it, so an edited file option cannot name another claim's file
+        reclaim={"namespace": claim.namespace, "claimUid": claim.uid},
         fs_type=parameters.get("fsType", ""),
         node=claim.selected_node,
     )
@@ -245,6 +247,12 @@ def reclaim(
     if on_delete != "delete":
         raise InvalidOptions(f"onDelete {on_delete[:80]!r}: loopfile honours delete and retain")
     _check_provisioned(text, _tenancy.isolated(node.settings))
+    uid = reclaim_record.get("claimUid")
+    if uid is not None and text.rsplit("/", 1)[-1] != f"pvc-{uid}.img":
+        raise InvalidOptions(
+            f"option 'file' {text[:80]!r} is not the file of claim {uid[:80]!r} (the reclaim "
+            "record's claimUid): refusing to reclaim (was the PV edited?)"
+        )
     removed = False
     for place in _places(node.settings, reclaim_record.get("namespace", "")):
         parts = [*place, *text.split("/")]
