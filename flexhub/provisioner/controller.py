@@ -308,7 +308,19 @@ class Controller:
         if (pv.get("status") or {}).get("phase") != "Released":
             return
         record = _record(pv)
-        if record.get("reclaimOn") == "node":
+        where = record.get("reclaimOn", "")
+        if where not in ("provisioner", "node"):
+            # a record this version does not know (a newer flexhub's, or an edited one):
+            # reclaiming it here could remove storage the way its writer never meant
+            self.events.volume(
+                pv,
+                "Warning",
+                "VolumeFailedDelete",
+                f"reclaim record names reclaimOn {where[:40]!r}: this flexhub does not know "
+                "where to reclaim it (upgrade the provisioner)",
+            )
+            raise _Later(MISTAKE_RETRY)
+        if where == "node":
             node = record.get("node", "")
             if self._get(self.core.read_node, node) is None:
                 self.events.volume(
@@ -345,6 +357,13 @@ class Controller:
         )
         if secret is None:
             raise FlexhubError(f"Secret {ref.get('namespace')}/{ref['name']} not found")
+        if secret.get("type") != SECRET_TYPE:
+            # kubelet mounts a PV only with a Secret of the driver's type: a secretRef naming
+            # another (a hand-edited PV) must not hand an unrelated Secret to a backend
+            raise FlexhubError(
+                f"Secret {ref.get('namespace')}/{ref['name']} has type "
+                f"{str(secret.get('type'))[:80]!r}, not {SECRET_TYPE!r}: refusing to reclaim"
+            )
         return Secrets(encoded=dict(secret.get("data") or {}))
 
     # ----------------------------------------------------------------------------- API
@@ -385,7 +404,16 @@ def _record(pv: Mapping[str, Any]) -> dict[str, str]:
         raise FlexhubError(
             f"PV {pv['metadata']['name']}: annotation {pvs.ANN_RECLAIM} names no backend"
         )
-    return {str(k): str(v) for k, v in record.items()}
+    found = {str(k): str(v) for k, v in record.items()}
+    uid = found.get("claimUid")
+    if uid is not None and pv["metadata"]["name"] != f"pvc-{uid}":
+        # the PV's name cannot be edited, its annotation can: a record naming another
+        # claim's directory (its uid) would make this PV's reclaim delete that one
+        raise FlexhubError(
+            f"PV {pv['metadata']['name']}: annotation {pvs.ANN_RECLAIM} names claim uid "
+            f"{uid[:80]!r}, not this PV's: refusing to reclaim"
+        )
+    return found
 
 
 def finish_reclaim(core: Any, pv: Mapping[str, Any]) -> None:

@@ -94,7 +94,7 @@ def test_provision_names_the_claims_file_and_is_idempotent() -> None:
     assert first == again
     assert first.options == {"file": f"claims/pvc-{c.uid}.img", "size": "1000"}
     assert (first.size, first.fs_type, first.node) == (4096, "xfs", "node-1")
-    assert first.reclaim == {"namespace": NS}
+    assert first.reclaim == {"namespace": NS, "claimUid": c.uid}
     # exactly what the node driver accepts
     options = Kubelet.base_options({"backend": "loopfile", **first.options}, pv=c.volume_name)
     validate_options(load_backend("loopfile"), options)
@@ -249,4 +249,57 @@ def test_reclaim_never_follows_a_symlinked_namespace_area(
     (node_tree["loopfiles"] / "namespaces").symlink_to(elsewhere)
     with pytest.raises(VolumeError, match="a directory on the way is a symlink"):
         reclaim(agent, p)
+    assert victim.is_file()
+
+
+def test_a_hand_edited_file_option_never_reclaims_another_namespaces_file(
+    node_tree: dict[str, Path], agent: LoopfileBackend
+) -> None:
+    """A PV edited to ``file: namespaces/<other>/...`` (the node agent's service account may
+    patch any PV) must not reach another namespace's area through the pre-isolation place."""
+    victim_claim = Claim(uid=str(uuid.uuid4()), namespace="victim", name="db", size=MiB)
+    victim = node_tree["loopfiles"] / "namespaces" / "victim" / f"claims/pvc-{victim_claim.uid}.img"
+    victim.parent.mkdir(parents=True)
+    victim.write_bytes(b"\0" * 4096)
+    p = provisioned(claim())
+    edited = {**p.options, "file": f"namespaces/victim/claims/pvc-{victim_claim.uid}.img"}
+    with pytest.raises(InvalidOptions, match="option 'file'"):
+        agent.reclaim(edited, {**p.reclaim, "onDelete": "delete"}, Secrets())
+    assert victim.is_file()
+
+
+def test_a_hand_edited_file_option_never_reclaims_a_file_provision_did_not_name(
+    node_tree: dict[str, Path], agent: LoopfileBackend
+) -> None:
+    """Only ``<directory>/pvc-<uid>.img`` is ever removed: not a static PV's image."""
+    static = node_tree["loopfiles"] / "namespaces" / NS / "static" / "important.img"
+    static.parent.mkdir(parents=True)
+    static.write_bytes(b"\0" * 4096)
+    p = provisioned(claim())
+    edited = {**p.options, "file": "static/important.img"}
+    with pytest.raises(InvalidOptions, match="option 'file'"):
+        agent.reclaim(edited, {**p.reclaim, "onDelete": "delete"}, Secrets())
+    assert static.is_file()
+
+
+def test_a_directory_in_the_namespace_areas_is_a_class_mistake() -> None:
+    """What reclaim refuses, provision never names."""
+    from flexhub_loopfile import _provision
+
+    with pytest.raises(InvalidOptions, match="parameter 'directory'"):
+        _provision.provision(claim(), {"directory": "namespaces/victim"})
+
+
+def test_a_hand_edited_file_option_never_reclaims_another_claims_file(
+    node_tree: dict[str, Path], agent: LoopfileBackend
+) -> None:
+    """The record's claimUid (the provisioner checks it is the PV's own) names the one file
+    reclaim may remove: not another claim's of the same namespace."""
+    other = provisioned(claim())
+    victim = image(node_tree, other)
+    victim.parent.mkdir(parents=True)
+    victim.write_bytes(b"\0" * 4096)
+    p = provisioned(claim())
+    with pytest.raises(InvalidOptions, match="is not the file of claim"):
+        agent.reclaim(other.options, {**p.reclaim, "onDelete": "delete"}, Secrets())
     assert victim.is_file()

@@ -52,6 +52,8 @@ MAX_DIRECTORY = 180
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 _UID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: The name :func:`file_of` gives a claim's file: the only name :func:`reclaim` removes.
+_PROVISIONED_NAME = re.compile(r"pvc-[a-z0-9][a-z0-9-]{0,62}\.img")
 
 
 def _directory(parameters: Mapping[str, str]) -> str:
@@ -63,6 +65,11 @@ def _directory(parameters: Mapping[str, str]) -> str:
         raise InvalidOptions(
             f"parameter 'directory': {text[:80]!r} must be a relative path of at most "
             f"{MAX_DIRECTORY} characters, letters, digits and _ . + - (no '.' or '..' segment)"
+        )
+    if parts[0] == _tenancy.AREA:
+        raise InvalidOptions(
+            f"parameter 'directory': {text[:80]!r} must not start with {_tenancy.AREA!r} "
+            "(the loopfile root's namespace areas)"
         )
     return text
 
@@ -98,10 +105,31 @@ def provision(claim: Claim, parameters: Mapping[str, str]) -> Provisioned:
     return Provisioned(
         options=options,
         size=-(-claim.size // block) * block,
-        reclaim={"namespace": claim.namespace},
+        # claimUid: the provisioner checks it is the PV's own (pvc-<uid>), reclaim that the
+        # file is named from it, so an edited file option cannot name another claim's file
+        reclaim={"namespace": claim.namespace, "claimUid": claim.uid},
         fs_type=parameters.get("fsType", ""),
         node=claim.selected_node,
     )
+
+
+def _check_provisioned(text: str, isolated: bool) -> None:
+    """Refuse a ``file`` that :func:`file_of` cannot have written (a hand-edited PV): only
+    ``<directory>/pvc-<uid>.img`` is reclaimed, and with isolation on never one whose path
+    starts in the namespaces' areas (its pre-isolation place would be another namespace's).
+
+    :raises InvalidOptions: naming option ``file``; nothing is removed.
+    """
+    parts = text.split("/")
+    if not _PROVISIONED_NAME.fullmatch(parts[-1]) or len(parts) < 2:
+        raise InvalidOptions(
+            f"option 'file' {text[:80]!r} is not <directory>/pvc-<uid>.img, the name "
+            "provisioning gives: refusing to reclaim (was the PV edited?)"
+        )
+    if isolated and parts[0] == _tenancy.AREA:
+        raise InvalidOptions(
+            f"option 'file' {text[:80]!r} starts in the namespaces' areas: refusing to reclaim"
+        )
 
 
 def _places(settings: Mapping[str, object], namespace: str) -> list[list[str]]:
@@ -218,6 +246,13 @@ def reclaim(
         return
     if on_delete != "delete":
         raise InvalidOptions(f"onDelete {on_delete[:80]!r}: loopfile honours delete and retain")
+    _check_provisioned(text, _tenancy.isolated(node.settings))
+    uid = reclaim_record.get("claimUid")
+    if uid is not None and text.rsplit("/", 1)[-1] != f"pvc-{uid}.img":
+        raise InvalidOptions(
+            f"option 'file' {text[:80]!r} is not the file of claim {uid[:80]!r} (the reclaim "
+            "record's claimUid): refusing to reclaim (was the PV edited?)"
+        )
     removed = False
     for place in _places(node.settings, reclaim_record.get("namespace", "")):
         parts = [*place, *text.split("/")]
