@@ -428,9 +428,20 @@ def finish_reclaim(core: Any, pv: Mapping[str, Any]) -> None:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-    fresh = get(core.api_client, core.read_persistent_volume, name)
-    if fresh is not None:
-        remove_finalizer(core, fresh)
+    for _ in range(5):  # the API server itself updates a PV just deleted: read, try again
+        fresh = get(core.api_client, core.read_persistent_volume, name)
+        if fresh is None or pvs.FINALIZER not in (fresh["metadata"].get("finalizers") or []):
+            return
+        try:
+            remove_finalizer(core, fresh)
+            return
+        except ApiException as exc:
+            if exc.status not in (409, 422):
+                raise
+    raise FlexhubError(
+        f"PV {name}: could not remove the finalizer {pvs.FINALIZER} (it changes "
+        "under every try); retried"
+    )
 
 
 def remove_finalizer(core: Any, pv: Mapping[str, Any]) -> None:

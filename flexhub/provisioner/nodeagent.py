@@ -10,6 +10,7 @@ deleted and flexhub's finalizer removed. A failure is an Event on the PV and a r
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -59,14 +60,36 @@ class NodeAgent:
             daemon=True,
             args=(
                 self.core.list_persistent_volume,
-                lambda key, _event: self.queue.add(key),
-                lambda o: o["metadata"]["name"] if isinstance(o, dict) else o.metadata.name,
+                self._queue_key,
+                self._key_if_mine,
                 self.stop,
                 "volumes",
             ),
         )
         thread.start()
         return thread
+
+    def _queue_key(self, key: str, _event: object) -> None:
+        if key:
+            self.queue.add(key)
+
+    def _key_if_mine(self, obj: Any) -> str:
+        """The PV's name when the watched object may be this node's to reclaim, else "": every
+        node watches every PV, so the others are dropped here, before any request."""
+        meta = obj["metadata"] if isinstance(obj, dict) else obj.metadata
+        name = meta["name"] if isinstance(meta, dict) else meta.name
+        annotations = (
+            meta.get("annotations") if isinstance(meta, dict) else meta.annotations
+        ) or {}
+        raw = annotations.get(pvs.ANN_RECLAIM, "")
+        if annotations.get(pvs.ANN_PROVISIONED_BY) != self.name or not raw:
+            return ""
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return ""
+        mine = isinstance(record, dict) and record.get("node") == self.node
+        return str(name) if mine and record.get("reclaimOn") == "node" else ""
 
     def run(self) -> None:
         while not self.stop.is_set():

@@ -303,3 +303,23 @@ def test_a_hand_edited_file_option_never_reclaims_another_claims_file(
     with pytest.raises(InvalidOptions, match="is not the file of claim"):
         agent.reclaim(other.options, {**p.reclaim, "onDelete": "delete"}, Secrets())
     assert victim.is_file()
+
+
+def test_a_claim_for_several_nodes_is_refused() -> None:
+    """A loop file is one node's: ReadWriteMany or ReadOnlyMany cannot be honoured, and is a
+    one-line mistake naming accessModes, not a PV that lies about its modes."""
+    from flexhub_loopfile._provision import provision
+
+    from flexhub.errors import InvalidOptions
+    from flexhub.provisioning import Claim
+
+    claim = Claim(
+        uid="u1",
+        namespace="ns",
+        name="c",
+        size=1 << 20,
+        selected_node="n",
+        access_modes=("ReadWriteMany",),
+    )
+    with pytest.raises(InvalidOptions, match=r"accessModes: .*ReadWriteMany"):
+        provision(claim, {})

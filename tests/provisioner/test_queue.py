@@ -79,3 +79,32 @@ def test_a_watch_answering_410_or_ending_is_replaced_by_a_fresh_list() -> None:
     watch_forever(list_fn, lambda key, _e: seen.append(key), key_of, stop, "test", stream=stream)
     assert watched_from == ["1", "7", "9"]
     assert seen == ["a", "b", "a", "b", "a", "b", "c"]
+
+
+def test_the_node_agent_queues_only_this_nodes_pvs() -> None:
+    """Every node watches every PV: only flexhub's node-reclaimed PVs of this node become
+    work (no request is made for the others)."""
+    import json as _json
+
+    from flexhub.provisioner.nodeagent import NodeAgent
+
+    agent = NodeAgent.__new__(NodeAgent)
+    agent.node, agent.name = "n1", "flexhub"
+
+    def pv(node: str, by: str = "flexhub", where: str = "node") -> dict[str, Any]:
+        record = _json.dumps({"backend": "loopfile", "node": node, "reclaimOn": where})
+        return {
+            "metadata": {
+                "name": f"pv-{node}-{by}-{where}",
+                "annotations": {"pv.kubernetes.io/provisioned-by": by, "flexhub/reclaim": record},
+            }
+        }
+
+    assert agent._key_if_mine(pv("n1")) == "pv-n1-flexhub-node"
+    assert agent._key_if_mine(pv("n2")) == ""
+    assert agent._key_if_mine(pv("n1", by="other")) == ""
+    assert agent._key_if_mine(pv("n1", where="provisioner")) == ""
+    assert agent._key_if_mine({"metadata": {"name": "plain", "annotations": None}}) == ""
+    broken = pv("n1")
+    broken["metadata"]["annotations"]["flexhub/reclaim"] = "{not json"
+    assert agent._key_if_mine(broken) == ""

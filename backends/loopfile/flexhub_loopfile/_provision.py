@@ -97,6 +97,12 @@ def provision(claim: Claim, parameters: Mapping[str, str]) -> Provisioned:
         )
     if claim.size <= 0:
         raise InvalidOptions("resources.requests.storage: a loopfile claim needs a size")
+    shared = sorted(set(claim.access_modes) - {"ReadWriteOnce", "ReadWriteOncePod"})
+    if shared:
+        raise InvalidOptions(
+            f"accessModes: a loopfile volume is one node's, so {', '.join(shared)} cannot be "
+            "honoured (use ReadWriteOnce or ReadWriteOncePod)"
+        )
     options = {"file": file_of(claim, parameters), "size": str(claim.size)}
     for key in ("preallocate", "mountOptions"):
         if parameters.get(key):
