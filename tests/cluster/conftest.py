@@ -1,4 +1,4 @@
-"""The ``cluster`` fixture: one real control plane and node per session (tests/cluster)."""
+"""The ``cluster`` fixture: one real control plane and node for the tests of tests/cluster."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ def _on_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-@pytest.fixture(scope="session")
+# Package scope: the cluster runs while tests/cluster runs, and is gone before the rest of the
+# session (its processes would otherwise take CPU from the VM sessions beside it in CI).
+@pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     reason = None
     if os.geteuid() != 0:
