@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from flexhub.admin.harness import Kubelet, go_json, parse_reply
+from flexhub.node.runner import REAP_TIMEOUT
 from tests.rig import services
 from tests.rig.vm import GUEST_PYTHON, VM
 from tests.vm.test_nfs import wait_blocked, wait_holding
@@ -391,7 +392,11 @@ def test_silent_server_fails_within_the_bound(rig: Rig) -> None:
         inside = rig.last_call()["ms"] / 1000
         LOG.warning("silent server: %s after %.2fs (%.2fs in flexhub)", reply, elapsed, inside)
         assert reply["status"] == "Failure", reply
-        assert inside < MOUNT_TIMEOUT + 6 and elapsed < MOUNT_TIMEOUT + OVERHEAD
+        # the bound, then at most the reap of the killed mount (REAP_TIMEOUT) and the
+        # clean-up, which an emulated guest beside two other CI sessions runs slowly (15.4 s
+        # seen in flexhub at 8 s), as for NFS; never the kernel's own minutes-long retry
+        assert inside < MOUNT_TIMEOUT + REAP_TIMEOUT + 6
+        assert elapsed < MOUNT_TIMEOUT + REAP_TIMEOUT + OVERHEAD
         assert PASSWORD not in reply["message"]
         assert rig.mount_commands() == []
         assert rig.mounts(target) == []

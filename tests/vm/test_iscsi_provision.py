@@ -89,7 +89,7 @@ while not os.path.exists(sys.argv[1]):
             ssh += 1
         if any(n in argv for n in needles):
             out.write("HIT " + argv.replace(b"\0", b" ").decode("utf-8", "replace")[:200] + "\n")
-    time.sleep(0.02)  # the guest has one CPU: leave it to the calls sampled
+    time.sleep(0.2)  # the guest has one CPU: leave it to the calls sampled (an ssh lives seconds)
 out.write(f"DONE {scans} {ssh}\n")
 """
 
