@@ -14,7 +14,6 @@ PV holds flexhub's finalizer, which is removed after the backend confirmed the r
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import logging
@@ -22,12 +21,12 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-from flexhub.errors import FlexhubError, InvalidOptions
+from flexhub.errors import FlexhubError, InvalidOptions, one_line
 from flexhub.node.checkpoints import checkpoint
 from flexhub.provisioner import pvs
 from flexhub.provisioner.events import Recorder
 from flexhub.provisioner.queue import WorkQueue, watch_forever
-from flexhub.provisioning import Claim, Provisioning
+from flexhub.provisioning import Provisioning
 from flexhub.volume import Secrets
 
 LOG = logging.getLogger(__name__)
@@ -459,12 +458,8 @@ def remove_finalizer(core: Any, pv: Mapping[str, Any]) -> None:
 
 
 def _one_line(error: object) -> str:
-    text = " ".join(str(error).split())
-    return text if len(text) <= 400 else text[:397] + "..."
+    """An Event's or log line's text: the errors module's folding, at an Event's length."""
+    return one_line(str(error), limit=400)
 
 
-def decode(data: Mapping[str, str]) -> dict[str, str]:
-    return {k: base64.b64decode(v).decode("utf-8", "replace") for k, v in data.items()}
-
-
-__all__ += ["Claim", "decode", "finish_reclaim", "get", "remove_finalizer"]
+__all__ += ["finish_reclaim", "get", "remove_finalizer"]
