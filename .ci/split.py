@@ -1,8 +1,9 @@
-"""Split the VM and Go tiers' test files into groups of about equal measured duration.
+"""Split the VM tier's test files (the Go harness's guest runs among them) into groups of about
+equal measured duration.
 
     python3 .ci/split.py N COLLECTED DURATIONS...  # prints N lines, one group's files each
 
-COLLECTED is ``pytest --collect-only -q -m "vm or goharness"``'s output (one node id a line);
+COLLECTED is ``pytest --collect-only -q -m vm``'s output (one node id a line);
 each DURATIONS file (``.ci/durations.json``, then the last run's on this machine, which wins)
 holds the seconds each file took in a measured run (written by ``tests/ciplugin.py`` under
 ``FLEXHUB_FILE_DURATIONS``; a missing or broken file counts as empty). A file in none is

@@ -4,13 +4,11 @@ namespace in which no Python of this machine exists, and a fake host root."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -19,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.runtime_cache import cached_runtime
 
 LOOP_OPTIONS = {
     "backend": "loopfile",
@@ -68,100 +66,12 @@ def in_namespace(script: str, pid: bool = False) -> subprocess.CompletedProcess[
     )
 
 
-#: A directory (``.ci/run``: ``/var/cache/flexhub-ci/runtime``) that keeps built runtimes,
-#: one per digest of their inputs, for the next session; unset, each session builds its own.
-RUNTIME_CACHE_ENV = "FLEXHUB_RUNTIME_CACHE"
-RUNTIME_INPUTS = ("flexhub", "backends", "deploy/build_runtime.py", "pyproject.toml")
-SKIP_PARTS = {"__pycache__", "build", "dist", ".mypy_cache", ".ruff_cache"}
-
-
-def runtime_inputs_digest() -> str:
-    """What a runtime is built from: this checkout's sources, the interpreter, its packages and
-    the system libraries (dpkg's status) it bundles."""
-    from importlib.metadata import distributions
-
-    digest = hashlib.sha256(f"{sys.executable}\n{sys.version}\n".encode())
-    for path in (sys.executable, "/var/lib/dpkg/status"):
-        with contextlib.suppress(OSError):
-            st = os.stat(path)
-            digest.update(f"{path}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions())
-    digest.update("\n".join(dists).encode())
-    for top in RUNTIME_INPUTS:
-        base = REPO / top
-        files = [base] if base.is_file() else sorted(base.rglob("*"))
-        for file in files:
-            rel = file.relative_to(REPO)
-            if (
-                not file.is_file()
-                or SKIP_PARTS & set(rel.parts)
-                or rel.name.endswith((".pyc", ".egg-info"))
-            ):
-                continue
-            if any(part.endswith(".egg-info") for part in rel.parts):
-                continue
-            digest.update(f"{rel}\n".encode() + file.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-#: The third-party backend every test runtime is built with (``--with``): the one
-#: ``flexhub new-backend`` writes, as a backend author would ship it.
-THIRD_PARTY = "mystore"
-
-
-def third_party_backend(base: Path) -> Path:
-    """``flexhub new-backend mystore`` in ``base``: a project directory pip installs."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "flexhub", "new-backend", THIRD_PARTY, "--directory", str(base)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (project,) = base.iterdir()
-    return project
-
-
-def build_runtime(out: Path) -> Path:
-    extra = third_party_backend(Path(tempfile.mkdtemp(prefix="third-party-")))
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "deploy" / "build_runtime.py"), str(out), "--with", str(extra)],
-        capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
-    shutil.rmtree(extra.parent, ignore_errors=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    path = Path(proc.stdout.strip().splitlines()[-1])
-    assert (path / "flexhub-runtime.json").is_file()
-    return path
-
-
 @pytest.fixture(scope="session")
-def runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def runtime() -> Path:
     """A runtime built from this checkout by deploy/build_runtime.py (about a minute), or the
-    one an earlier session built from the same inputs (``$FLEXHUB_RUNTIME_CACHE``). Tests copy
+    one an earlier session built from the same inputs (:mod:`tests.runtime_cache`). Tests copy
     it before changing anything in it."""
-    cache = os.environ.get(RUNTIME_CACHE_ENV)
-    if not cache:
-        return build_runtime(tmp_path_factory.mktemp("runtime"))
-    root = Path(cache)
-    root.mkdir(mode=0o755, parents=True, exist_ok=True)
-    keyed = root / runtime_inputs_digest()
-    found = sorted(keyed.glob("flexhub-*/flexhub-runtime.json"))
-    if found:
-        os.utime(keyed)  # in use: .ci/run prunes what no run used for a week
-        return found[0].parent
-    # Built beside the cache entry and renamed into place whole: a session killed half-way
-    # leaves only a ``.build-*`` directory, and two sessions building at once both succeed.
-    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
-    staging.chmod(0o755)
-    built = build_runtime(staging)
-    try:
-        staging.rename(keyed)
-    except OSError:  # another session got there first: use its copy
-        shutil.rmtree(staging, ignore_errors=True)
-    else:
-        return keyed / built.relative_to(staging)
-    found = sorted(keyed.glob("flexhub-*/flexhub-runtime.json"))
-    assert found, f"no runtime in {keyed}"
-    return found[0].parent
+    return cached_runtime()
 
 
 def fake_host(tmp_path: Path) -> tuple[Path, str]:

@@ -246,7 +246,7 @@ def test_nfs(harness: Path, vm: VM) -> None:
     try:
         options = {"backend": "nfs", "server": server.host, "share": server.v4_path}
         env = _env(
-            vm.python,
+            vm.flexhub_python,
             guest_config(vm, "nfs"),
             GUEST_ROOT,
             options=options,
@@ -285,7 +285,7 @@ def test_iscsi(harness: Path, vm: VM) -> None:
             ],
         ]
         env = _env(
-            vm.python,
+            vm.flexhub_python,
             guest_config(vm, "iscsi", "[iscsi]\ndevice_timeout = 30\n"),
             GUEST_ROOT,
             options={**options, "lun": "0"},

@@ -15,6 +15,7 @@ import pytest
 
 from tests.rig import services
 from tests.rig.vm import VM, RigError, unavailable_reason
+from tests.runtime_cache import cached_runtime
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -49,7 +50,8 @@ def vm() -> Iterator[VM]:
     """A booted guest (node set up: modules, udevd, iscsid), shared by the
     session and always killed at the end."""
     require_rig()
-    machine = VM()
+    # Built (or found) before the boot: the guest sees the host's files as they were then.
+    machine = VM(runtime=str(cached_runtime()))
     try:
         machine.start()
         services.setup_node(machine)

@@ -27,6 +27,7 @@ import json
 import lzma
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -48,6 +49,8 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 QEMU = "qemu-system-x86_64"
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 INITRAMFS_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
+#: The guest's wrapper for the runtime's interpreter (in the guest's own tmpfs overlay).
+RUNTIME_PYTHON = "/usr/local/sbin/flexhub-runtime-python"
 KUBELET_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
@@ -297,6 +300,9 @@ class VM:
     kernel: str | None = None
     boot_timeout: float = 180.0
     python: str = GUEST_PYTHON
+    #: A relocatable runtime (``deploy/build_runtime.py``, :mod:`tests.runtime_cache`) the
+    #: guest runs flexhub through, as a node does; ``None``: the test interpreter's install.
+    runtime: str | None = None
     agent_python: str = field(
         default_factory=lambda: SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else GUEST_PYTHON
     )
@@ -386,6 +392,8 @@ class VM:
         try:
             self._connect(sock_path, t0 + self.boot_timeout)
             self._wait_agent(t0 + self.boot_timeout)
+            if self.runtime:
+                self._install_runtime_python()
         except BaseException:
             self.close()
             raise
@@ -595,9 +603,30 @@ class VM:
             raise RigError(f"cannot read {path}: {resp.get('stderr')}")
         return base64.b64decode(str(resp["data"]))
 
+    @property
+    def flexhub_python(self) -> str:
+        """The interpreter that runs flexhub in the guest: the runtime's (through
+        :data:`RUNTIME_PYTHON`, a wrapper that starts it with its own loader) when the VM has
+        one, else the test interpreter. ``flexhub_python -m flexhub install`` writes a shim that
+        runs the same interpreter."""
+        return RUNTIME_PYTHON if self.runtime else self.python
+
+    def _install_runtime_python(self) -> None:
+        assert self.runtime is not None
+        marker = json.loads((Path(self.runtime) / "flexhub-runtime.json").read_text("utf-8"))
+        words = [
+            f"{self.runtime}/{marker['loader']}",
+            "--library-path",
+            f"{self.runtime}/{marker['library_path']}",
+            f"{self.runtime}/{marker['python']}",
+        ]
+        script = "#!/bin/sh\nexec " + " ".join(shlex.quote(w) for w in words) + ' "$@"\n'
+        self.write_file(RUNTIME_PYTHON, script, mode=0o755)
+
     def install_flexhub(self, plugin_dir: str, config: str | None = None) -> str:
-        """Install the driver in the guest the way a node does; returns its path."""
-        argv = [self.python, "-m", "flexhub", "install", "--plugin-dir", plugin_dir]
+        """Install the driver in the guest the way a node does (through the runtime, if the VM
+        has one); returns its path."""
+        argv = [self.flexhub_python, "-m", "flexhub", "install", "--plugin-dir", plugin_dir]
         if config is not None:
             argv += ["--config", config]
         self.run(argv, cwd=str(RIG_DIR.parent.parent), timeout=120)

@@ -104,7 +104,7 @@ def run_ops(
         "ops": [op.request() for op in ops],
     }
     started = time.monotonic()
-    result = vm.run([GUEST_PYTHON, "-I", "-c", SCRIPT], input=json.dumps(request), timeout=300)
+    result = vm.run([vm.flexhub_python, "-I", "-c", SCRIPT], input=json.dumps(request), timeout=300)
     elapsed = time.monotonic() - started
     for value in (secrets or {}).values():  # never in a reply, a log line or an error
         assert value not in result.output, "a secret reached the provisioner's output"

@@ -122,7 +122,7 @@ def generation_of(vm: VM, disk: str) -> str:
 
 def fence(vm: VM, node: FakeNode, *argv: str, check: bool = True) -> str:
     """``flexhub fence ...`` as the operator runs it on ``node``; its output."""
-    res = vm.run([vm.python, "-m", "flexhub", "fence", *argv, "--config", node.config], check=False)
+    res = vm.run([vm.flexhub_python, "-m", "flexhub", "fence", *argv, "--config", node.config], check=False)
     assert (res.rc == 0) == check, res.output
     return res.output
 
@@ -229,7 +229,7 @@ def test_dead_holder_is_preempted_only_by_the_operator(
     generation = refused_generation(reply)
     volume = f"iscsi:{target.iqn}:0"
     argv = ["fence", "preempt", "--volume", volume, "--key", full, "--generation", generation]
-    res = vm.run([vm.python, "-m", "flexhub", *argv, "--config", b.config])
+    res = vm.run([vm.flexhub_python, "-m", "flexhub", *argv, "--config", b.config])
     assert "will preempt key" in res.stdout, res.output
     b_dir, reply = b.mount(target)
     assert reply == {"status": "Success"}, reply
@@ -385,7 +385,7 @@ def test_a_clone_with_the_same_key_is_refused_by_its_initiator(
         register = ["sg_persist", "--no-inquiry", "--out", "--register-ignore"]
         vm.run([*register, f"--param-sark={a_key}", rig_disk])
         plugins = a.driver.removesuffix("/k8s~flexhub/flexhub")
-        doctor = [vm.python, "-m", "flexhub", "doctor", "--json", "--config", a.config]
+        doctor = [vm.flexhub_python, "-m", "flexhub", "doctor", "--json", "--config", a.config]
         res = vm.run([*doctor, "--plugin-dir", plugins], check=False)
         found = [c for c in json.loads(res.stdout) if c["name"] == "iscsi fencing identity"]
         assert [c["status"] for c in found] == ["fail"], res.output

@@ -1,0 +1,129 @@
+"""The relocatable runtime the tests use, built from this checkout by
+``deploy/build_runtime.py`` once per set of inputs and kept for the next session.
+
+Two tiers need it: the deployment tests (an image, a DaemonSet install) and the VM rig, whose
+guest runs the driver through it as a node does (a guest call then starts the runtime's own
+interpreter, with no ``site`` ``.pth`` files and byte-compiled modules, instead of the editable
+install). ``.ci/run`` builds it once before the sessions start; a session that finds no
+runtime for its inputs builds one (about a minute) under the cache's lock, so two sessions
+never build the same one twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+#: Where built runtimes are kept, one per digest of their inputs. Root's and writable by no
+#: one else on the way (a guest driver runs from it: nothing may run from a directory another
+#: user can write); ``.ci/run`` sets it to ``$FLEXHUB_CI_CACHE/runtime``.
+RUNTIME_CACHE_ENV = "FLEXHUB_RUNTIME_CACHE"
+DEFAULT_CACHE = Path("/var/cache/flexhub-ci/runtime")
+RUNTIME_INPUTS = ("flexhub", "backends", "deploy/build_runtime.py", "pyproject.toml")
+SKIP_PARTS = {"__pycache__", "build", "dist", ".mypy_cache", ".ruff_cache"}
+MARKER = "flexhub-runtime.json"
+#: The third-party backend every test runtime is built with (``--with``): the one
+#: ``flexhub new-backend`` writes, as a backend author would ship it.
+THIRD_PARTY = "mystore"
+
+
+def runtime_inputs_digest() -> str:
+    """What a runtime is built from: this checkout's sources, the interpreter, its packages and
+    the system libraries (dpkg's status) it bundles."""
+    from importlib.metadata import distributions
+
+    digest = hashlib.sha256(f"{sys.executable}\n{sys.version}\n".encode())
+    for path in (sys.executable, "/var/lib/dpkg/status"):
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            digest.update(f"{path}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions())
+    digest.update("\n".join(dists).encode())
+    for top in RUNTIME_INPUTS:
+        base = REPO / top
+        files = [base] if base.is_file() else sorted(base.rglob("*"))
+        for file in files:
+            rel = file.relative_to(REPO)
+            if (
+                not file.is_file()
+                or SKIP_PARTS & set(rel.parts)
+                or rel.name.endswith((".pyc", ".egg-info"))
+            ):
+                continue
+            if any(part.endswith(".egg-info") for part in rel.parts):
+                continue
+            digest.update(f"{rel}\n".encode() + file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def third_party_backend(base: Path) -> Path:
+    """``flexhub new-backend mystore`` in ``base``: a project directory pip installs."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "flexhub", "new-backend", THIRD_PARTY, "--directory", str(base)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"flexhub new-backend failed:\n{proc.stdout}{proc.stderr}")
+    (project,) = base.iterdir()
+    return project
+
+
+def build_runtime(out: Path) -> Path:
+    """Build a runtime (with the scaffolded third-party backend) into ``out``; its directory."""
+    extra = third_party_backend(Path(tempfile.mkdtemp(prefix="third-party-")))
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "deploy" / "build_runtime.py"), str(out),
+             "--with", str(extra)],
+            capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(extra.parent, ignore_errors=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"deploy/build_runtime.py failed:\n{proc.stderr[-3000:]}")
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    if not (path / MARKER).is_file():
+        raise RuntimeError(f"deploy/build_runtime.py made no runtime in {path}")
+    return path
+
+
+def _found(keyed: Path) -> Path | None:
+    found = sorted(keyed.glob(f"flexhub-*/{MARKER}"))
+    return found[0].parent if found else None
+
+
+def cached_runtime(cache: Path | None = None) -> Path:
+    """The runtime of this checkout's inputs from ``cache`` (default ``$FLEXHUB_RUNTIME_CACHE``,
+    else :data:`DEFAULT_CACHE`), built there first if it is missing."""
+    root = cache or Path(os.environ.get(RUNTIME_CACHE_ENV) or DEFAULT_CACHE)
+    root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    keyed = root / runtime_inputs_digest()
+    with open(root / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per inputs, however many sessions ask
+        found = _found(keyed)
+        if found is None:
+            # Built beside the entry and renamed into place whole: a session killed half-way
+            # leaves only a ``.build-*`` directory behind.
+            staging = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+            staging.chmod(0o755)
+            try:
+                built = build_runtime(staging)
+                staging.rename(keyed)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            found = keyed / built.relative_to(staging)
+    os.utime(keyed)  # in use: .ci/run prunes what no run used for a week
+    return found
+
+
+if __name__ == "__main__":  # .ci/run: build it before the sessions need it
+    print(cached_runtime())
