@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from tests.rig.vm import GUEST_PYTHON, VM
+from tests.rig.vm import VM
 
 __all__ = ["Op", "claim", "run_ops"]
 

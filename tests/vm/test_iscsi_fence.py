@@ -122,7 +122,9 @@ def generation_of(vm: VM, disk: str) -> str:
 
 def fence(vm: VM, node: FakeNode, *argv: str, check: bool = True) -> str:
     """``flexhub fence ...`` as the operator runs it on ``node``; its output."""
-    res = vm.run([vm.flexhub_python, "-m", "flexhub", "fence", *argv, "--config", node.config], check=False)
+    res = vm.run(
+        [vm.flexhub_python, "-m", "flexhub", "fence", *argv, "--config", node.config], check=False
+    )
     assert (res.rc == 0) == check, res.output
     return res.output
 
