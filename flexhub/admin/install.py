@@ -14,9 +14,13 @@ import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flexhub import DRIVER_NAME
-from flexhub.errors import UsageError
+from flexhub.errors import FlexhubError, UsageError
+
+if TYPE_CHECKING:
+    from flexhub.admin.plugindir import Detection
 
 __all__ = [
     "RUNTIME_MARKER",
@@ -25,6 +29,7 @@ __all__ = [
     "driver_dir_name",
     "driver_path",
     "install",
+    "install_on_node",
     "mounted_volumes",
     "render_shim",
     "shim_config",
@@ -210,6 +215,40 @@ def install(
     finally:
         os.close(fd)
     return target
+
+
+def check_config_file(path: Path) -> None:
+    """Refuse a node config the driver could not use: missing, unreadable or wrong."""
+    from flexhub.config import load_config
+    from flexhub.driver.loader import installed_backends
+    from flexhub.settings import check_sections
+
+    if not path.is_file():
+        raise FlexhubError(f"--config {path}: no such file")
+    check_sections(load_config(path), installed_backends())
+
+
+def install_on_node(
+    plugin_dir: str | None, config: Path | None = None, driver: str = DRIVER_NAME
+) -> tuple[Path, Detection]:
+    """``flexhub install``: check the driver name and the node config, find the plugin
+    directory (``plugin_dir``, or detected: kubelet's command line, its config file, the
+    default) and refuse one another user can write, install the driver there and record the
+    directory in the state directory, where ``doctor`` finds it.
+
+    :returns: the driver's path and the plugin directory found (with the rule that chose it).
+    """
+    from flexhub.admin.plugindir import detect_plugin_dir, write_record
+    from flexhub.config import DEFAULT_CONFIG_PATH, load_config
+
+    driver_dir_name(driver)  # a bad name is refused before anything else
+    if config is not None:
+        check_config_file(config)
+    found = detect_plugin_dir(plugin_dir)
+    node_config = load_config(config or DEFAULT_CONFIG_PATH)  # the driver's, for the record
+    path = install(Path(found.path), config=config, driver=driver)
+    write_record(node_config.state_dir, driver, found)
+    return path, found
 
 
 def driver_path(plugin_dir: Path, driver: str = DRIVER_NAME) -> Path:

@@ -146,33 +146,12 @@ def install(
     (and every one above it) must be root's and not writable by others; it is recorded in
     the state directory, where `doctor` finds it.
     """
-    from flexhub.admin.install import driver_dir_name
-    from flexhub.admin.install import install as do_install
-    from flexhub.admin.plugindir import detect_plugin_dir, write_record
-    from flexhub.config import DEFAULT_CONFIG_PATH, load_config
+    from flexhub.admin.install import install_on_node
 
-    driver_dir_name(driver)  # a bad name is refused before anything else
-    if config is not None:
-        _check_config_file(config)
-    found = detect_plugin_dir(plugin_dir)
+    path, found = install_on_node(plugin_dir, config=config, driver=driver)
     if plugin_dir is None:
         typer.echo(f"plugin directory: {found.describe()}")
-    node_config = load_config(config or DEFAULT_CONFIG_PATH)  # the driver's, for the record
-    path = do_install(Path(found.path), config=config, driver=driver)
-    write_record(node_config.state_dir, driver, found)
     typer.echo(str(path))
-
-
-def _check_config_file(path: Path) -> None:
-    """Refuse a node config the driver could not use: missing, unreadable or wrong."""
-    from flexhub.config import load_config
-    from flexhub.driver.loader import installed_backends
-    from flexhub.settings import check_sections
-
-    if not path.is_file():
-        raise FlexhubError(f"--config {path}: no such file")
-    config = load_config(path)
-    check_sections(config, installed_backends())
 
 
 @app.command()

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.rig import services
-from tests.rig.vm import VM, RigError, unavailable_reason
+from tests.rig.vm import COMMAND_STATS, VM, RigError, unavailable_reason
 from tests.runtime_cache import cached_runtime
 
 
@@ -65,3 +65,14 @@ def vm() -> Iterator[VM]:
         yield machine
     finally:
         machine.close()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """What the session's guests ran, by kind: the VM tier's cost per call, measured."""
+    if not COMMAND_STATS:
+        return
+    terminalreporter.section("guest commands (count, seconds in the guest, mean)")
+    for kind, (count, seconds) in sorted(COMMAND_STATS.items(), key=lambda kv: -kv[1][1]):
+        terminalreporter.write_line(
+            f"{kind:40} {count:5} {seconds:8.1f} s {seconds / count:6.2f} s"
+        )

@@ -49,9 +49,31 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 QEMU = "qemu-system-x86_64"
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 INITRAMFS_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
+_INSTALL = """import sys
+from pathlib import Path
+from flexhub.admin.install import install_on_node
+print(install_on_node(sys.argv[1], config=Path(sys.argv[2]) if sys.argv[2] else None)[0])
+"""
 #: The guest's wrapper for the runtime's interpreter (in the guest's own tmpfs overlay).
 RUNTIME_PYTHON = "/usr/local/sbin/flexhub-runtime-python"
 KUBELET_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+#: Guest commands run by this process, by kind (:func:`command_kind`): (count, seconds in the
+#: guest). The rig's pytest plugin prints them at the end of a session.
+COMMAND_STATS: dict[str, tuple[int, float]] = {}
+
+
+def command_kind(argv: list[str], flexhub_python: str) -> str:
+    """What a guest command is, for :data:`COMMAND_STATS`: a driver call (an executable in a
+    plugin directory's ``vendor~driver/``), a ``python -m flexhub`` command (fence, doctor,
+    install), another Python script, or anything else."""
+    first = argv[0] if argv else ""
+    if "~" in os.path.basename(os.path.dirname(first)):
+        return "driver call"
+    if first in (flexhub_python, GUEST_PYTHON):
+        return "flexhub command" if argv[1:3] == ["-m", "flexhub"] else "python script"
+    return "other"
 
 
 class RigError(RuntimeError):
@@ -566,6 +588,9 @@ class VM:
             timed_out=bool(resp.get("timed_out")),
             duration=float(resp.get("duration", 0.0)),
         )
+        kind = command_kind(argv, self.flexhub_python)
+        count, seconds = COMMAND_STATS.get(kind, (0, 0.0))
+        COMMAND_STATS[kind] = (count + 1, seconds + result.duration)
         if check and result.rc != 0:
             raise CommandError(result)
         return result
@@ -626,9 +651,10 @@ class VM:
     def install_flexhub(self, plugin_dir: str, config: str | None = None) -> str:
         """Install the driver in the guest the way a node does (through the runtime, if the VM
         has one); returns its path."""
-        argv = [self.flexhub_python, "-m", "flexhub", "install", "--plugin-dir", plugin_dir]
-        if config is not None:
-            argv += ["--config", config]
+        # ``flexhub install`` without its command line: the same checks, install and record
+        # (flexhub.admin.install.install_on_node), but not typer, whose import (with pydantic)
+        # costs about 10 s of the emulated guest.
+        argv = [self.flexhub_python, "-I", "-c", _INSTALL, plugin_dir, config or ""]
         self.run(argv, cwd=str(RIG_DIR.parent.parent), timeout=120)
         driver = f"{plugin_dir.rstrip('/')}/k8s~flexhub/flexhub"
         self.run(["test", "-x", driver])
