@@ -62,4 +62,3 @@ def test_bad_parameters_are_one_line_naming_the_key(extra: dict[str, str], key: 
         CifsBackend.check_parameters({**CLASS, **extra})
     message = str(info.value)
     assert key in message and "\n" not in message and "hunter2" not in message
-

@@ -153,4 +153,3 @@ def test_bad_parameters_are_one_line_naming_the_key(extra: dict[str, str], key: 
     with pytest.raises(InvalidOptions) as info:
         NfsBackend.check_parameters({**CLASS, **extra})
     assert key in str(info.value) and "\n" not in str(info.value)
-

@@ -113,4 +113,3 @@ def test_paths_that_are_not_plain_are_refused(export: tuple[Path, int], sub_path
     _, fd = export
     with pytest.raises(VolumeError, match="not a plain relative path"):
         open_sub_path(fd, sub_path, create=True, mode=0o750)
-
