@@ -430,19 +430,13 @@ class CifsBackend(FilesystemBackend, Provisioning):
         bound = self.mount_timeout
         what = f"walking {plan.sub_path} in {plan.root_source}"
 
-        def walk() -> int:
-            root = os.open(temp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                return _subpath.open_sub_path(root, plan.sub_path)
-            finally:
-                os.close(root)
+        def walk(root: int) -> int:
+            return _subpath.open_sub_path(root, plan.sub_path)
 
         try:
-            fd = claimdir.bounded(walk, bound, what)
-        except CommandTimeout:
-            raise CommandTimeout(
-                f"CIFS server {plan.host} did not answer within {bound:g}s while {what}"
-            ) from None
+            fd = claimdir.in_root(
+                temp, walk, what=what, bound=bound, server=f"CIFS server {plan.host}"
+            )
         except _subpath.SubPathMissing as exc:
             raise VolumeError(
                 f"{plan.source} does not exist on the server ({exc.message})"
