@@ -5,8 +5,11 @@ modes: ``owner`` and ``mode`` given) and the cifs way (the server's: neither giv
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -56,6 +59,51 @@ def test_a_retried_make_gives_owner_and_mode_again(export: tuple[Path, int]) -> 
     assert claimdir.make(fd, "claim-x", owner=(1234, 2345), mode=0o2770) is False
     info = (root / "claim-x").stat()
     assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (1234, 2345, 0o2770)
+
+
+#: Runs make in a user namespace where only root is mapped, so that fchown to 1234 fails
+#: (EINVAL) on a real filesystem: what a server that squashes root does to the provisioner.
+UNMAPPED_MAKE = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from flexhub import claimdir
+from flexhub.errors import VolumeError
+fd = os.open(sys.argv[2], os.O_RDONLY | os.O_DIRECTORY)
+try:
+    claimdir.make(fd, sys.argv[3], owner=(1234, 2345), mode=0o2770, hint=" (squashed?)")
+    print(json.dumps({"made": True}))
+except VolumeError as exc:
+    print(json.dumps({"error": str(exc)}))
+"""
+
+
+def make_unmapped(root: Path, path: str) -> dict[str, str]:
+    repo = Path(__file__).resolve().parents[2]
+    argv = ["unshare", "--user", "--map-root-user", sys.executable, "-c", UNMAPPED_MAKE]
+    done = subprocess.run(
+        [*argv, str(repo), str(root), path],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    result: dict[str, str] = json.loads(done.stdout)
+    return result
+
+
+def test_a_directory_made_is_removed_again_when_its_owner_cannot_be_set(
+    export: tuple[Path, int],
+) -> None:
+    root, _ = export
+    result = make_unmapped(root, "team/claim-x")
+    assert result == {
+        "error": "cannot give team/claim-x the owner 1234:2345 and mode 2770: Invalid argument"
+        " (squashed?)"
+    }
+    assert tree(root) == ["team"]  # the parent stays (as mkdir -p's would); the claim's goes
+    (root / "team" / "claim-y").mkdir()
+    assert "error" in make_unmapped(root, "team/claim-y")
+    assert tree(root) == ["team", "team/claim-y"]  # found, not made by the call: kept
 
 
 def test_parents_made_get_exactly_0755_whatever_the_umask(export: tuple[Path, int]) -> None:
