@@ -1,21 +1,17 @@
-"""Provisioning for cifs on the host: the class parameters' checks, the PV options and Secret
-they give, and the share-side walk on real directories (no server: the walk only sees a tree;
-the VM tests run it against Samba). pathPattern itself is tested in tests/nfs/test_provision.py:
-the module is the same file in both packages, which this file checks."""
+"""Provisioning for cifs on the host: the class parameters' checks and the PV options and Secret
+they give. pathPattern itself is tested in tests/nfs/test_provision.py and the share-side walk
+(flexhub.claimdir, shared with nfs) on real directories in tests/core/test_claimdir.py; the VM
+tests run it against Samba."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
-from flexhub_cifs import CifsBackend, _claimdir
+from flexhub_cifs import CifsBackend
 from flexhub_cifs._provision import read
 
 from flexhub.driver.validation import validate_options
-from flexhub.errors import InvalidOptions, VolumeError
+from flexhub.errors import InvalidOptions
 
-REPO = Path(__file__).resolve().parents[2]
 CLASS = {
     "server": "files.example.com",
     "share": "k8s",
@@ -66,23 +62,3 @@ def test_bad_parameters_are_one_line_naming_the_key(extra: dict[str, str], key: 
         CifsBackend.check_parameters({**CLASS, **extra})
     message = str(info.value)
     assert key in message and "\n" not in message and "hunter2" not in message
-
-
-def test_make_and_remove_on_real_directories(tmp_path: Path) -> None:
-    root = tmp_path / "share"
-    root.mkdir()
-    (tmp_path / "outside").mkdir()
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        assert _claimdir.make(fd, "a/b/claim-x") is True
-        assert _claimdir.make(fd, "a/b/claim-x") is False
-        (root / "a" / "b" / "claim-x" / "link").symlink_to(tmp_path / "outside")
-        assert _claimdir.remove(fd, "a/b/claim-x") is True
-        assert _claimdir.remove(fd, "a/b/claim-x") is False
-        (root / "l").symlink_to(tmp_path / "outside")
-        with pytest.raises(VolumeError, match="symbolic link"):
-            _claimdir.make(fd, "l/claim-y")
-        assert list((tmp_path / "outside").iterdir()) == []
-        assert sorted(p.name for p in root.iterdir()) == ["a", "l"]
-    finally:
-        os.close(fd)

@@ -7,7 +7,8 @@ the tree, and the arrows between the packages point one way.
 - the public backend API (``flexhub.backend``, ``volume``, ``errors``, ``config``) imports only
   itself and ``flexhub.node``;
 - backends import only ``flexhub.backend`` (and ``flexhub.provisioning``, the optional
-  provisioning interface they mix in, and ``flexhub.pathpattern``) of flexhub.
+  provisioning interface they mix in, and ``flexhub.pathpattern`` and ``flexhub.claimdir``,
+  the helpers of a directory per claim) of flexhub.
 
 Imports are read from the source (every ``import``/``from`` statement, also those inside
 functions), so a lazy import breaks the rule as much as a top-level one.
@@ -29,6 +30,8 @@ PUBLIC_API = (
     "flexhub.errors",
     "flexhub.config",
     "flexhub.settings",
+    "flexhub.pathpattern",
+    "flexhub.claimdir",
 )
 
 
@@ -78,7 +81,13 @@ def test_the_public_backend_api_stands_on_node_services_only(module: str) -> Non
 
 
 def test_backends_import_only_the_public_backend_api() -> None:
-    allowed = {"flexhub", "flexhub.backend", "flexhub.provisioning", "flexhub.pathpattern"}
+    allowed = {
+        "flexhub",
+        "flexhub.backend",
+        "flexhub.provisioning",
+        "flexhub.pathpattern",
+        "flexhub.claimdir",
+    }
     out = []
     for path in sorted((REPO / "backends").glob("*/flexhub_*/**/*.py")):
         for name in sorted(_imports(path)):
@@ -87,7 +96,12 @@ def test_backends_import_only_the_public_backend_api() -> None:
                 and not name.startswith("flexhub_")
                 and name not in allowed
                 and not name.startswith(
-                    ("flexhub.backend.", "flexhub.provisioning.", "flexhub.pathpattern.")
+                    (
+                        "flexhub.backend.",
+                        "flexhub.provisioning.",
+                        "flexhub.pathpattern.",
+                        "flexhub.claimdir.",
+                    )
                 )
             ):
                 out.append(f"{path.relative_to(REPO)} imports {name}")
@@ -108,6 +122,7 @@ def test_the_top_level_holds_only_the_public_api_and_the_entry_point() -> None:
         "__init__.py",
         "__main__.py",
         "backend.py",
+        "claimdir.py",
         "config.py",
         "errors.py",
         "pathpattern.py",

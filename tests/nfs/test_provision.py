@@ -1,20 +1,16 @@
-"""Provisioning for nfs on the host: pathPattern rendering and its refusals, the class
-parameters' checks, and the claim directory's make/remove/archive walk on real directories
-(no server: the walk only sees a tree; the VM tests run it against a real NFS export)."""
+"""Provisioning for nfs on the host: pathPattern rendering and its refusals, and the class
+parameters' checks. The claim directory's make/remove/archive walk (flexhub.claimdir, shared
+with cifs) is tested on real directories in tests/core/test_claimdir.py; the VM tests run it
+against a real NFS export."""
 
 from __future__ import annotations
 
-import os
-import stat
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-from flexhub_nfs import NfsBackend, _claimdir
+from flexhub_nfs import NfsBackend
 from flexhub_nfs._provision import DEFAULT_MODE, directory, read
 
 from flexhub.driver.validation import validate_options
-from flexhub.errors import InvalidOptions, VolumeError
+from flexhub.errors import InvalidOptions
 from flexhub.pathpattern import DEFAULT_PATTERN, check_pattern, check_recorded, render
 from flexhub.provisioning import Claim
 
@@ -157,88 +153,3 @@ def test_bad_parameters_are_one_line_naming_the_key(extra: dict[str, str], key: 
     with pytest.raises(InvalidOptions) as info:
         NfsBackend.check_parameters({**CLASS, **extra})
     assert key in str(info.value) and "\n" not in str(info.value)
-
-
-# -- the walk, on real directories -----------------------------------------------------------------
-
-
-@pytest.fixture
-def export(tmp_path: Path) -> Iterator[tuple[Path, int]]:
-    root = tmp_path / "export"
-    root.mkdir()
-    (tmp_path / "outside").mkdir()
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    yield root, fd
-    os.close(fd)
-
-
-def tree(path: Path) -> list[str]:
-    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
-
-
-def test_make_gives_owner_and_mode_and_is_idempotent(export: tuple[Path, int]) -> None:
-    root, fd = export
-    assert _claimdir.make(fd, "team/claim-x", uid=1234, gid=2345, mode=0o2770) is True
-    info = (root / "team" / "claim-x").stat()
-    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (1234, 2345, 0o2770)
-    (root / "team" / "claim-x" / "data").write_text("kept")
-    assert _claimdir.make(fd, "team/claim-x", uid=1234, gid=2345, mode=0o2770) is False
-    assert tree(root) == ["team", "team/claim-x", "team/claim-x/data"]
-
-
-def test_parents_made_get_exactly_0755_whatever_the_umask(export: tuple[Path, int]) -> None:
-    root, fd = export
-    old = os.umask(0)
-    try:
-        _claimdir.make(fd, "a/b/claim-x", uid=0, gid=0, mode=0o2770)
-    finally:
-        os.umask(old)
-    modes = [stat.S_IMODE((root / p).stat().st_mode) for p in ("a", "a/b", "a/b/claim-x")]
-    assert modes == [0o755, 0o755, 0o2770]
-
-
-def test_make_refuses_a_symlink_on_the_way(export: tuple[Path, int]) -> None:
-    root, fd = export
-    (root / "team").symlink_to(root.parent / "outside")
-    with pytest.raises(VolumeError, match="symbolic link"):
-        _claimdir.make(fd, "team/claim-x", uid=0, gid=0, mode=0o2770)
-    (root / "leaf").symlink_to(root.parent / "outside")
-    with pytest.raises(VolumeError, match="symbolic link"):
-        _claimdir.make(fd, "leaf", uid=0, gid=0, mode=0o700)
-    assert list((root.parent / "outside").iterdir()) == []
-    assert stat.S_IMODE((root.parent / "outside").stat().st_mode) != 0o700
-
-
-def test_remove_never_follows_a_symlink_inside(export: tuple[Path, int]) -> None:
-    root, fd = export
-    (root.parent / "outside" / "precious").write_text("x")
-    _claimdir.make(fd, "claim-x", uid=0, gid=0, mode=0o770)
-    (root / "claim-x" / "sub").mkdir()
-    (root / "claim-x" / "sub" / "f").write_text("y")
-    (root / "claim-x" / "link").symlink_to(root.parent / "outside")
-    assert _claimdir.remove(fd, "claim-x") is True
-    assert tree(root) == [] and (root.parent / "outside" / "precious").read_text() == "x"
-    assert _claimdir.remove(fd, "claim-x") is False  # gone: success
-    assert _claimdir.remove(fd, "no/such/claim") is False
-
-
-def test_remove_refuses_a_symlinked_parent(export: tuple[Path, int]) -> None:
-    root, fd = export
-    (root.parent / "outside" / "claim-x").mkdir()
-    (root / "team").symlink_to(root.parent / "outside")
-    with pytest.raises(VolumeError, match="symbolic link"):
-        _claimdir.remove(fd, "team/claim-x")
-    assert (root.parent / "outside" / "claim-x").is_dir()
-
-
-def test_archive_renames_beside_it(export: tuple[Path, int]) -> None:
-    root, fd = export
-    _claimdir.make(fd, "t/claim-x", uid=0, gid=0, mode=0o770)
-    (root / "t" / "claim-x" / "f").write_text("kept")
-    assert _claimdir.archive(fd, "t/claim-x") == "t/archived-claim-x"
-    assert (root / "t" / "archived-claim-x" / "f").read_text() == "kept"
-    assert _claimdir.archive(fd, "t/claim-x") == ""  # gone: success
-    _claimdir.make(fd, "t/claim-x", uid=0, gid=0, mode=0o770)
-    with pytest.raises(VolumeError, match="exists already"):
-        _claimdir.archive(fd, "t/claim-x")  # an archive is never replaced
-    assert (root / "t" / "archived-claim-x" / "f").read_text() == "kept"

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from flexhub_nfs._subpath import SubPathMissing, bounded, open_sub_path
+from flexhub_nfs._subpath import SubPathMissing, open_sub_path
 
-from flexhub.errors import CommandTimeout, VolumeError
+from flexhub.errors import VolumeError
 
 
 @pytest.fixture
@@ -114,15 +113,3 @@ def test_paths_that_are_not_plain_are_refused(export: tuple[Path, int], sub_path
     _, fd = export
     with pytest.raises(VolumeError, match="not a plain relative path"):
         open_sub_path(fd, sub_path, create=True, mode=0o750)
-
-
-def test_bounded_gives_up_on_a_call_that_hangs() -> None:
-    release = threading.Event()
-    try:
-        with pytest.raises(CommandTimeout, match=r"walking x did not finish within 0\.1s"):
-            bounded(release.wait, 0.1, "walking x")
-    finally:
-        release.set()
-    assert bounded(lambda: 42, 5, "x") == 42
-    with pytest.raises(VolumeError, match="boom"):
-        bounded(lambda: (_ for _ in ()).throw(VolumeError("boom")), 5, "x")

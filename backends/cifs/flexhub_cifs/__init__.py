@@ -1,8 +1,10 @@
 """The ``cifs`` backend: an SMB/CIFS share mounted on the pod's volume directory.
 
-Written as a third party would: it imports only :mod:`flexhub.backend`. A PV names a server, a
-share, and optionally a dialect, a sub-directory, ownership and mount options; the credentials
-come only from the PV's Secret (``secretRef``, keys ``username``, ``password``, ``domain``)::
+Written as a third party would: it imports only flexhub's public backend modules
+(:mod:`flexhub.backend`, :mod:`flexhub.provisioning`, :mod:`flexhub.pathpattern`,
+:mod:`flexhub.claimdir`). A PV names a server, a share, and optionally a dialect, a
+sub-directory, ownership and mount options; the credentials come only from the PV's Secret
+(``secretRef``, keys ``username``, ``password``, ``domain``)::
 
     options: {backend: cifs, server: files.example.com, share: team, vers: "3.1.1",
               subPath: app/data, mountOptions: "seal,noatime"}
@@ -50,7 +52,7 @@ with the class's ``uid``/``gid`` and modes (``mode`` -> ``dir_mode``, ``fileMode
 ``file_mode``) and the class's Secret as its ``secretRef``. The provisioner mounts the share
 on a private directory for each call (the mount code above, with its timeouts and its
 credentials file), makes, removes or renames the directory with a walk that never follows a
-symlink (:mod:`flexhub_cifs._claimdir`), and unmounts. The claim's size is not enforced.
+symlink (:mod:`flexhub.claimdir`), and unmounts. The claim's size is not enforced.
 """
 
 from __future__ import annotations
@@ -64,12 +66,12 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from flexhub import claimdir
 from flexhub.backend import (
     CommandError,
     CommandTimeout,
     FilesystemBackend,
     FlexhubError,
-    InvalidOptions,
     NodeConfig,
     NodeRequirements,
     Secrets,
@@ -94,8 +96,6 @@ DEFAULT_FORCE_TIMEOUT = 5.0
 TEMP_MAX_AGE = 3600.0
 
 _ID_PREFIX = "cifs:"
-#: Seconds a reclaim's removal (or rename) of a claim's directory may take on the server.
-RECLAIM_TIMEOUT = 600.0
 
 _T = TypeVar("_T")
 
@@ -269,11 +269,11 @@ class CifsBackend(FilesystemBackend, Provisioning):
 
         The share is mounted on a private directory for the call with the Secret's
         credentials (in a private file, never on a command line); the directory is made by a
-        walk that never follows a symlink (:mod:`flexhub_cifs._claimdir`). The size is the
+        walk that never follows a symlink (:mod:`flexhub.claimdir`). The size is the
         claim's: SMB does not enforce it (the server's quota may).
         """
         from flexhub.pathpattern import render
-        from flexhub_cifs import _claimdir, _provision
+        from flexhub_cifs import _provision
 
         spec = _provision.read(parameters)
         path = render(spec.pattern, claim)
@@ -285,7 +285,7 @@ class CifsBackend(FilesystemBackend, Provisioning):
             creds,
             f"making {path} in {plan.root_source}",
             self.mount_timeout,
-            lambda root: _claimdir.make(root, path),
+            lambda root: claimdir.make(root, path, where="share"),
         )
         LOG.info(
             "%s %s/%s for claim %s/%s",
@@ -295,81 +295,41 @@ class CifsBackend(FilesystemBackend, Provisioning):
             claim.namespace,
             claim.name,
         )
-        return Provisioned(
-            options=options,
-            size=claim.size,
-            reclaim={"path": path, "claimUid": claim.uid},
-            fs_type=spec.fs_type,
-            secret=spec.secret,
-        )
+        return claimdir.provisioned(claim, options, path, fs_type=spec.fs_type, secret=spec.secret)
 
     def reclaim(
         self, options: Mapping[str, str], reclaim: Mapping[str, str], secrets: Secrets
     ) -> None:
-        """Delete, archive (``archived-<name>`` beside it) or retain the recorded directory.
+        """Delete, archive or retain the recorded directory (:func:`flexhub.claimdir.reclaim`:
+        only the PV's ``subPath`` whose name holds the claim's uid; gone already is success)."""
 
-        Only the directory the reclaim record names, when it is the PV's ``subPath`` and its
-        name holds the claim's uid, is touched; gone already is success.
-        """
-        from flexhub.pathpattern import check_recorded
-        from flexhub_cifs import _claimdir
+        def share() -> claimdir.MountedRoot:
+            creds = credentials(secrets)
+            plan = build_plan(Volume(options={**options, "backend": "cifs"}))
+            return claimdir.MountedRoot(
+                plan.root_source,
+                lambda what, bound, work: self._in_share(plan, creds, what, bound, work),
+                where="share",
+            )
 
-        on_delete = reclaim.get("onDelete", "delete")
-        if on_delete not in self.on_delete:
-            raise InvalidOptions(
-                f"invalid onDelete {on_delete[:20]!r}: not one of {sorted(self.on_delete)}"
-            )
-        if on_delete == "retain":
-            LOG.info(
-                "retaining //%s/%s/%s",
-                options.get("server"),
-                options.get("share"),
-                reclaim.get("path"),
-            )
-            return
-        path = check_recorded(options, reclaim)
-        creds = credentials(secrets)
-        plan = build_plan(Volume(options={**options, "backend": "cifs"}))
-        if on_delete == "archive":
-            shown = self._in_share(
-                plan,
-                creds,
-                f"archiving {path} in {plan.root_source}",
-                RECLAIM_TIMEOUT,
-                lambda root: _claimdir.archive(root, path),
-            )
-            LOG.info("archived %s/%s as %s", plan.root_source, path, shown or "(already gone)")
-            return
-        removed = self._in_share(
-            plan,
-            creds,
-            f"removing {path} from {plan.root_source}",
-            RECLAIM_TIMEOUT,
-            lambda root: _claimdir.remove(root, path),
+        claimdir.reclaim(
+            options,
+            reclaim,
+            honoured=self.on_delete,
+            location=f"//{options.get('server')}/{options.get('share')}",
+            root=share,
         )
-        LOG.info("removed %s/%s%s", plan.root_source, path, "" if removed else " (already gone)")
 
     def _in_share(
         self, plan: Plan, creds: Credentials, what: str, bound: float, work: Callable[[int], _T]
     ) -> _T:
         """Run ``work(root_fd)`` on the share's root, mounted on a private directory,
         within ``bound`` seconds (a dead server makes it a CommandTimeout)."""
-
-        def run(temp: Path) -> _T:
-            root = os.open(temp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                return work(root)
-            finally:
-                os.close(root)
-
         collect_leftovers(self.node.state_dir)
         with self._private_mount(plan, creds) as temp:
-            try:
-                return _subpath.bounded(lambda: run(temp), bound, what)
-            except CommandTimeout:
-                raise CommandTimeout(
-                    f"CIFS server {plan.host} did not answer within {bound:g}s while {what}"
-                ) from None
+            return claimdir.in_root(
+                temp, work, what=what, bound=bound, server=f"CIFS server {plan.host}"
+            )
 
     # --------------------------------------------------------------------------- mount
 
@@ -470,19 +430,13 @@ class CifsBackend(FilesystemBackend, Provisioning):
         bound = self.mount_timeout
         what = f"walking {plan.sub_path} in {plan.root_source}"
 
-        def walk() -> int:
-            root = os.open(temp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                return _subpath.open_sub_path(root, plan.sub_path)
-            finally:
-                os.close(root)
+        def walk(root: int) -> int:
+            return _subpath.open_sub_path(root, plan.sub_path)
 
         try:
-            fd = _subpath.bounded(walk, bound, what)
-        except CommandTimeout:
-            raise CommandTimeout(
-                f"CIFS server {plan.host} did not answer within {bound:g}s while {what}"
-            ) from None
+            fd = claimdir.in_root(
+                temp, walk, what=what, bound=bound, server=f"CIFS server {plan.host}"
+            )
         except _subpath.SubPathMissing as exc:
             raise VolumeError(
                 f"{plan.source} does not exist on the server ({exc.message})"

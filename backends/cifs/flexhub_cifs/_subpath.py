@@ -8,8 +8,9 @@ share and opens each component with ``openat(O_NOFOLLOW | O_DIRECTORY)``. Any sy
 anything that is not a directory, is refused. The caller bind-mounts the returned descriptor
 (``/proc/<pid>/fd/<n>``), so what is mounted is exactly what was checked.
 
-Everything here may block on a dead server: :func:`bounded` runs it in a daemon thread and
-gives up after a bound (the caller then tears the share's mount down, which ends the wait).
+Everything here may block on a dead server: the caller runs it in
+:func:`flexhub.claimdir.bounded` (a daemon thread given up after a bound; the caller then
+tears the share's mount down, which ends the wait).
 (The same decisions as the nfs backend's walk, without ``createSubPath``.)
 """
 
@@ -18,15 +19,10 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import threading
-from collections.abc import Callable
-from typing import TypeVar
 
-from flexhub.backend import CommandTimeout, VolumeError
+from flexhub.backend import VolumeError
 
-__all__ = ["SubPathMissing", "bounded", "open_sub_path"]
-
-_T = TypeVar("_T")
+__all__ = ["SubPathMissing", "open_sub_path"]
 
 _FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Mode asked for a directory ``create`` makes (the server applies its own masks).
@@ -88,26 +84,3 @@ def open_sub_path(root: int, sub_path: str, *, create: bool = False) -> int:
     except BaseException:
         os.close(fd)
         raise
-
-
-def bounded(func: Callable[[], _T], timeout: float, what: str) -> _T:
-    """Run ``func`` in a daemon thread and wait at most ``timeout`` seconds for it.
-
-    :raises CommandTimeout: ``func`` did not return in time (it is abandoned).
-    """
-    outcome: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = func()
-        except BaseException as exc:  # handed to the caller's thread
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, name="flexhub-cifs-walk", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise CommandTimeout(f"{what} did not finish within {timeout:g}s")
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    return outcome["value"]  # type: ignore[return-value]

@@ -66,7 +66,7 @@ Provisioning (:class:`~flexhub.provisioning.Provisioning`): a StorageClass names
 ``2770``), and its PV mounts exactly that directory through ``subPath``. The provisioner mounts
 the export read-write on a private directory for each call (the mount code above, with its
 timeouts), makes, removes or renames the directory with a walk that never follows a symlink
-(:mod:`flexhub_nfs._claimdir`), and unmounts. The claim's size is not enforced.
+(:mod:`flexhub.claimdir`), and unmounts. The claim's size is not enforced.
 """
 
 from __future__ import annotations
@@ -80,12 +80,12 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from flexhub import claimdir
 from flexhub.backend import (
     CommandError,
     CommandTimeout,
     FilesystemBackend,
     FlexhubError,
-    InvalidOptions,
     NodeConfig,
     NodeRequirements,
     Secrets,
@@ -114,9 +114,7 @@ DEFAULT_FORCE_TIMEOUT = 5.0
 TEMP_MAX_AGE = 3600.0
 
 _ID_PREFIX = "nfs:"
-#: Seconds a reclaim's removal (or rename) of a claim's directory may take on the server: a
-#: large tree takes a while; a dead server must still not hold a provisioner worker forever.
-RECLAIM_TIMEOUT = 600.0
+_SQUASH_HINT = " (does the server squash root? the provisioner needs no_root_squash)"
 
 _T = TypeVar("_T")
 
@@ -269,10 +267,10 @@ class NfsBackend(FilesystemBackend, Provisioning):
         says, and return PV options that mount exactly it (``subPath``).
 
         The export is mounted read-write on a private directory for the call; the directory
-        is made by a walk that never follows a symlink (:mod:`flexhub_nfs._claimdir`). The
-        size is the claim's: NFS does not enforce it (the server's quota may).
+        is made by a walk that never follows a symlink (:mod:`flexhub.claimdir`). The size is
+        the claim's: NFS does not enforce it (the server's quota may).
         """
-        from flexhub_nfs import _claimdir, _provision
+        from flexhub_nfs import _provision
 
         spec = _provision.read(parameters)
         path = _provision.directory(spec, claim)
@@ -282,7 +280,9 @@ class NfsBackend(FilesystemBackend, Provisioning):
             plan,
             f"making {path} in {plan.root_source}",
             self.mount_timeout,
-            lambda root: _claimdir.make(root, path, uid=spec.uid, gid=spec.gid, mode=spec.mode),
+            lambda root: claimdir.make(
+                root, path, owner=(spec.uid, spec.gid), mode=spec.mode, hint=_SQUASH_HINT
+            ),
         )
         LOG.info(
             "%s %s/%s for claim %s/%s (owner %d:%d, mode %04o)",
@@ -295,75 +295,36 @@ class NfsBackend(FilesystemBackend, Provisioning):
             spec.gid,
             spec.mode,
         )
-        return Provisioned(
-            options=options,
-            size=claim.size,
-            reclaim={"path": path, "claimUid": claim.uid},
-            fs_type=spec.fs_type,
-        )
+        return claimdir.provisioned(claim, options, path, fs_type=spec.fs_type)
 
     def reclaim(
         self, options: Mapping[str, str], reclaim: Mapping[str, str], secrets: Secrets
     ) -> None:
-        """Delete, archive (``archived-<name>`` beside it) or retain the recorded directory.
+        """Delete, archive or retain the recorded directory (:func:`flexhub.claimdir.reclaim`:
+        only the PV's ``subPath`` whose name holds the claim's uid; gone already is success)."""
 
-        Only the directory the reclaim record names, when it is the PV's ``subPath`` and its
-        name holds the claim's uid, is touched; gone already is success.
-        """
-        from flexhub.pathpattern import check_recorded
-        from flexhub_nfs import _claimdir
+        def export() -> claimdir.MountedRoot:
+            plan = build_plan(Volume(options={**options, "backend": "nfs"}))
+            return claimdir.MountedRoot(
+                plan.root_source,
+                lambda what, bound, work: self._in_export(plan, what, bound, work),
+            )
 
-        on_delete = reclaim.get("onDelete", "delete")
-        if on_delete not in self.on_delete:
-            raise InvalidOptions(
-                f"invalid onDelete {on_delete[:20]!r}: not one of {sorted(self.on_delete)}"
-            )
-        if on_delete == "retain":
-            LOG.info(
-                "retaining %s:%s/%s",
-                options.get("server"),
-                options.get("share"),
-                reclaim.get("path"),
-            )
-            return
-        path = check_recorded(options, reclaim)
-        volume_options = {**options, "backend": "nfs"}
-        plan = build_plan(Volume(options=volume_options))
-        if on_delete == "archive":
-            shown = self._in_export(
-                plan,
-                f"archiving {path} in {plan.root_source}",
-                RECLAIM_TIMEOUT,
-                lambda root: _claimdir.archive(root, path),
-            )
-            LOG.info("archived %s/%s as %s", plan.root_source, path, shown or "(already gone)")
-            return
-        removed = self._in_export(
-            plan,
-            f"removing {path} from {plan.root_source}",
-            RECLAIM_TIMEOUT,
-            lambda root: _claimdir.remove(root, path),
+        claimdir.reclaim(
+            options,
+            reclaim,
+            honoured=self.on_delete,
+            location=f"{options.get('server')}:{options.get('share')}",
+            root=export,
         )
-        LOG.info("removed %s/%s%s", plan.root_source, path, "" if removed else " (already gone)")
 
     def _in_export(self, plan: Plan, what: str, bound: float, work: Callable[[int], _T]) -> _T:
         """Run ``work(root_fd)`` on the export's root, mounted read-write on a private
         directory, within ``bound`` seconds (a dead server makes it a CommandTimeout)."""
-
-        def run(temp: Path) -> _T:
-            root = os.open(temp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                return work(root)
-            finally:
-                os.close(root)
-
         with self._private_mount(plan, plan.root_options) as temp:
-            try:
-                return _subpath.bounded(lambda: run(temp), bound, what)
-            except CommandTimeout:
-                raise CommandTimeout(
-                    f"NFS server {plan.host} did not answer within {bound:g}s while {what}"
-                ) from None
+            return claimdir.in_root(
+                temp, work, what=what, bound=bound, server=f"NFS server {plan.host}"
+            )
 
     # --------------------------------------------------------------------------- mount
 
@@ -464,21 +425,15 @@ class NfsBackend(FilesystemBackend, Provisioning):
         bound = self.mount_timeout
         what = f"walking {plan.sub_path} in {plan.root_source}"
 
-        def walk() -> int:
-            root = os.open(temp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                return _subpath.open_sub_path(
-                    root, plan.sub_path, create=plan.create_sub_path, mode=plan.sub_path_mode
-                )
-            finally:
-                os.close(root)
+        def walk(root: int) -> int:
+            return _subpath.open_sub_path(
+                root, plan.sub_path, create=plan.create_sub_path, mode=plan.sub_path_mode
+            )
 
         try:
-            fd = _subpath.bounded(walk, bound, what)
-        except CommandTimeout:
-            raise CommandTimeout(
-                f"NFS server {plan.host} did not answer within {bound:g}s while {what}"
-            ) from None
+            fd = claimdir.in_root(
+                temp, walk, what=what, bound=bound, server=f"NFS server {plan.host}"
+            )
         except _subpath.SubPathMissing as exc:
             raise VolumeError(
                 f'{plan.source} does not exist on the server ({exc.message}; createSubPath: "true" '
