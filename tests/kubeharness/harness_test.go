@@ -321,9 +321,31 @@ func newEnv(t *testing.T, cfg config, secretType v1.SecretType) *env {
 	return e
 }
 
-// installDriver runs `flexhub install` into pluginDir and applies the break mode.
+// installed remembers, per interpreter, node config and driver name, the executable
+// `flexhub install` wrote first in this process (its bytes: that test's directory goes with it). Each test has its own plugin directory; the
+// installer's output does not depend on it (the shim names the interpreter and the config), so
+// later tests get a copy of that executable, written as the installer writes it (0755
+// directories, an 0755 file), instead of another `flexhub install`, which costs about 10 s in
+// the emulated VM. The installer itself is run by the first test, and refused names by
+// TestDriverDirectory, every time.
+var installed = map[string][]byte{}
+
+// installDriver runs `flexhub install` into pluginDir (or copies what it wrote for the same
+// arguments, above) and applies the break mode.
 func installDriver(t *testing.T, cfg config, pluginDir, driver string) string {
 	t.Helper()
+	dirName := strings.ReplaceAll(driver, "/", "~")
+	exe := filepath.Join(pluginDir, dirName, driver[strings.LastIndex(driver, "/")+1:])
+	key := strings.Join([]string{cfg.python, cfg.nodeConfig, driver}, "\x00")
+	if body, ok := installed[key]; ok && cfg.breakMode == "" {
+		if err := os.MkdirAll(filepath.Dir(exe), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(exe, body, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return exe
+	}
 	argv := []string{"-m", "flexhub", "install", "--plugin-dir", pluginDir, "--driver", driver}
 	if cfg.nodeConfig != "" {
 		argv = append(argv, "--config", cfg.nodeConfig)
@@ -331,11 +353,15 @@ func installDriver(t *testing.T, cfg config, pluginDir, driver string) string {
 	if out, err := exec.Command(cfg.python, argv...).CombinedOutput(); err != nil {
 		t.Fatalf("flexhub install: %v\n%s", err, out)
 	}
-	dirName := strings.ReplaceAll(driver, "/", "~")
-	exe := filepath.Join(pluginDir, dirName, driver[strings.LastIndex(driver, "/")+1:])
-	if cfg.breakMode != "" {
+	if cfg.breakMode != "" { // a broken driver is installed anew each time, then broken
 		applyBreak(t, cfg.breakMode, exe)
+		return exe
 	}
+	body, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	installed[key] = body
 	return exe
 }
 
