@@ -212,6 +212,14 @@ def activate(spec: dict[str, Any], lv: Any) -> Any:
     return lv
 
 
+def udev_path(so: Any) -> str:
+    """A storage object's backing path ("" for a kind without one, as a ramdisk)."""
+    try:
+        return str(so.udev_path or "")
+    except Exception:
+        return ""
+
+
 def users_of(lib: Any, path: str, name: str) -> list[str]:
     """Storage objects other than ``name`` (block) on the device ``path`` names."""
     try:
@@ -223,8 +231,8 @@ def users_of(lib: Any, path: str, name: str) -> list[str]:
         if so.plugin == "block" and so.name == name:
             continue
         try:
-            st = os.stat(so.udev_path)
-        except (OSError, TypeError, ValueError):
+            st = os.stat(udev_path(so))
+        except OSError:
             continue
         if stat.S_ISBLK(st.st_mode) and st.st_rdev == want:
             found.append(f"{so.plugin} {so.name}")
@@ -241,10 +249,10 @@ def block_object(lib: Any, spec: dict[str, Any]) -> Any:
     is refused."""
     mine = None
     for so in named(lib, spec["name"]):
-        if so.plugin != "block" or so.udev_path != lv_path(spec):
+        if so.plugin != "block" or udev_path(so) != lv_path(spec):
             raise Refused(
                 "storage object {} exists on another backing store ({} {})".format(
-                    spec["name"], so.plugin, so.udev_path
+                    spec["name"], so.plugin, udev_path(so) or "-"
                 )
             )
         mine = so
@@ -275,14 +283,19 @@ def provision_block(lib: Any, spec: dict[str, Any]) -> tuple[Any, bool]:
             raise Refused(f"create {where}: lvcreate left no logical volume")
     else:
         check_ours(spec, lv)
-    lv = activate(spec, lv)
-    if so is None:
-        others = users_of(lib, lv_path(spec), spec["name"])
-        if others:
-            raise Refused("logical volume {} is in use by {}".format(where, ", ".join(others)))
-        if lv["lv_attr"][5:6] == "o":
-            raise Refused(f"logical volume {where} is open (mounted or in use)")
-        so = lib.BlockStorageObject(spec["name"], dev=lv_path(spec), write_back=False)
+    try:
+        lv = activate(spec, lv)
+        if so is None:
+            others = users_of(lib, lv_path(spec), spec["name"])
+            if others:
+                raise Refused("logical volume {} is in use by {}".format(where, ", ".join(others)))
+            if lv["lv_attr"][5:6] == "o":
+                raise Refused(f"logical volume {where} is open (mounted or in use)")
+            so = lib.BlockStorageObject(spec["name"], dev=lv_path(spec), write_back=False)
+    except BaseException:
+        if made:  # this call made the LV: leave nothing behind
+            delete_lv(spec)
+        raise
     return so, made
 
 
