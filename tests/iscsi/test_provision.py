@@ -355,14 +355,17 @@ def test_block_provision_reclaim_and_expand_name_the_lv_and_its_group(tmp_path: 
         {**made.reclaim, "volumeGroup": ""},
         {**made.reclaim, "backstore": "lvm"},
         {k: v for k, v in made.reclaim.items() if k != "backstore"},
+        {**made.reclaim, "claimUid": "1b7f3c1e-5d2a-4e8f-9a61-2c4d8e0f1a3b"},  # another PV's
     ]:
         with pytest.raises(InvalidOptions) as caught:
             iscsi.reclaim(made.options, {"onDelete": "delete", **record}, secrets())
-        assert "reclaim record" in caught.value.message
+        assert "reclaim record" in caught.value.message or "claimUid" in caught.value.message
         with pytest.raises(InvalidOptions):
             iscsi.expand_storage(made.options, record, 1 << 30, secrets())
     iscsi.reclaim(made.options, {**made.reclaim, "onDelete": "retain"}, secrets())
     assert runner.calls == []  # refused or retained: nothing ran
+    iscsi.reclaim(made.options, {**made.reclaim, "claimUid": UID}, secrets())  # its own
+    assert len(runner.calls) == 1
 
 
 def test_the_parameters_schema_is_valid_and_agrees(tmp_path: Path) -> None:

@@ -336,6 +336,11 @@ def parse_volume(options: Mapping[str, str], record: Mapping[str, str]) -> LioVo
         raise InvalidOptions("option 'iqn' is not one the iscsi provisioner made")
     if options.get("lun", "0") != "0":
         raise InvalidOptions("option 'lun' must be 0 on a provisioned target")
+    claim_uid = record.get("claimUid")
+    if claim_uid is not None and name != f"pvc-{claim_uid}":
+        # the provisioner checked claimUid against the PV's name; the iqn can be edited too,
+        # and would point this PV's reclaim at another claim's target and LV
+        raise InvalidOptions("option 'iqn' names another claim than this PV's (claimUid)")
     backstore = record.get("backstore", "")
     if backstore == "block":
         volume_group = _volume_group(record.get("volumeGroup", ""), what="reclaim record")

@@ -154,7 +154,7 @@ def tag_of(spec: dict[str, Any]) -> str:
 def volume_group(spec: dict[str, Any]) -> int:
     """The extent size of the class's volume group (bytes)."""
     out = lvm(
-        "volume group " + spec["vg"],
+        "volumeGroup " + spec["vg"],
         "vgs", "--reportformat", "json", "--units", "b", "--nosuffix",
         "-o", "vg_name,vg_extent_size", "--", spec["vg"],
     )  # fmt: skip
