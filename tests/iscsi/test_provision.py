@@ -423,3 +423,19 @@ def test_remote_file_checks_on_a_real_filesystem(tmp_path: Path) -> None:
     good.chmod(0o775)
     with pytest.raises(_lio_remote.Refused, match="writable by no one else"):
         _lio_remote.check_directory(str(good))
+
+
+@pytest.mark.skipif(
+    not any(os.path.isfile(b) for b in _lio_remote.LVM), reason="lvm2 is not installed"
+)
+def test_remote_lvm_failure_is_one_line_naming_the_group() -> None:
+    """The real ``lvm`` (no device-mapper needed to look a group up): a group that is not
+    there is one line naming volumeGroup, never "gone"."""
+    spec = {"vg": "flexhub-no-such-vg", "name": f"pvc-{UID}"}
+    with pytest.raises(_lio_remote.Refused) as caught:
+        _lio_remote.volume_group(spec)
+    text = str(caught.value)
+    assert text.startswith("volumeGroup flexhub-no-such-vg: lvm vgs failed: ")
+    assert "not found" in text and "\n" not in text
+    with pytest.raises(_lio_remote.Refused):
+        _lio_remote.delete_lv(spec)

@@ -141,8 +141,9 @@ def lvm(step: str, *args: str) -> str:
         raise Refused(f"{step}: lvm {args[0]} timed out after {LVM_TIMEOUT} s") from None
     if done.returncode != 0:
         lines = [x.strip() for x in done.stderr.decode("utf-8", "replace").splitlines()]
-        lines = [x for x in lines if x and not x.startswith("WARNING")] or ["exit status"]
-        raise Refused(f"{step}: lvm {args[0]} failed: {lines[-1][:200]}")
+        lines = [x for x in lines if x and not x.startswith("WARNING")]
+        why = "; ".join(lines)[:300] or f"exit status {done.returncode}"
+        raise Refused(f"{step}: lvm {args[0]} failed: {why}")
     return done.stdout.decode("utf-8", "replace")
 
 
