@@ -305,6 +305,9 @@ if op == "crash":  # the provisioner died after the LV, before the backstore and
     rts.BlockStorageObject(name).delete()
 elif op == "make":
     rts.BlockStorageObject(name, dev=sys.argv[3])
+elif op == "target":  # a target of a claim's name whose LUN 0 is another backstore
+    tpg = rts.TPG(rts.Target(rts.FabricModule("iscsi"), sys.argv[3]), 1)
+    rts.LUN(tpg, 0, storage_object=rts.BlockStorageObject(name))
 else:
     for so in rts.RTSRoot().storage_objects:
         if so.name == name:
@@ -334,7 +337,8 @@ def test_block_backstore_provision_mount_expand_reclaim(
     backstore; a crash after the LV, then provision again: the same LV, one backstore; mounted
     through the driver, written, grown by lvextend and expandfs; reclaimed twice (LV gone).
     An untagged LV of a claim's name, and a tagged one another backstore uses, are refused
-    and kept, by provision and by a reclaim of an edited PV."""
+    and kept, by provision and by a reclaim of an edited PV; an LV whose provision fails
+    later (a target of its name with another LUN 0) is removed again, that target kept."""
     ssh, secrets = setup(vm)
     node_secret = {k: v for k, v in secrets.items() if k.startswith("node.session.")}
     SECONDS.clear()
@@ -348,7 +352,8 @@ def test_block_backstore_provision_mount_expand_reclaim(
     rts = ["/usr/bin/python3", "/tmp/prov-rts.py"]
     try:
         vm.run(["vgcreate", "--yes", "--physicalextentsize", "4m", vg, loop])
-        wanted, foreign, busy = claim(20 * MiB + 1), claim(8 * MiB), claim(8 * MiB)
+        wanted, foreign, busy, failing = (claim(n * MiB) for n in (20, 8, 8, 8))
+        wanted["size"] += 1
         name, iqn = f"pvc-{wanted['uid']}", f"{PREFIX}:pvc-{wanted['uid']}"
         # someone else's LV of a claim's name, with data; and a flexhub-tagged one in use by
         # another backstore
@@ -390,13 +395,23 @@ def test_block_backstore_provision_mount_expand_reclaim(
         vm.run([*rts, "crash", name, iqn])
         assert block_backstores(vm, name) == [] and not exists(vm, f"{CONFIGFS}/iscsi/{iqn}")
         refused = [{**request, "claim": c} for c in (foreign, busy)]
-        again, not_ours, in_use = provisioner(vm, request, *refused)
+        # a target of the claim's name is there with another LUN 0: refused after the LV
+        # was made, which goes again; that target is not this call's, and stays
+        squatted = f"{PREFIX}:pvc-{failing['uid']}"
+        vm.run([*rts, "target", "squatter", squatted])
+        again, not_ours, in_use, late = provisioner(
+            vm, request, *refused, {**request, "claim": failing}
+        )
         PHASES["again"] = round(time.monotonic() - started, 1)
         assert again == pv
         assert lv(vm, vg, name, "lv_uuid") == uid  # the same LV, found again
         assert len(block_backstores(vm, name)) == 1
         assert "without the tag" in not_ours.get("error", ""), not_ours
         assert "in use by block squatter" in in_use.get("error", ""), in_use
+        assert "has another LUN 0" in late.get("error", ""), late
+        assert lv(vm, vg, f"pvc-{failing['uid']}", "lv_name") == ""
+        assert block_backstores(vm, f"pvc-{failing['uid']}") == []
+        assert exists(vm, f"{CONFIGFS}/iscsi/{squatted}/tpgt_1/lun/lun_0")
         for c in (foreign, busy):
             assert not exists(vm, f"{CONFIGFS}/iscsi/{PREFIX}:pvc-{c['uid']}")
             assert block_backstores(vm, f"pvc-{c['uid']}") == []

@@ -295,9 +295,18 @@ def provision_block(lib: Any, spec: dict[str, Any]) -> tuple[Any, bool]:
             so = lib.BlockStorageObject(spec["name"], dev=lv_path(spec), write_back=False)
     except BaseException:
         if made:  # this call made the LV: leave nothing behind
-            delete_lv(spec)
+            undo(delete_lv, spec)
         raise
     return so, made
+
+
+def undo(step: Any, *args: Any) -> None:
+    """A clean-up step after a failure: its own failure must not hide the first one (a later
+    provision finds the tagged LV and completes it)."""
+    try:
+        step(*args)
+    except Exception as exc:
+        sys.stderr.write(f"clean-up failed: {type(exc).__name__}: {exc}\n")
 
 
 def delete_lv(spec: dict[str, Any]) -> bool:
@@ -378,7 +387,7 @@ def provision(spec: dict[str, Any]) -> dict[str, Any]:
     del root
     ensure_pr_dir()
     block = spec.get("backstore") == "block"
-    made = False
+    made = new_target = False
     so = None
     path = ""
     if not block:
@@ -398,6 +407,7 @@ def provision(spec: dict[str, Any]) -> dict[str, Any]:
                 os.close(fd)
             so = lib.FileIOStorageObject(spec["name"], dev=path, size=size, write_back=False)
         fabric = lib.FabricModule("iscsi")
+        new_target = target_of(lib, fabric, spec["iqn"]) is None
         target = lib.Target(fabric, spec["iqn"], mode="any")
         tpg = lib.TPG(target, 1, mode="any")
         luns = {lun.lun: lun for lun in tpg.luns}
@@ -427,15 +437,15 @@ def provision(spec: dict[str, Any]) -> dict[str, Any]:
         tpg.enable = True
         save(lib)
     except BaseException:
-        if made:  # this call made the file or LV: leave nothing behind
+        if made:  # this call made the file or LV: leave nothing of this call behind
             target = target_of(lib, lib.FabricModule("iscsi"), spec["iqn"])
-            if target is not None:
+            if target is not None and new_target:  # one that was there is not this call's
                 target.delete()
             if block:
                 for so in named(lib, spec["name"]):
                     if so.plugin == "block":
                         so.delete()
-                delete_lv(spec)
+                undo(delete_lv, spec)
             else:
                 so = storage_object(lib, spec["name"])
                 if so is not None:
