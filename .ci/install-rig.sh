@@ -9,7 +9,7 @@ set -euo pipefail
 pkgs=(qemu-system-x86 linux-image-amd64 busybox-static kmod udev iproute2 procps
       nfs-kernel-server nfs-common open-iscsi python3-rtslib-fb samba cifs-utils
       e2fsprogs xfsprogs btrfs-progs util-linux multipath-tools sg3-utils
-      openssh-server openssh-client)
+      openssh-server openssh-client lvm2)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' \

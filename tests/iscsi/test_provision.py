@@ -40,6 +40,12 @@ PARAMS = {
     "nodeSecretName": "iscsi-chap",
     "nodeSecretNamespace": "flexhub",
 }
+#: The same class with an LVM logical volume per claim.
+BLOCK = {
+    **{k: v for k, v in PARAMS.items() if k != "fileioDirectory"},
+    "backstore": "block",
+    "volumeGroup": "vg_iscsi",
+}
 
 
 def secrets(chap: bool = True, **extra: str) -> Secrets:
@@ -169,7 +175,9 @@ BAD = [
     ({"iqnPrefix": "iqn.2003-01.com.Example"}, "iqnPrefix"),
     ({"iqnPrefix": "eui.0123456789abcdef"}, "iqnPrefix"),
     ({"iqnPrefix": "iqn.2003-01.com.example:" + "a" * 170}, "iqnPrefix"),
-    ({"backstore": "block"}, "backstore"),
+    ({"backstore": "lvm"}, "backstore"),
+    ({"backstore": "block"}, "fileioDirectory"),  # a fileio parameter in a block class
+    ({"volumeGroup": "vg0"}, "volumeGroup"),  # and a block one in a fileio class
     ({"fileioDirectory": "srv/iscsi"}, "fileioDirectory"),
     ({"fileioDirectory": "/srv/../etc"}, "fileioDirectory"),
     ({"fileioDirectory": "/srv/i scsi"}, "fileioDirectory"),
@@ -277,18 +285,105 @@ def test_expand_of_storage_and_of_the_device_share_one_name(tmp_path: Path) -> N
     assert request_of(runner)["action"] == "expand"
 
 
+BAD_BLOCK = [
+    ({"volumeGroup": ""}, "volumeGroup"),
+    ({"volumeGroup": "-vg"}, "volumeGroup"),
+    ({"volumeGroup": ".."}, "volumeGroup"),
+    ({"volumeGroup": "vg/../x"}, "volumeGroup"),
+    ({"volumeGroup": "vg 0"}, "volumeGroup"),
+    ({"volumeGroup": "vg0\n"}, "volumeGroup"),
+    ({"volumeGroup": "v" * 41}, "volumeGroup"),
+    ({"volumeGroup": "vg$(id)"}, "volumeGroup"),
+    ({"sparse": "false"}, "sparse"),
+    ({"fileioDirectory": "/srv/iscsi"}, "fileioDirectory"),
+]
+
+
+@pytest.mark.parametrize(("change", "named"), BAD_BLOCK)
+def test_a_bad_block_parameter_is_one_line_naming_it_and_nothing_runs(
+    tmp_path: Path, change: dict[str, str], named: str
+) -> None:
+    runner = Ssh()
+    with pytest.raises(InvalidOptions) as caught:
+        backend(runner, tmp_path).provision(claim(), {**BLOCK, **change}, secrets())
+    assert named in caught.value.message and "\n" not in caught.value.message
+    assert runner.calls == []
+
+
+def test_block_provision_reclaim_and_expand_name_the_lv_and_its_group(tmp_path: Path) -> None:
+    """backstore block: the request names the volume group and the LV (the remote program
+    makes ``pvc-<uid>`` there); the reclaim record keeps the kind and the group, nothing of
+    fileio; reclaim and expansion take them from the record only."""
+    runner = Ssh({"ok": {"size": 68 << 20, "created": True}})
+    made = backend(runner, tmp_path).provision(claim(), BLOCK, secrets())
+    name = f"pvc-{UID}"
+    spec = request_of(runner)["spec"]
+    assert {k: spec[k] for k in ("name", "backstore", "vg", "size")} == {
+        "name": name,
+        "backstore": "block",
+        "vg": "vg_iscsi",
+        "size": 64 << 20,
+    }
+    assert "directory" not in spec and "file" not in spec and "sparse" not in spec
+    assert made.size == 68 << 20  # the LV's size: rounded up to the extents
+    assert made.reclaim == {
+        "targetHost": "10.0.0.5",
+        "sshUser": "root",
+        "sshPort": "2222",
+        "backstore": "block",
+        "volumeGroup": "vg_iscsi",
+    }
+    validate_options(IscsiBackend, {"backend": "iscsi", **made.options})
+    runner = Ssh({"ok": {"deleted": ["target", "backstore", "logical volume"]}})
+    iscsi = backend(runner, tmp_path)
+    iscsi.reclaim(made.options, {**made.reclaim, "onDelete": "delete"}, secrets())
+    assert request_of(runner) == {
+        "action": "delete",
+        "spec": {"name": name, "iqn": made.options["iqn"], "backstore": "block", "vg": "vg_iscsi"},
+    }
+    runner = Ssh({"ok": {"size": 160 << 20}})
+    iscsi = backend(runner, tmp_path)
+    assert iscsi.expand_storage(made.options, made.reclaim, 150 << 20, secrets()) == 160 << 20
+    assert request_of(runner) == {
+        "action": "expand",
+        "spec": {"name": name, "backstore": "block", "vg": "vg_iscsi", "size": 150 << 20},
+    }
+    runner = Ssh()
+    iscsi = backend(runner, tmp_path)
+    for record in [
+        {**made.reclaim, "volumeGroup": "-ffoo"},
+        {**made.reclaim, "volumeGroup": ""},
+        {**made.reclaim, "backstore": "lvm"},
+        {k: v for k, v in made.reclaim.items() if k != "backstore"},
+        {**made.reclaim, "claimUid": "1b7f3c1e-5d2a-4e8f-9a61-2c4d8e0f1a3b"},  # another PV's
+    ]:
+        with pytest.raises(InvalidOptions) as caught:
+            iscsi.reclaim(made.options, {"onDelete": "delete", **record}, secrets())
+        assert "reclaim record" in caught.value.message or "claimUid" in caught.value.message
+        with pytest.raises(InvalidOptions):
+            iscsi.expand_storage(made.options, record, 1 << 30, secrets())
+    iscsi.reclaim(made.options, {**made.reclaim, "onDelete": "retain"}, secrets())
+    assert runner.calls == []  # refused or retained: nothing ran
+    iscsi.reclaim(made.options, {**made.reclaim, "claimUid": UID}, secrets())  # its own
+    assert len(runner.calls) == 1
+
+
 def test_the_parameters_schema_is_valid_and_agrees(tmp_path: Path) -> None:
     schema = IscsiBackend.parameters_schema()
     validator = validator_for(schema)
     validator.check_schema(schema)
     assert schema["additionalProperties"] is False
-    assert validator.is_valid(PARAMS)
+    assert validator.is_valid(PARAMS) and validator.is_valid(BLOCK)
     assert not validator.is_valid({**PARAMS, "targetPortal": "10.0.0.5"})
+    fileio = {k: v for k, v in PARAMS.items() if k != "fileioDirectory"}
+    assert not validator.is_valid(fileio)  # fileio needs its directory, block its group
+    assert not validator.is_valid({k: v for k, v in BLOCK.items() if k != "volumeGroup"})
     for key, prop in schema["properties"].items():
         assert prop.get("description"), key
         for example in prop.get("examples", []):
-            assert validator.is_valid({**PARAMS, key: example}), (key, example)
-            IscsiBackend.check_parameters({**PARAMS, key: example})
+            base = BLOCK if key == "volumeGroup" or example == "block" else PARAMS
+            assert validator.is_valid({**base, key: example}), (key, example)
+            IscsiBackend.check_parameters({**base, key: example})
 
 
 def test_remote_program_is_what_is_sent(tmp_path: Path) -> None:
@@ -328,3 +423,19 @@ def test_remote_file_checks_on_a_real_filesystem(tmp_path: Path) -> None:
     good.chmod(0o775)
     with pytest.raises(_lio_remote.Refused, match="writable by no one else"):
         _lio_remote.check_directory(str(good))
+
+
+@pytest.mark.skipif(
+    not any(os.path.isfile(b) for b in _lio_remote.LVM), reason="lvm2 is not installed"
+)
+def test_remote_lvm_failure_is_one_line_naming_the_group() -> None:
+    """The real ``lvm`` (no device-mapper needed to look a group up): a group that is not
+    there is one line naming volumeGroup, never "gone"."""
+    spec = {"vg": "flexhub-no-such-vg", "name": f"pvc-{UID}"}
+    with pytest.raises(_lio_remote.Refused) as caught:
+        _lio_remote.volume_group(spec)
+    text = str(caught.value)
+    assert text.startswith("volumeGroup flexhub-no-such-vg: lvm vgs failed: ")
+    assert "not found" in text and "\n" not in text
+    with pytest.raises(_lio_remote.Refused):
+        _lio_remote.delete_lv(spec)

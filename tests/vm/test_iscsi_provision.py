@@ -289,3 +289,188 @@ def test_provision_mount_expand_reclaim(vm: VM, kubelet: Kubelet, clean: None) -
         f"iscsi provisioning: {time.monotonic() - started:.1f} s in all; "
         f"provisioner calls (s): {json.dumps(SECONDS)}"
     )
+
+
+#: Runs in the guest with the system python3 and rtslib: drops or makes storage objects as a
+#: crash or another administrator would leave them.
+RTS = r"""
+import sys
+import rtslib_fb as rts
+rts.RTSRoot()
+op, name = sys.argv[1], sys.argv[2]
+if op == "crash":  # the provisioner died after the LV, before the backstore and the target
+    for t in list(rts.FabricModule("iscsi").targets):
+        if t.wwn == sys.argv[3]:
+            t.delete()
+    rts.BlockStorageObject(name).delete()
+elif op == "make":
+    rts.BlockStorageObject(name, dev=sys.argv[3])
+elif op == "target":  # a target of a claim's name whose LUN 0 is another backstore
+    tpg = rts.TPG(rts.Target(rts.FabricModule("iscsi"), sys.argv[3]), 1)
+    rts.LUN(tpg, 0, storage_object=rts.BlockStorageObject(name))
+else:
+    for so in rts.RTSRoot().storage_objects:
+        if so.name == name:
+            so.delete()
+"""
+
+
+def lv(vm: VM, vg: str, name: str, field: str) -> str:
+    out = vm.run(
+        ["lvs", "--noheadings", "--units", "b", "--nosuffix", "-o", field, f"{vg}/{name}"],
+        check=False,
+    )
+    return out.stdout.strip() if out.rc == 0 else ""
+
+
+PHASES: dict[str, float] = {}
+
+
+def block_backstores(vm: VM, name: str) -> list[str]:
+    return vm.sh(f"ls -d {CONFIGFS}/core/iblock_*/{name} 2>/dev/null; true").stdout.split()
+
+
+def test_block_backstore_provision_mount_expand_reclaim(
+    vm: VM, kubelet: Kubelet, clean: None
+) -> None:
+    """backstore block: the claim's LV (extent-rounded, tagged, no filesystem) under an iblock
+    backstore; a crash after the LV, then provision again: the same LV, one backstore; mounted
+    through the driver, written, grown by lvextend and expandfs; reclaimed twice (LV gone).
+    An untagged LV of a claim's name, and a tagged one another backstore uses, are refused
+    and kept, by provision and by a reclaim of an edited PV; an LV whose provision fails
+    later (a target of its name with another LUN 0) is removed again, that target kept."""
+    ssh, secrets = setup(vm)
+    node_secret = {k: v for k, v in secrets.items() if k.startswith("node.session.")}
+    SECONDS.clear()
+    started = time.monotonic()
+    vg = f"rigvg{uuid.uuid4().hex[:6]}"
+    disk = f"{services.LUN_DIR}/{vg}.disk"
+    vm.run(["modprobe", "-a", "dm_mod", "target_core_iblock"])
+    vm.run(["truncate", "-s", str(256 * MiB), disk])
+    loop = vm.run(["losetup", "--find", "--show", disk]).stdout.strip()
+    vm.write_file("/tmp/prov-rts.py", RTS)
+    rts = ["/usr/bin/python3", "/tmp/prov-rts.py"]
+    try:
+        vm.run(["vgcreate", "--yes", "--physicalextentsize", "4m", vg, loop])
+        wanted, foreign, busy, failing = (claim(n * MiB) for n in (20, 8, 8, 8))
+        wanted["size"] += 1
+        name, iqn = f"pvc-{wanted['uid']}", f"{PREFIX}:pvc-{wanted['uid']}"
+        # someone else's LV of a claim's name, with data; and a flexhub-tagged one in use by
+        # another backstore
+        other, squat = f"pvc-{foreign['uid']}", f"pvc-{busy['uid']}"
+        vm.run(["lvcreate", "--yes", "-n", other, "-L", "8m", vg])
+        vm.sh(f"printf FOREIGN-DATA | dd of=/dev/{vg}/{other} conv=fsync status=none")
+        tag = f"flexhub:{busy['uid']}"
+        vm.run(["lvcreate", "--yes", "-n", squat, "-L", "8m", "--addtag", tag, vg])
+        vm.run([*rts, "make", "squatter", f"/dev/{vg}/{squat}"])
+        PHASES["group"] = round(time.monotonic() - started, 1)
+
+        params = {
+            **{k: v for k, v in parameters(ssh).items() if k != "fileioDirectory"},
+            "backstore": "block",
+            "volumeGroup": vg,
+        }
+        request = {"op": "provision", "claim": wanted, "parameters": params, "secrets": secrets}
+        (pv,) = provisioner(vm, request)
+        PHASES["provision"] = round(time.monotonic() - started, 1)
+        assert "error" not in pv, pv
+        assert pv["size"] == 24 * MiB  # 20 MiB + 1 byte: 21 MiB, six 4 MiB extents
+        assert pv["reclaim"] == {
+            "targetHost": "127.0.0.1",
+            "sshUser": "root",
+            "sshPort": "2222",
+            "backstore": "block",
+            "volumeGroup": vg,
+        }
+        assert pv["options"]["iqn"] == iqn
+        assert lv(vm, vg, name, "lv_size,lv_tags").split() == [
+            str(24 * MiB),
+            f"flexhub:{wanted['uid']}",
+        ]
+        (store,) = block_backstores(vm, name)
+        assert read(vm, store, "udev_path").strip() == f"/dev/{vg}/{name}"
+        assert vm.run(["blkid", "-p", f"/dev/{vg}/{name}"], check=False).rc == 2  # no fs made
+        uid = lv(vm, vg, name, "lv_uuid")
+
+        vm.run([*rts, "crash", name, iqn])
+        assert block_backstores(vm, name) == [] and not exists(vm, f"{CONFIGFS}/iscsi/{iqn}")
+        refused = [{**request, "claim": c} for c in (foreign, busy)]
+        # a target of the claim's name is there with another LUN 0: refused after the LV
+        # was made, which goes again; that target is not this call's, and stays
+        squatted = f"{PREFIX}:pvc-{failing['uid']}"
+        vm.run([*rts, "target", "squatter", squatted])
+        again, not_ours, in_use, late = provisioner(
+            vm, request, *refused, {**request, "claim": failing}
+        )
+        PHASES["again"] = round(time.monotonic() - started, 1)
+        assert again == pv
+        assert lv(vm, vg, name, "lv_uuid") == uid  # the same LV, found again
+        assert len(block_backstores(vm, name)) == 1
+        assert "without the tag" in not_ours.get("error", ""), not_ours
+        assert "in use by block squatter" in in_use.get("error", ""), in_use
+        assert "has another LUN 0" in late.get("error", ""), late
+        assert lv(vm, vg, f"pvc-{failing['uid']}", "lv_name") == ""
+        assert block_backstores(vm, f"pvc-{failing['uid']}") == []
+        assert exists(vm, f"{CONFIGFS}/iscsi/{squatted}/tpgt_1/lun/lun_0")
+        for c in (foreign, busy):
+            assert not exists(vm, f"{CONFIGFS}/iscsi/{PREFIX}:pvc-{c['uid']}")
+            assert block_backstores(vm, f"pvc-{c['uid']}") == []
+
+        directory, reply = mount_pv(kubelet, pv, node_secret, name)
+        assert reply == {"status": "Success"}, reply
+        write(vm, directory, "data", "on-a-logical-volume")
+        PHASES["mount"] = round(time.monotonic() - started, 1)
+        before = fs_size(vm, directory)
+        grow = {"op": "expand", "options": pv["options"], "reclaim": pv["reclaim"]}
+        assert provisioner(vm, {**grow, "size": 50 * MiB, "secrets": secrets}) == [
+            {"size": 52 * MiB}  # thirteen extents
+        ]
+        assert lv(vm, vg, name, "lv_size") == str(52 * MiB)
+        PHASES["expand"] = round(time.monotonic() - started, 1)
+        options = {
+            **pv["options"],
+            "backend": "iscsi",
+            "kubernetes.io/fsType": "ext4",
+            "kubernetes.io/readwrite": "rw",
+            "kubernetes.io/pvOrVolumeName": name,
+        }
+        reply = kubelet.call(
+            "expandfs",
+            ["expandfs", go_json(options), "", directory, str(52 * MiB), str(24 * MiB)],
+        )
+        assert reply == {"status": "Success"}, reply
+        assert fs_size(vm, directory) > before + 24 * MiB
+        PHASES["expandfs"] = round(time.monotonic() - started, 1)
+        assert read(vm, directory, "data") == "on-a-logical-volume"
+        assert kubelet.unmount(directory) == {"status": "Success"}
+        assert sessions(vm, iqn) == []
+        PHASES["unmount"] = round(time.monotonic() - started, 1)
+
+        gone = {
+            "op": "reclaim",
+            "options": pv["options"],
+            "reclaim": {**pv["reclaim"], "onDelete": "delete"},
+            "secrets": secrets,
+        }
+        edited = {**gone, "options": {**pv["options"], "iqn": f"{PREFIX}:{other}"}}
+        first, then, tampered = provisioner(vm, gone, gone, edited)
+        PHASES["reclaim"] = round(time.monotonic() - started, 1)
+        assert first == {} and then == {}  # the second finds it gone: success
+        assert lv(vm, vg, name, "lv_name") == ""
+        assert block_backstores(vm, name) == []
+        assert not exists(vm, f"{CONFIGFS}/iscsi/{iqn}")
+        assert iqn not in vm.read_file(SAVED).decode()
+        assert "without the tag" in tampered.get("error", ""), tampered
+        # the refused LVs are untouched: data, tag, the other backstore
+        assert vm.sh(f"head -c 12 /dev/{vg}/{other}").stdout == "FOREIGN-DATA"
+        assert lv(vm, vg, squat, "lv_tags") == tag
+        assert len(block_backstores(vm, "squatter")) == 1
+        print(
+            f"iscsi block provisioning: {time.monotonic() - started:.1f} s in all; "
+            f"provisioner calls (s): {json.dumps(SECONDS)}; phases (s): {json.dumps(PHASES)}"
+        )
+    finally:
+        vm.run([*rts, "drop", "squatter"], check=False)
+        vm.run(["vgremove", "--yes", "--force", vg], check=False)
+        vm.run(["losetup", "-d", loop], check=False)
+        vm.run(["rm", "-f", disk], check=False)

@@ -410,7 +410,8 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
     def provision(
         self, claim: Claim, parameters: Mapping[str, str], secrets: Secrets
     ) -> Provisioned:
-        """Make (or find) the claim's target, LUN 0 and backing file on the target host."""
+        """Make (or find) the claim's target, LUN 0 and its backing file or logical volume
+        on the target host."""
         from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
 
         lio = _lio.parse_class(parameters)
@@ -434,13 +435,16 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
             )
         name = claim.volume_name
         iqn = f"{lio.iqn_prefix}:{name}"
+        store: dict[str, Any]
+        if lio.backstore == "block":
+            store = {"backstore": "block", "vg": lio.volume_group}
+        else:
+            store = {"directory": lio.directory, "file": f"{name}.img", "sparse": lio.sparse}
         spec = {
             "name": name,
             "iqn": iqn,
-            "directory": lio.directory,
-            "file": f"{name}.img",
+            **store,
             "size": _lio.size_of(claim.size),
-            "sparse": lio.sparse,
             "portals": [[p.host, p.port] for p in lio.portals],
             "initiators": list(lio.initiators),
             "chap": chap,
@@ -464,10 +468,13 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
             "targetHost": lio.ssh.host,
             "sshUser": lio.ssh.user,
             "sshPort": str(lio.ssh.port),
-            "backstore": "fileio",
-            "fileioDirectory": lio.directory,
-            "sparse": "true" if lio.sparse else "false",
+            "backstore": lio.backstore,
         }
+        if lio.backstore == "block":
+            record["volumeGroup"] = lio.volume_group
+        else:
+            record["fileioDirectory"] = lio.directory
+            record["sparse"] = "true" if lio.sparse else "false"
         return Provisioned(
             options=options,
             size=int(done["size"]),
@@ -479,8 +486,8 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
     def reclaim(
         self, options: Mapping[str, str], reclaim: Mapping[str, str], secrets: Secrets
     ) -> None:
-        """``delete``: remove the target, the backstore and its file (gone is success);
-        ``retain``: leave them all on the target host."""
+        """``delete``: remove the target, the backstore and its file or logical volume (gone
+        is success); ``retain``: leave them all on the target host."""
         from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
 
         on_delete = reclaim.get("onDelete", "delete")
@@ -490,12 +497,7 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
         if on_delete == "retain":
             LOG.info("iscsi: %s kept on %s (onDelete: retain)", volume.iqn, volume.ssh.host)
             return
-        spec = {
-            "name": volume.name,
-            "iqn": volume.iqn,
-            "directory": volume.directory,
-            "file": volume.file,
-        }
+        spec = {"iqn": volume.iqn, **volume.spec()}
         done = _lio.Lio(self.node.runner, volume.ssh, secrets).call("delete", spec, [])
         LOG.info(
             "iscsi: %s on %s deleted (%s)",
@@ -511,18 +513,14 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
         new_size: int,
         secrets: Secrets,
     ) -> int:
-        """Grow the backing file and the backstore to ``new_size`` (rounded up to MiB; never
-        shrinks); return the LUN's size. The node's ``expandfs`` then rescans the LUN and
-        grows the filesystem."""
+        """Grow the backing file and the backstore, or the logical volume (``lvextend``), to
+        ``new_size`` (rounded up to MiB, an LV to its extents; never shrinks); return the
+        LUN's size. The node's ``expandfs`` then rescans the LUN and grows the filesystem."""
         from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
 
         volume = _lio.parse_volume(options, reclaim)
-        spec = {
-            "name": volume.name,
-            "directory": volume.directory,
-            "file": volume.file,
-            "size": _lio.size_of(new_size),
-            "sparse": volume.sparse,
-        }
+        spec = {**volume.spec(), "size": _lio.size_of(new_size)}
+        if volume.backstore == "fileio":
+            spec["sparse"] = volume.sparse
         done = _lio.Lio(self.node.runner, volume.ssh, secrets).call("expand", spec, [])
         return int(done["size"])

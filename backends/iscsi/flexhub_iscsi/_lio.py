@@ -3,8 +3,12 @@
 A StorageClass of ``backend: iscsi`` names a Linux target host (LIO) that the provisioner
 reaches with SSH. For a claim it makes, on that host:
 
-* a **fileio backstore** ``pvc-<uid>``: the file ``<fileioDirectory>/pvc-<uid>.img`` of the
-  claim's size (rounded up to MiB; sparse unless ``sparse: "false"``);
+* a **backstore** ``pvc-<uid>``: with ``backstore: fileio`` (the default) the file
+  ``<fileioDirectory>/pvc-<uid>.img`` of the claim's size (rounded up to MiB; sparse unless
+  ``sparse: "false"``); with ``backstore: block`` an LVM logical volume ``pvc-<uid>`` in the
+  class's ``volumeGroup`` (the claim's size rounded up to the group's extent size), tagged
+  ``flexhub:<uid>`` so that an LV of that name someone else made is never taken or removed,
+  served by an iblock backstore on ``/dev/<volumeGroup>/pvc-<uid>``;
 * a **target** ``<iqnPrefix>:pvc-<uid>`` with TPG 1 on the class's portals and the backstore
   as **LUN 0**. One target per claim, not one per class: a node logging in sees only the
   LUN of the volume it mounts, each volume has its own ACLs and its own sessions (the node
@@ -92,6 +96,11 @@ _INITIATOR = re.compile(
     re.ASCII,
 )
 _DIRECTORY = re.compile(r"(/[A-Za-z0-9._+-]+)+", re.ASCII)
+#: An LVM volume group name, stricter than LVM's rules: no leading '-' or '.', so never an
+#: option nor '.'/'..'; short enough that the device-mapper name of ``<vg>-pvc-<uid>`` (its
+#: hyphens doubled) stays within the kernel's 127 characters.
+_VOLUME_GROUP = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,39}", re.ASCII)
+BACKSTORES = ("fileio", "block")
 UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.ASCII)
 _NAME = re.compile(r"pvc-" + UID.pattern, re.ASCII)
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", re.ASCII)
@@ -124,6 +133,8 @@ class LioClass:
     iqn_prefix: str
     directory: str
     sparse: bool = True
+    backstore: str = "fileio"
+    volume_group: str = ""
     initiators: tuple[str, ...] = ()
     node_secret: tuple[str, str] | None = None
     fs_type: str = "ext4"
@@ -138,10 +149,18 @@ class LioVolume:
     name: str
     directory: str
     sparse: bool
+    backstore: str = "fileio"
+    volume_group: str = ""
 
     @property
     def file(self) -> str:
         return f"{self.name}.img"
+
+    def spec(self) -> dict[str, Any]:
+        """What the remote program needs to find this volume's backstore."""
+        if self.backstore == "block":
+            return {"name": self.name, "backstore": "block", "vg": self.volume_group}
+        return {"name": self.name, "directory": self.directory, "file": self.file}
 
 
 def _ssh(host: str, user: str, port: str, what: str = "parameter") -> Ssh:
@@ -169,6 +188,15 @@ def _directory(value: str, what: str = "parameter") -> str:
         raise InvalidOptions(
             f"{what} 'fileioDirectory' must be an absolute path without '.', '..', "
             "spaces or special characters"
+        )
+    return value
+
+
+def _volume_group(value: str, what: str = "parameter") -> str:
+    if not _full(_VOLUME_GROUP, value):
+        raise InvalidOptions(
+            f"{what} 'volumeGroup' must be an LVM volume group name: at most 40 of "
+            "A-Z a-z 0-9 _ . + -, not starting with '-' or '.'"
         )
     return value
 
@@ -207,9 +235,23 @@ def parse_class(parameters: Mapping[str, str]) -> LioClass:
             f"of at most {_PREFIX_MAX} characters"
         )
     backstore = parameters.get("backstore", "") or "fileio"
-    if backstore != "fileio":
-        raise InvalidOptions("parameter 'backstore' must be \"fileio\"")
-    directory = _directory(parameters.get("fileioDirectory", ""))
+    if backstore not in BACKSTORES:
+        raise InvalidOptions('parameter \'backstore\' must be "fileio" or "block"')
+    directory = volume_group = ""
+    if backstore == "fileio":
+        if parameters.get("volumeGroup", ""):
+            raise InvalidOptions("parameter 'volumeGroup' is for backstore \"block\" only")
+        directory = _directory(parameters.get("fileioDirectory", ""))
+    else:
+        for key in ("fileioDirectory", "sparse"):
+            if parameters.get(key, ""):
+                raise InvalidOptions(f'parameter {key!r} is for backstore "fileio" only')
+        if not parameters.get("volumeGroup", ""):
+            raise InvalidOptions(
+                "parameter 'volumeGroup' is required with backstore \"block\": the LVM "
+                "volume group on the target host that holds the claims' logical volumes"
+            )
+        volume_group = _volume_group(parameters["volumeGroup"])
     initiators = tuple(
         dict.fromkeys(i.strip() for i in parameters.get("initiators", "").split(",") if i.strip())
     )
@@ -238,6 +280,8 @@ def parse_class(parameters: Mapping[str, str]) -> LioClass:
         iqn_prefix=prefix,
         directory=directory,
         sparse=_bool(parameters, "sparse", True),
+        backstore=backstore,
+        volume_group=volume_group,
         initiators=initiators,
         node_secret=node_secret,
         fs_type=fs_type,
@@ -290,14 +334,23 @@ def parse_volume(options: Mapping[str, str], record: Mapping[str, str]) -> LioVo
     prefix, _, name = iqn.rpartition(":")
     if not _full(_NAME, name) or not _full(_PREFIX, prefix):
         raise InvalidOptions("option 'iqn' is not one the iscsi provisioner made")
-    if record.get("backstore", "") != "fileio":
-        raise InvalidOptions("reclaim record 'backstore' must be \"fileio\"")
+    if options.get("lun", "0") != "0":
+        raise InvalidOptions("option 'lun' must be 0 on a provisioned target")
+    claim_uid = record.get("claimUid")
+    if claim_uid is not None and name != f"pvc-{claim_uid}":
+        # the provisioner checked claimUid against the PV's name; the iqn can be edited too,
+        # and would point this PV's reclaim at another claim's target and LV
+        raise InvalidOptions("option 'iqn' names another claim than this PV's (claimUid)")
+    backstore = record.get("backstore", "")
+    if backstore == "block":
+        volume_group = _volume_group(record.get("volumeGroup", ""), what="reclaim record")
+        return LioVolume(ssh, iqn, name, "", False, "block", volume_group)
+    if backstore != "fileio":
+        raise InvalidOptions('reclaim record \'backstore\' must be "fileio" or "block"')
     directory = _directory(record.get("fileioDirectory", ""), what="reclaim record")
     sparse = record.get("sparse", "true")
     if sparse not in ("true", "false"):
         raise InvalidOptions('reclaim record \'sparse\' must be "true" or "false"')
-    if options.get("lun", "0") != "0":
-        raise InvalidOptions("option 'lun' must be 0 on a provisioned target")
     return LioVolume(ssh, iqn, name, directory, sparse == "true")
 
 

@@ -13,11 +13,20 @@ of the configuration (``saveconfig``) so that a reboot of the target host keeps 
 Actions (all idempotent):
 
 ``provision``  the fileio backing file (created 0600 in a root-owned directory no one else
-    can write, never through a symlink), its storage object, the target with TPG 1, LUN 0,
-    the network portals, the ACLs (or demo mode) and CHAP; whatever exists already is kept
-    when it matches, and refused when it does not (another file behind the storage object).
-``delete``     the target, the storage object and the backing file; gone is success.
-``expand``     grows the file and the storage object's size (never shrinks).
+    can write, never through a symlink) or the logical volume (``"backstore": "block"``), its
+    storage object, the target with TPG 1, LUN 0, the network portals, the ACLs (or demo
+    mode) and CHAP; whatever exists already is kept when it matches, and refused when it does
+    not (another file behind the storage object, an LV of that name not tagged as ours or in
+    use by something else).
+``delete``     the target, the storage object and the backing file or LV; gone is success.
+``expand``     grows the file and the storage object's size, or the LV (never shrinks).
+
+Logical volumes: ``lvm`` runs with an argument list (no shell), stdin from /dev/null, a fixed
+environment and a timeout. An LV this program makes is tagged ``flexhub:<claim uid>``; one of
+the claim's name without that tag is someone else's, and is never used, resized or removed.
+Nothing here ever writes to an LV: ``lvcreate`` zeroes its first blocks and wipes signatures
+(so a node sees an empty device, never an earlier claim's filesystem), and the node makes the
+filesystem.
 """
 
 # This file runs under the target host's python3 (3.7 or later), standard library and
@@ -30,11 +39,16 @@ import fcntl
 import json
 import os
 import stat
+import subprocess
 import sys
 from typing import Any
 
 MARK = "FLEXHUB-LIO "
 LOCK = "/run/flexhub-lio.lock"
+#: The LVM binaries' usual homes (root's: nothing from a directory others can write).
+LVM = ("/usr/sbin/lvm", "/sbin/lvm")
+LVM_TIMEOUT = 60
+LVM_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "LVM_SUPPRESS_FD_WARNINGS": "1"}
 
 
 class Refused(Exception):
@@ -106,6 +120,226 @@ def grow(fd: int, size: int, sparse: bool) -> None:
     os.fsync(fd)
 
 
+def lvm(step: str, *args: str) -> str:
+    """Run ``lvm <args>``; its stdout.
+
+    :raises Refused: one line naming the step and lvm's last message.
+    """
+    binary = next((b for b in LVM if os.path.isfile(b)), "")
+    if not binary:
+        raise Refused("no lvm on the target host (install lvm2) for backstore block")
+    try:
+        done = subprocess.run(
+            [binary, *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            env=LVM_ENV,
+            timeout=LVM_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise Refused(f"{step}: lvm {args[0]} timed out after {LVM_TIMEOUT} s") from None
+    if done.returncode != 0:
+        lines = [x.strip() for x in done.stderr.decode("utf-8", "replace").splitlines()]
+        lines = [x for x in lines if x and not x.startswith("WARNING")]
+        why = "; ".join(lines)[:300] or f"exit status {done.returncode}"
+        raise Refused(f"{step}: lvm {args[0]} failed: {why}")
+    return done.stdout.decode("utf-8", "replace")
+
+
+def tag_of(spec: dict[str, Any]) -> str:
+    name: str = spec["name"]
+    return "flexhub:" + name[len("pvc-") :]
+
+
+def volume_group(spec: dict[str, Any]) -> int:
+    """The extent size of the class's volume group (bytes)."""
+    out = lvm(
+        "volumeGroup " + spec["vg"],
+        "vgs", "--reportformat", "json", "--units", "b", "--nosuffix",
+        "-o", "vg_name,vg_extent_size", "--", spec["vg"],
+    )  # fmt: skip
+    for vg in json.loads(out)["report"][0]["vg"]:
+        if vg["vg_name"] == spec["vg"]:
+            return int(vg["vg_extent_size"])
+    raise Refused("volume group {} not found".format(spec["vg"]))
+
+
+def logical_volume(spec: dict[str, Any]) -> Any:
+    """The claim's LV in the volume group (a dict of lvs fields), or ``None``."""
+    out = lvm(
+        "logical volume " + spec["name"],
+        "lvs", "--reportformat", "json", "--units", "b", "--nosuffix",
+        "-o", "lv_name,lv_size,lv_tags,lv_attr,lv_kernel_major,lv_kernel_minor",
+        "--", spec["vg"],
+    )  # fmt: skip
+    for lv in json.loads(out)["report"][0]["lv"]:
+        if lv["lv_name"] == spec["name"]:
+            return lv
+    return None
+
+
+def check_ours(spec: dict[str, Any], lv: Any) -> None:
+    where = "{}/{}".format(spec["vg"], spec["name"])
+    if tag_of(spec) not in lv["lv_tags"].split(","):
+        raise Refused(
+            f"logical volume {where} exists without the tag {tag_of(spec)}: "
+            "not flexhub's, left as it is"
+        )
+    if lv["lv_attr"][:1] not in ("-", "V"):
+        raise Refused(f"logical volume {where} is not a plain or thin volume")
+
+
+def lv_path(spec: dict[str, Any]) -> str:
+    return "/dev/{}/{}".format(spec["vg"], spec["name"])
+
+
+def activate(spec: dict[str, Any], lv: Any) -> Any:
+    """The LV active and its device node that LV's (major:minor); the LV's fields."""
+    if lv["lv_attr"][4:5] != "a":
+        lvm("activate " + spec["name"], "lvchange", "--activate", "y", "--yes", "--",
+            "{}/{}".format(spec["vg"], spec["name"]))  # fmt: skip
+        lv = logical_volume(spec)
+        if lv is None or lv["lv_attr"][4:5] != "a":
+            raise Refused("activate {}: the logical volume is not active".format(spec["name"]))
+    path = lv_path(spec)
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise Refused(f"{path}: {exc.strerror}") from None
+    want = os.makedev(int(lv["lv_kernel_major"]), int(lv["lv_kernel_minor"]))
+    if not stat.S_ISBLK(st.st_mode) or st.st_rdev != want:
+        raise Refused(f"{path} is not the device of that logical volume")
+    return lv
+
+
+def udev_path(so: Any) -> str:
+    """A storage object's backing path ("" for a kind without one, as a ramdisk)."""
+    try:
+        return str(so.udev_path or "")
+    except Exception:
+        return ""
+
+
+def users_of(lib: Any, path: str, name: str) -> list[str]:
+    """Storage objects other than ``name`` (block) on the device ``path`` names."""
+    try:
+        want = os.stat(path).st_rdev
+    except OSError:
+        return []
+    found = []
+    for so in lib.RTSRoot().storage_objects:
+        if so.plugin == "block" and so.name == name:
+            continue
+        try:
+            st = os.stat(udev_path(so))
+        except OSError:
+            continue
+        if stat.S_ISBLK(st.st_mode) and st.st_rdev == want:
+            found.append(f"{so.plugin} {so.name}")
+    return found
+
+
+def named(lib: Any, name: str) -> list[Any]:
+    """Every storage object called ``name``, of any kind."""
+    return [so for so in lib.RTSRoot().storage_objects if so.name == name]
+
+
+def block_object(lib: Any, spec: dict[str, Any]) -> Any:
+    """The claim's iblock storage object on its LV, or ``None``; another object of that name
+    is refused."""
+    mine = None
+    for so in named(lib, spec["name"]):
+        if so.plugin != "block" or udev_path(so) != lv_path(spec):
+            raise Refused(
+                "storage object {} exists on another backing store ({} {})".format(
+                    spec["name"], so.plugin, udev_path(so) or "-"
+                )
+            )
+        mine = so
+    return mine
+
+
+def provision_block(lib: Any, spec: dict[str, Any]) -> tuple[Any, bool]:
+    """The claim's LV (made, or found and checked) and its iblock storage object."""
+    extent = volume_group(spec)
+    so = block_object(lib, spec)
+    lv = logical_volume(spec)
+    made = False
+    where = "{}/{}".format(spec["vg"], spec["name"])
+    if lv is None:
+        if so is not None:
+            raise Refused("storage object {} exists but its LV {} does not".format(
+                spec["name"], where))  # fmt: skip
+        extents = max(1, -(-spec["size"] // extent))
+        lvm(
+            "create " + where,
+            "lvcreate", "--yes", "--extents", str(extents), "--name", spec["name"],
+            "--addtag", tag_of(spec), "--activate", "y", "--setactivationskip", "n",
+            "--zero", "y", "--wipesignatures", "y", "--", spec["vg"],
+        )  # fmt: skip
+        made = True
+        lv = logical_volume(spec)
+        if lv is None:
+            raise Refused(f"create {where}: lvcreate left no logical volume")
+    else:
+        check_ours(spec, lv)
+    try:
+        lv = activate(spec, lv)
+        if so is None:
+            others = users_of(lib, lv_path(spec), spec["name"])
+            if others:
+                raise Refused("logical volume {} is in use by {}".format(where, ", ".join(others)))
+            if lv["lv_attr"][5:6] == "o":
+                raise Refused(f"logical volume {where} is open (mounted or in use)")
+            so = lib.BlockStorageObject(spec["name"], dev=lv_path(spec), write_back=False)
+    except BaseException:
+        if made:  # this call made the LV: leave nothing behind
+            undo(delete_lv, spec)
+        raise
+    return so, made
+
+
+def undo(step: Any, *args: Any) -> None:
+    """A clean-up step after a failure: its own failure must not hide the first one (a later
+    provision finds the tagged LV and completes it)."""
+    try:
+        step(*args)
+    except Exception as exc:
+        sys.stderr.write(f"clean-up failed: {type(exc).__name__}: {exc}\n")
+
+
+def delete_lv(spec: dict[str, Any]) -> bool:
+    volume_group(spec)  # a missing group is an error, never "gone": its disks may be away
+    lv = logical_volume(spec)
+    if lv is None:
+        return False
+    check_ours(spec, lv)
+    where = "{}/{}".format(spec["vg"], spec["name"])
+    if lv["lv_attr"][5:6] == "o":
+        raise Refused(f"logical volume {where} is open (mounted or in use): not removed")
+    lvm("remove " + where, "lvremove", "--yes", "--", where)
+    return True
+
+
+def expand_block(lib: Any, spec: dict[str, Any]) -> int:
+    extent = volume_group(spec)
+    so = block_object(lib, spec)
+    where = "{}/{}".format(spec["vg"], spec["name"])
+    if so is None:
+        raise Refused("storage object {} does not exist".format(spec["name"]))
+    lv = logical_volume(spec)
+    if lv is None:
+        raise Refused(f"logical volume {where} does not exist")
+    check_ours(spec, lv)
+    extents = max(1, -(-spec["size"] // extent))
+    if int(lv["lv_size"]) < extents * extent:
+        lvm("extend " + where, "lvextend", "--extents", str(extents), "--", where)
+        lv = logical_volume(spec)
+    # iblock reads the block device's size on every READ CAPACITY: nothing to tell LIO.
+    return int(lv["lv_size"])
+
+
 def storage_object(lib: Any, name: str) -> Any:
     try:
         return lib.FileIOStorageObject(name)
@@ -152,13 +386,19 @@ def provision(spec: dict[str, Any]) -> dict[str, Any]:
     root = lib.RTSRoot()  # loads the target modules and mounts configfs when needed
     del root
     ensure_pr_dir()
-    path = os.path.join(spec["directory"], spec["file"])
-    made = False
-    so = storage_object(lib, spec["name"])
-    if so is not None and so.udev_path != path:
-        raise Refused("storage object {} exists with another backing file".format(spec["name"]))
+    block = spec.get("backstore") == "block"
+    made = new_target = False
+    so = None
+    path = ""
+    if not block:
+        path = os.path.join(spec["directory"], spec["file"])
+        so = storage_object(lib, spec["name"])
+        if so is not None and so.udev_path != path:
+            raise Refused("storage object {} exists with another backing file".format(spec["name"]))
     try:
-        if so is None:
+        if block:
+            so, made = provision_block(lib, spec)
+        elif so is None:
             fd, made = open_file(spec, create=True)
             try:
                 grow(fd, spec["size"], spec["sparse"])
@@ -167,6 +407,7 @@ def provision(spec: dict[str, Any]) -> dict[str, Any]:
                 os.close(fd)
             so = lib.FileIOStorageObject(spec["name"], dev=path, size=size, write_back=False)
         fabric = lib.FabricModule("iscsi")
+        new_target = target_of(lib, fabric, spec["iqn"]) is None
         target = lib.Target(fabric, spec["iqn"], mode="any")
         tpg = lib.TPG(target, 1, mode="any")
         luns = {lun.lun: lun for lun in tpg.luns}
@@ -196,14 +437,20 @@ def provision(spec: dict[str, Any]) -> dict[str, Any]:
         tpg.enable = True
         save(lib)
     except BaseException:
-        if made:  # this call made the file: leave nothing behind
+        if made:  # this call made the file or LV: leave nothing of this call behind
             target = target_of(lib, lib.FabricModule("iscsi"), spec["iqn"])
-            if target is not None:
+            if target is not None and new_target:  # one that was there is not this call's
                 target.delete()
-            so = storage_object(lib, spec["name"])
-            if so is not None:
-                so.delete()
-            os.unlink(path)
+            if block:
+                for so in named(lib, spec["name"]):
+                    if so.plugin == "block":
+                        so.delete()
+                undo(delete_lv, spec)
+            else:
+                so = storage_object(lib, spec["name"])
+                if so is not None:
+                    so.delete()
+                os.unlink(path)
         raise
     return {"size": int(so.size), "created": made}
 
@@ -216,6 +463,16 @@ def delete(spec: dict[str, Any]) -> dict[str, Any]:
     if target is not None:
         target.delete()
         gone.append("target")
+    if spec.get("backstore") == "block":
+        so = block_object(lib, spec)
+        if so is not None:
+            so.delete()
+            gone.append("backstore")
+        if delete_lv(spec):
+            gone.append("logical volume")
+        if gone:
+            save(lib)
+        return {"deleted": gone}
     so = storage_object(lib, spec["name"])
     if so is not None:
         so.delete()
@@ -238,6 +495,8 @@ def delete(spec: dict[str, Any]) -> dict[str, Any]:
 def expand(spec: dict[str, Any]) -> dict[str, Any]:
     lib = rts()
     lib.RTSRoot()
+    if spec.get("backstore") == "block":
+        return {"size": expand_block(lib, spec)}
     so = storage_object(lib, spec["name"])
     path = os.path.join(spec["directory"], spec["file"])
     if so is None:
