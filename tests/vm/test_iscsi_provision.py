@@ -97,7 +97,7 @@ out.write(f"DONE {scans} {ssh}\n")
 def provisioner(vm: VM, *requests: dict[str, Any]) -> list[dict[str, Any]]:
     """Run provisioner calls in one guest process; their answers, each with its seconds."""
     vm.write_file("/tmp/prov-call.py", PROVISIONER)
-    res = vm.run([vm.python, "/tmp/prov-call.py"], input=json.dumps(requests), timeout=300)
+    res = vm.run([vm.flexhub_python, "/tmp/prov-call.py"], input=json.dumps(requests), timeout=300)
     answers: list[dict[str, Any]] = json.loads(res.stdout.strip().splitlines()[-1])
     for request, answer in zip(requests, answers, strict=True):
         SECONDS.setdefault(request["op"], []).append(answer.pop("seconds"))
