@@ -38,6 +38,9 @@ SPEC is ``NAME:`` followed by comma-separated ``dio`` (direct I/O on), ``sector=
 tenth of a second (CI runs it; about 15 s in all, most of it fio starting). The
 benchmark leaves nothing mounted or attached: the volume is unmounted through the driver,
 the plain loop devices are detached, and the temporary tree is removed.
+
+``benchmarks/datapath_vm.py`` runs these jobs (``JOBS``, ``Results``) in the VM rig, on NFS
+and iSCSI volumes against the guest's own loop device: emulated figures.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def test_vm_datapath_smoke_prints_a_figure_per_job_and_target(vm: VM) -> None:
     # what each target was: the guest's loop device, NFS 4.2 and an iSCSI disk
     assert re.search(r"^# guest-disk: ext4 /dev/loop\d+ .* on a loop device", text, re.M), text
     assert re.search(r"^# nfs: nfs4 127\.0\.0\.1:/flexhub-bench \(.*vers=4\.2", text, re.M), text
-    assert re.search(r"^# iscsi: ext4 /dev/sd[a-z]+ ", text, re.M), text
+    assert re.search(r"^# iscsi: ext4 /dev/(sd[a-z]+|dm-\d+|mapper/\S+) ", text, re.M), text
     # nothing left behind in the guest
     mounts = vm.read_file("/proc/mounts").decode()
     assert "flexhub-bench" not in mounts and "pv-bench-" not in mounts, mounts
