@@ -38,6 +38,9 @@ SPEC is ``NAME:`` followed by comma-separated ``dio`` (direct I/O on), ``sector=
 tenth of a second (CI runs it; about 15 s in all, most of it fio starting). The
 benchmark leaves nothing mounted or attached: the volume is unmounted through the driver,
 the plain loop devices are detached, and the temporary tree is removed.
+
+``benchmarks/datapath_vm.py`` runs these jobs (``JOBS``, ``Results``) in the VM rig, on NFS
+and iSCSI volumes against the guest's own loop device: emulated figures.
 """
 
 from __future__ import annotations
@@ -84,10 +87,14 @@ class Job:
     def unit(self) -> str:
         return "MiB/s" if self.kind == "sequential" else "IOPS"
 
-    def argv(self, data: Path, size: int, runtime: str, ramp: str) -> list[str]:
+    def argv(self, data: Path | str, size: int, runtime: str, ramp: str) -> list[str]:
+        """fio's command line for this job alone."""
+        return ["fio", *self.section(data, size, runtime, ramp), "--output-format=json"]
+
+    def section(self, data: Path | str, size: int, runtime: str, ramp: str) -> list[str]:
+        """This job's options, from its ``--name`` on (one job of a fio command line)."""
         engine = "libaio" if self.direct else "sync"
         return [
-            "fio",
             f"--name={self.name}",
             f"--filename={data}",
             f"--size={size}",
@@ -102,9 +109,39 @@ class Job:
             "--invalidate=1",
             "--thread",  # with --disk_util=0: half the start-up time of fio
             "--disk_util=0",
-            "--output-format=json",
             *self.extra,
         ]
+
+
+def batch_argv(
+    jobs: Sequence[Job], data: Path | str, size: int, runtime: str, ramp: str
+) -> list[str]:
+    """One fio command line running ``jobs`` one after the other (``--stonewall``): a
+    single fio start-up for all of them, where that start-up costs more than a short job
+    (the smoke runs); no page cache is dropped between them."""
+    argv = ["fio", "--output-format=json"]
+    for job in jobs:
+        argv += [*job.section(data, size, runtime, ramp), "--stonewall"]
+    return argv
+
+
+def prepare_argv(data: Path | str, size: int) -> list[str]:
+    """fio's command line that writes the data file once, in full, with direct I/O."""
+    return [
+        "fio",
+        "--name=prepare",
+        f"--filename={data}",
+        f"--size={size}",
+        "--rw=write",
+        "--bs=1m",
+        "--iodepth=8",
+        "--ioengine=libaio",
+        "--direct=1",
+        "--end_fsync=1",
+        "--thread",
+        "--disk_util=0",
+        "--output-format=json",
+    ]
 
 
 JOBS = (
@@ -137,10 +174,14 @@ def run(argv: Sequence[str], timeout: float = 600.0) -> str:
     return proc.stdout
 
 
-def fio_figure(job: Job, output: str) -> float:
-    """IOPS (random jobs) or MiB/s (sequential jobs) from fio's JSON output."""
+def fio_figure(job: Job, output: str, index: int = 0) -> float:
+    """IOPS (random jobs) or MiB/s (sequential jobs) of the ``index``-th job of fio's JSON
+    output."""
     report = json.loads(output[output.index("{") :])  # fio may print notes before the JSON
-    side = report["jobs"][0]["write" if "write" in job.rw else "read"]
+    found = report["jobs"][index]
+    if found["jobname"] != job.name:
+        raise SystemExit(f"benchmark: fio reported {found['jobname']!r} for {job.name!r}")
+    side = found["write" if "write" in job.rw else "read"]
     if job.kind == "sequential":
         return float(side["bw_bytes"]) / MiB
     return float(side["iops"])
@@ -276,10 +317,15 @@ def plain_loop(
 
 @dataclass
 class Results:
-    """figures[job][target] = one value per round; targets in print order."""
+    """figures[job][target] = one value per round; targets in print order. Ratios are to
+    ``reference``; the goals are shown for ``goal_target`` (none if it is None); ``label``
+    ends every line."""
 
     targets: list[str]
     figures: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    reference: str = "host"
+    goal_target: str | None = "flexhub"
+    label: str = ""
 
     def add(self, job: str, target: str, value: float) -> None:
         self.figures.setdefault(job, {}).setdefault(target, []).append(value)
@@ -289,7 +335,7 @@ class Results:
         for job in JOBS:
             if job.name not in self.figures:
                 continue
-            host = self.figures[job.name]["host"]
+            host = self.figures[job.name][self.reference]
             for target in self.targets:
                 values = self.figures[job.name].get(target, [])
                 if not values:
@@ -299,15 +345,17 @@ class Results:
                     f"{job.name:<18} {target:<14} {median:10.1f} {job.unit:<5} "
                     f"(min {min(values):.1f} max {max(values):.1f})"
                 )
-                if target != "host":
+                if target != self.reference:
                     ratios = [v / h for v, h in zip(values, host, strict=True)]
                     ratio = statistics.median(ratios)
-                    text += f" | {ratio:5.2f}x host ({min(ratios):.2f}-{max(ratios):.2f})"
-                    if target == "flexhub":
+                    text += (
+                        f" | {ratio:5.2f}x {self.reference} ({min(ratios):.2f}-{max(ratios):.2f})"
+                    )
+                    if target == self.goal_target:
                         goal = GOALS[job.kind]
                         verdict = "met" if ratio >= goal else "NOT met"
                         text += f" | goal >= {goal}x: {verdict}"
-                out.append(text)
+                out.append(text + self.label)
         return out
 
 
@@ -349,23 +397,7 @@ class DataPath:
         data = directory / DATA
         if data.exists() and data.stat().st_size == self.size:
             return
-        run(
-            [
-                "fio",
-                "--name=prepare",
-                f"--filename={data}",
-                f"--size={self.size}",
-                "--rw=write",
-                "--bs=1m",
-                "--iodepth=8",
-                "--ioengine=libaio",
-                "--direct=1",
-                "--end_fsync=1",
-                "--thread",
-                "--disk_util=0",
-                "--output-format=json",
-            ]
-        )
+        run(prepare_argv(data, self.size))
 
     def jobs(self, directory: Path, results: Results, target: str) -> None:
         self.prepare(directory)
