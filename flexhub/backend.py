@@ -27,7 +27,6 @@ import abc
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -151,6 +150,8 @@ class Backend(abc.ABC):
         """Return the backend's JSON Schema as a dict."""
         package = cls.schema_package or cls.__module__
         try:
+            from importlib import resources
+
             text = resources.files(package).joinpath(cls.schema_file).read_text("utf-8")
             loaded = json.loads(text)
         except (OSError, ValueError, ModuleNotFoundError) as exc:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, ClassVar
 
 from flexhub.errors import BackendError, NotSupported
@@ -113,6 +112,8 @@ class Provisioning:
         """Return the StorageClass parameters schema as a dict."""
         package = getattr(cls, "schema_package", "") or cls.__module__
         try:
+            from importlib import resources
+
             text = resources.files(package).joinpath(cls.parameters_schema_file).read_text()
             loaded = json.loads(text)
         except (OSError, ValueError, ModuleNotFoundError) as exc:

@@ -11,7 +11,6 @@ import contextlib
 import importlib
 import logging
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -113,6 +112,8 @@ def _forget_stevedore_cache(memo: Memo) -> None:
     exactly; when it misses, stevedore scans afresh (once per change, a few tens of ms).
     """
     if os.environ.get("XDG_CACHE_HOME") == str(memo.root):
+        import shutil
+
         shutil.rmtree(memo.root / "python-entrypoints", ignore_errors=True)
 
 

@@ -6,7 +6,6 @@ ever quote one. ``$ref`` s resolve only inside flexhub's own registry: never the
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import sys
@@ -177,6 +176,8 @@ def describe_error(error: ValidationError, schema: Mapping[str, Any]) -> str:
         extras = sorted(set(error.instance) - set(allowed))
         extras = [e for e in extras if not e.startswith("kubernetes.io/")]
         name = extras[0] if extras else "?"
+        import difflib
+
         hint = difflib.get_close_matches(name, allowed, n=1)
         suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
         known = ", ".join(allowed)
@@ -260,6 +261,8 @@ def _problems(
         extras = [e for e in extras if not e.startswith("kubernetes.io/")]
         out = []
         for extra in extras:
+            import difflib
+
             hint = difflib.get_close_matches(extra, allowed, n=1)
             text = f"unknown {noun}, did you mean {hint[0]}?" if hint else f"unknown {noun}"
             if not hint:

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from flexhub.errors import CommandError, CommandTimeout, one_line, redact
+
+if TYPE_CHECKING:
+    import subprocess
+
+# ``subprocess`` (with ``selectors`` and ``signal``) is imported when the first command runs:
+# a call that runs none (a ``mount`` of a directory already mounted) does not pay for it.
 
 __all__ = [
     "DEFAULT_ENV",
@@ -124,6 +128,8 @@ REAP_TIMEOUT = 5.0
 
 def _reap(proc: subprocess.Popen[str], shown: str) -> str:
     """Wait at most :data:`REAP_TIMEOUT` for the killed ``proc``; "" or why it is left."""
+    import subprocess
+
     try:
         proc.wait(timeout=REAP_TIMEOUT)
         return ""
@@ -138,6 +144,8 @@ def _reap(proc: subprocess.Popen[str], shown: str) -> str:
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
+    import signal
+
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -170,6 +178,8 @@ class SubprocessRunner:
         input: str | None = None,
     ) -> Result:
         """Run ``argv``; see :class:`CommandRunner`."""
+        import subprocess
+
         args = tuple(str(a) for a in argv)
         if not args:
             raise CommandError("empty command")

@@ -46,7 +46,6 @@ import contextlib
 import errno
 import logging
 import os
-import secrets
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -693,7 +692,8 @@ class LoopfileBackend(BlockBackend, Provisioning):
         real_parent = path.parent.resolve()
         if real_parent != path.parent or not real_parent.is_relative_to(base):
             raise InvalidOptions(f"option 'file' escapes the loopfile root: {path}")
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{_NEW_SUFFIX}")
+        # what secrets.token_hex(4) returns, without importing secrets (random, hmac, base64)
+        tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}{_NEW_SUFFIX}")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(tmp, flags, 0o600)
         try:
