@@ -6,7 +6,6 @@ ever quote one. ``$ref`` s resolve only inside flexhub's own registry: never the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from collections.abc import Mapping
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import flexhub
 from flexhub.driver.memo import Memo, environment_fingerprint
 from flexhub.errors import BackendError, InvalidOptions
+from flexhub.node.fastpath import sha256
 from flexhub.volume import PER_POD_KEYS, SECRET_PREFIX
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def _memo_key(backend: type[Backend], public: Mapping[str, str]) -> str:
         environment_fingerprint(),
     ]
     encoded = json.dumps(material, sort_keys=True, ensure_ascii=True).encode("ascii")
-    return hashlib.sha256(encoded).hexdigest()
+    return sha256(encoded).hexdigest()
 
 
 def _read(path: Path) -> str:

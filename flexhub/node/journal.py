@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from flexhub.errors import StateError
-from flexhub.node.fastpath import pod_record_path
+from flexhub.node.fastpath import pod_record_path, sha256
 from flexhub.node.statedir import private_dir
 
 __all__ = ["SCHEMA_VERSION", "DeferredRelease", "Journal", "PodRecord", "VolumeRecord"]
@@ -92,7 +91,7 @@ _KINDS: dict[type[Any], str] = {PodRecord: "pod", VolumeRecord: "volume"}
 
 
 def _digest(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+    return sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def _check_type(name: str, value: Any, record_type: type[Any]) -> bool:

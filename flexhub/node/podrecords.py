@@ -39,9 +39,9 @@ _K = TypeVar("_K", str, Path)
 
 def staging_dir(node: Node, volume_id: str) -> Path:
     """The directory where the block volume ``volume_id`` is mounted once for the node."""
-    import hashlib
+    from flexhub.node.fastpath import sha256
 
-    digest = hashlib.sha256(volume_id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    digest = sha256(volume_id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
     return _staging_root(node) / digest
 
 

@@ -40,11 +40,12 @@ def parse_quantity(text: str) -> int:
     match = _QUANTITY.fullmatch(text)
     if match is None:
         raise ValueError(f"{text!r} is not a quantity such as 512Mi, 10Gi, 1G or 1073741824")
-    number, suffix = match.group(1), match.group(2) or ""
+    number, suffix = str(match.group(1)), str(match.group(2) or "")
     # Exact in integers (no decimal module on the mount path): W.F is int(WF) / 10**len(F),
     # and the bytes are that times the multiplier, rounded up.
     whole, _, fraction = number.partition(".")
-    value = -(-int(whole + fraction) * _MULTIPLIERS[suffix] // 10 ** len(fraction))
+    scale: int = 10 ** len(fraction)
+    value = -(-int(whole + fraction) * _MULTIPLIERS[suffix] // scale)
     if value <= 0:
         raise ValueError(f"{text!r} is zero bytes")
     if value > MAX_BYTES:
