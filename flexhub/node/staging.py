@@ -24,7 +24,6 @@ from flexhub.backend import Attachment, BlockBackend
 from flexhub.errors import FlexhubError, ReleaseDeferred, VolumeError
 from flexhub.node import Node
 from flexhub.node.checkpoints import checkpoint
-from flexhub.node.fs import format_and_mount
 from flexhub.node.journal import PodRecord, VolumeRecord, record_details
 from flexhub.node.mounts import MountEntry, bind_mount, cleanup_mount_point, is_corrupted
 from flexhub.node.podrecords import (
@@ -158,6 +157,9 @@ def _do_mount_block(
         _unstage_read_only(node, staging, target)
         staged = None
     if staged is None:
+        # (imported here: a mount that finds the volume staged formats nothing)
+        from flexhub.node.fs import format_and_mount
+
         staging.mkdir(mode=0o700, parents=True, exist_ok=True)
         formatted = format_and_mount(
             node.runner,

@@ -60,7 +60,6 @@ from flexhub.node.checkpoints import (
     UNMOUNT_CHECKPOINTS,
     checkpoint,
 )
-from flexhub.node.fs import grow_filesystem
 from flexhub.node.journal import PodRecord, record_details
 from flexhub.node.mounts import check_block_mount_options, check_mount_options, cleanup_mount_point
 from flexhub.node.podrecords import (
@@ -302,6 +301,8 @@ def expand_volume(
             )
         if "ro" in staged.options:
             raise VolumeError(f"volume {volume_id} is mounted read-only: cannot grow it")
+        from flexhub.node.fs import grow_filesystem
+
         started = time.monotonic()
         backend.expand(Attachment(record.device, dict(record.details)), volume, new_size)
         size = grow_filesystem(node.runner, record.device, str(staging), staged.fs_type)
