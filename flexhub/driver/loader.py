@@ -12,12 +12,12 @@ import importlib
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from flexhub import ENTRY_POINT_GROUP
 from flexhub.driver.memo import Memo, environment_fingerprint
 from flexhub.errors import BackendError, InvalidOptions
+from flexhub.node.frozen import Frozen
 
 if TYPE_CHECKING:
     from flexhub.backend import Backend
@@ -169,15 +169,27 @@ def backend_factory(config: NodeConfig, call: Call | None = None) -> Callable[[s
     return load
 
 
-@dataclass(frozen=True)
-class BackendInfo:
+class BackendInfo(Frozen):
     """What ``flexhub backends`` shows for one entry point."""
 
+    # the fields, in order
+    __slots__ = (  # noqa: RUF023
+        "name",
+        "target",
+        "distribution",
+        "version",
+        "error",
+    )
     name: str
     target: str
     distribution: str
     version: str
-    error: str = ""
+    error: str
+
+    def __init__(
+        self, name: str, target: str, distribution: str, version: str, error: str = ""
+    ) -> None:
+        self._set(name=name, target=target, distribution=distribution, version=version, error=error)
 
 
 def describe_backends(config: NodeConfig | None = None) -> list[BackendInfo]:

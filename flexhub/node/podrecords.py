@@ -14,7 +14,6 @@ taken under the caller's ``("pod", target)`` lock.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -78,7 +77,7 @@ def _adopt_pod_record(node: Node, given: Path, target: Path) -> None:
         return
     LOG.info("pod record of %s moves to its resolved path %s", given, target)
     try:
-        node.journal.put_pod(dataclasses.replace(old, target=str(target)))
+        node.journal.put_pod(old.replace(target=str(target)))
         node.journal.delete_pod(given)
     except StateError as exc:  # a read-only state_dir: the mount table still tells
         LOG.warning("cannot move the pod record of %s: %s", given, exc)

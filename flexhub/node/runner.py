@@ -6,10 +6,10 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from flexhub.errors import CommandError, CommandTimeout, one_line, redact
+from flexhub.node.frozen import Frozen
 
 if TYPE_CHECKING:
     import subprocess
@@ -38,14 +38,17 @@ _MASK = "***"
 _EXCERPT = 400
 
 
-@dataclass(frozen=True)
-class Result:
+class Result(Frozen):
     """What a finished command produced."""
 
+    __slots__ = ("argv", "returncode", "stdout", "stderr")  # noqa: RUF023 - the fields, in order
     argv: tuple[str, ...]
     returncode: int
     stdout: str
     stderr: str
+
+    def __init__(self, argv: tuple[str, ...], returncode: int, stdout: str, stderr: str) -> None:
+        self._set(argv=argv, returncode=returncode, stdout=stdout, stderr=stderr)
 
 
 class CommandRunner(Protocol):
@@ -243,7 +246,6 @@ def command_error(result: Result, secrets: Sequence[str] = ()) -> CommandError:
     return CommandError(message, returncode=result.returncode, output=excerpt)
 
 
-@dataclass
 class RecordingRunner:
     """A test runner: records every (masked) argv and answers from a script.
 
@@ -252,10 +254,29 @@ class RecordingRunner:
     exit 0 with empty output.
     """
 
-    script: dict[tuple[str, ...], object] = field(default_factory=dict)
-    calls: list[list[str]] = field(default_factory=list)
-    #: The ``input`` of each call (``None`` for none), secrets masked, beside :attr:`calls`.
-    inputs: list[str | None] = field(default_factory=list)
+    def __init__(
+        self,
+        script: dict[tuple[str, ...], object] | None = None,
+        calls: list[list[str]] | None = None,
+        inputs: list[str | None] | None = None,
+    ) -> None:
+        self.script: dict[tuple[str, ...], object] = {} if script is None else script
+        self.calls: list[list[str]] = [] if calls is None else calls
+        #: The ``input`` of each call (``None`` for none), secrets masked, beside :attr:`calls`.
+        self.inputs: list[str | None] = [] if inputs is None else inputs
+
+    def __repr__(self) -> str:
+        return (
+            f"RecordingRunner(script={self.script!r}, calls={self.calls!r}, inputs={self.inputs!r})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, RecordingRunner)
+        return (self.script, self.calls, self.inputs) == (other.script, other.calls, other.inputs)
+
+    __hash__ = None  # type: ignore[assignment]  # (a mutable dataclass's)
 
     def __call__(
         self,

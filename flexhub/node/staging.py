@@ -13,7 +13,6 @@ fsGroup with ``g+rwx`` and setgid (:func:`apply_fs_group`); only the root direct
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import stat
@@ -350,7 +349,7 @@ def _attach_reporting(
 
     def journal(details: Mapping[str, str]) -> None:
         _check_no_secret(intent.backend, dict(details), volume)
-        record[0] = dataclasses.replace(record[0], partial={**record[0].partial, **details})
+        record[0] = record[0].replace(partial={**record[0].partial, **details})
         node.journal.put_volume(record[0])
         if details:  # one step per report, named after its first key
             checkpoint(f"attach-progress-{next(iter(details))}")
