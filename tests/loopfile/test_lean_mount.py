@@ -33,6 +33,9 @@ NEVER_ON_A_KNOWN_VOLUME = (
     "shutil",
     "decimal",
     "secrets",
+    "dataclasses",  # the records are written out (flexhub.node.frozen)
+    "inspect",
+    "base64",  # only for a call that carries a secret
     "typer",
     "kubernetes",
     "yaml",
