@@ -35,7 +35,6 @@ from flexhub.node.podrecords import (
     _volume_locks,
     staging_dir,
 )
-from flexhub.node.release import _attachment, _check_free, _detach, _keep_for_later, _remove_dir
 from flexhub.volume import Volume
 
 __all__ = ["STAT_TIMEOUT", "apply_fs_group"]
@@ -371,6 +370,15 @@ def _undo_block(
     progress: _Progress,
 ) -> None:
     """Undo a failed block mount: the bind, and the staging and device if nobody uses them."""
+    # (imported here: a mount that succeeds releases nothing)
+    from flexhub.node.release import (
+        _attachment,
+        _check_free,
+        _detach,
+        _keep_for_later,
+        _remove_dir,
+    )
+
     try:
         if progress.bound or node.mounts.is_mount_point(target):
             cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)

@@ -36,6 +36,7 @@ NEVER_ON_A_KNOWN_VOLUME = (
     "dataclasses",  # the records are written out (flexhub.node.frozen)
     "inspect",
     "base64",  # only for a call that carries a secret
+    "flexhub.node.release",  # only an unmount or a failed mount releases
     "typer",
     "kubernetes",
     "yaml",
