@@ -6,7 +6,8 @@ down, also after a reboot or a failed ``mount``, when nothing is mounted and fle
 record. Both answers are constants, so this module answers them with what the interpreter has
 already loaded at start-up (``os``, ``sys``, ``time``) plus :mod:`flexhub.node.fastpath`: no
 ``json``, ``re``, ``pathlib``, ``typing`` or ``tomllib``. The node config is read by a reader
-that understands only the plain form ``flexhub install`` and the examples write (top-level
+(:mod:`flexhub.node.plainconfig`, which the full config reader uses too) that understands only
+the plain form ``flexhub install`` and the examples write (top-level
 ``key = "string"`` or ``key = number`` lines before the first table); any other text, any
 unknown or repeated key or a value the full reader would refuse makes :func:`serve` return
 ``None``, and the call goes the full way (:mod:`flexhub.driver.kubelet`), which reports it.
