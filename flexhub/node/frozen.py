@@ -63,6 +63,11 @@ class Frozen:
         shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.fields())
         return f"{type(self).__qualname__}({shown})"
 
+    def __reduce__(self) -> tuple[type[Frozen], tuple[object, ...]]:
+        # copy, deepcopy and pickle rebuild through __init__ (its parameters are the fields,
+        # in order), never through the __setattr__ that refuses
+        return (type(self), tuple(getattr(self, name) for name in self.fields()))
+
     def as_dict(self) -> dict[str, Any]:
         """The fields and their values (not copied)."""
         return {name: getattr(self, name) for name in self.fields()}

@@ -131,6 +131,11 @@ def test_a_record_behaves_as_the_frozen_dataclass_it_replaced(
             mine.replace(nonsense=1)
         assert mine.as_dict() == dataclasses.asdict(ref(*args, **k))
         assert list(mine.as_dict()) == names
+        import copy
+        import pickle
+
+        assert copy.copy(mine) == mine and copy.deepcopy(mine) == mine
+        assert pickle.loads(pickle.dumps(mine)) == mine
 
 
 def test_equality_follows_the_compared_fields_only() -> None:
