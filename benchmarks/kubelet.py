@@ -7,9 +7,10 @@ Run as root from a checkout where flexhub and flexhub-loopfile are installed::
 It installs the driver into a temporary kubelet-style tree and calls it exactly as kubelet
 does (``flexhub.admin.harness.Kubelet``: argv list, stdin /dev/null, stderr merged, bare
 environment, cwd /). Every figure is a median of ``--runs`` samples, printed beside its
-reference and the ratio, with the goal of issue 14; the goals are reported, never asserted.
-It asserts nothing and leaves nothing mounted or attached (everything it made is unmounted
-through the driver, then the tree is removed).
+reference and the ratio, with the goal of issue 14 (of issue 23 for a second pod's and a
+first ``mount``); the goals are reported, never asserted. It asserts nothing and leaves
+nothing mounted or attached (everything it made is unmounted through the driver, then the
+tree is removed).
 
 ``--smoke`` runs every figure with tiny counts (CI runs it to keep the command working).
 ``--runtime DIR`` measures through a relocatable runtime (``deploy/build_runtime.py``), as
@@ -241,8 +242,8 @@ def per_call(bench: Bench, runs: int) -> tuple[list[Figure], dict[str, float]]:
             second,
             bare_name,
             bare,
-            "<= 2x",
-            second <= 2 * bare,
+            "<= 3x",
+            second <= 3 * bare,
         )
     )
 
@@ -259,8 +260,8 @@ def per_call(bench: Bench, runs: int) -> tuple[list[Figure], dict[str, float]]:
             first_ms,
             "the same commands in sh",
             shell_ms,
-            f"<= +1 python start ({bare:.0f} ms)",
-            first_ms - shell_ms <= bare,
+            "<= +60 ms",
+            first_ms - shell_ms <= 60,
             ratio=False,
         )
     )

@@ -26,8 +26,6 @@ from __future__ import annotations
 import abc
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -46,6 +44,7 @@ from flexhub.errors import (
     redact,
 )
 from flexhub.node import Node
+from flexhub.node.frozen import Frozen
 from flexhub.node.kernel import missing_filesystem as kernel_lacks
 from flexhub.node.mounts import MountEntry
 from flexhub.node.runner import CommandRunner, Result
@@ -84,8 +83,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class NodeRequirements:
+class NodeRequirements(Frozen):
     """What a backend needs on the node, checked by ``flexhub doctor`` (never per call).
 
     ``commands`` are looked up where the runner looks (``/usr/sbin:/usr/bin:/sbin:/bin``),
@@ -95,14 +93,29 @@ class NodeRequirements:
     .. versionadded:: 0.2
     """
 
-    commands: tuple[str, ...] = ()
-    kernel_modules: tuple[str, ...] = ()
-    daemons: tuple[str, ...] = ()
-    hint: str = ""
+    # the fields, in order
+    __slots__ = (  # noqa: RUF023
+        "commands",
+        "kernel_modules",
+        "daemons",
+        "hint",
+    )
+    commands: tuple[str, ...]
+    kernel_modules: tuple[str, ...]
+    daemons: tuple[str, ...]
+    hint: str
+
+    def __init__(
+        self,
+        commands: tuple[str, ...] = (),
+        kernel_modules: tuple[str, ...] = (),
+        daemons: tuple[str, ...] = (),
+        hint: str = "",
+    ) -> None:
+        self._set(commands=commands, kernel_modules=kernel_modules, daemons=daemons, hint=hint)
 
 
-@dataclass(frozen=True)
-class Attachment:
+class Attachment(Frozen):
     """A block device a :class:`BlockBackend` made available on this node.
 
     ``details`` are what the backend needs to release it later (kept in the state journal,
@@ -115,9 +128,16 @@ class Attachment:
     formats only if the device's first and last MiB read back as zeros. Never journalled.
     """
 
+    __slots__ = ("device", "details", "blank")  # noqa: RUF023 - the fields, in order
+    _compare = ("device", "details")  # not ``blank``
     device: str
-    details: Mapping[str, str] = field(default_factory=dict)
-    blank: bool | None = field(default=None, compare=False)
+    details: Mapping[str, str]
+    blank: bool | None
+
+    def __init__(
+        self, device: str, details: Mapping[str, str] | None = None, blank: bool | None = None
+    ) -> None:
+        self._set(device=device, details={} if details is None else details, blank=blank)
 
 
 class Backend(abc.ABC):
@@ -151,6 +171,8 @@ class Backend(abc.ABC):
         """Return the backend's JSON Schema as a dict."""
         package = cls.schema_package or cls.__module__
         try:
+            from importlib import resources
+
             text = resources.files(package).joinpath(cls.schema_file).read_text("utf-8")
             loaded = json.loads(text)
         except (OSError, ValueError, ModuleNotFoundError) as exc:

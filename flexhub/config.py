@@ -20,7 +20,6 @@ A missing file means defaults. Example::
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -131,10 +130,22 @@ def parse_config(raw: bytes, path: Path) -> NodeConfig:
 
     :raises FlexhubError: not valid TOML or a wrong value.
     """
+    from flexhub.node.plainconfig import plain_document
+
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise FlexhubError(f"node config {path} is not valid TOML: {exc}") from None
+    # The plain form flexhub writes is read without tomllib (and datetime, and its regular
+    # expressions: milliseconds on every kubelet call); anything else goes to tomllib.
+    data: dict[str, Any] | None = plain_document(text)
+    if data is None:
+        import tomllib
+
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise FlexhubError(f"node config {path} is not valid TOML: {exc}") from None
     kwargs: dict[str, Any] = {"source": path}
     backends: dict[str, Mapping[str, Any]] = {}
     for key, value in data.items():

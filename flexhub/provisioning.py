@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, ClassVar
 
 from flexhub.errors import BackendError, NotSupported
+from flexhub.node.frozen import Frozen
 from flexhub.volume import Secrets
 
 __all__ = ["Claim", "Provisioned", "Provisioning", "ReclaimOn"]
@@ -43,8 +42,7 @@ PROVISIONER: ReclaimOn = "provisioner"
 NODE: ReclaimOn = "node"
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(Frozen):
     """The claim a volume is made for, as the provisioner read it from the API.
 
     ``size`` is the requested size in bytes; ``selected_node`` is the node the scheduler chose
@@ -52,14 +50,47 @@ class Claim:
     otherwise.
     """
 
+    # the fields, in order
+    __slots__ = (  # noqa: RUF023
+        "uid",
+        "namespace",
+        "name",
+        "size",
+        "access_modes",
+        "annotations",
+        "labels",
+        "selected_node",
+    )
     uid: str
     namespace: str
     name: str
     size: int
-    access_modes: tuple[str, ...] = ("ReadWriteOnce",)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    labels: Mapping[str, str] = field(default_factory=dict)
-    selected_node: str = ""
+    access_modes: tuple[str, ...]
+    annotations: Mapping[str, str]
+    labels: Mapping[str, str]
+    selected_node: str
+
+    def __init__(
+        self,
+        uid: str,
+        namespace: str,
+        name: str,
+        size: int,
+        access_modes: tuple[str, ...] = ("ReadWriteOnce",),
+        annotations: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        selected_node: str = "",
+    ) -> None:
+        self._set(
+            uid=uid,
+            namespace=namespace,
+            name=name,
+            size=size,
+            access_modes=access_modes,
+            annotations={} if annotations is None else annotations,
+            labels={} if labels is None else labels,
+            selected_node=selected_node,
+        )
 
     @property
     def volume_name(self) -> str:
@@ -67,8 +98,7 @@ class Claim:
         return f"pvc-{self.uid}"
 
 
-@dataclass(frozen=True)
-class Provisioned:
+class Provisioned(Frozen):
     """What a backend made for a claim.
 
     :param options: the PV's ``flexVolume.options`` (``backend`` is added by the provisioner).
@@ -82,12 +112,39 @@ class Provisioned:
     :param node: the node whose storage it is (the PV gets node affinity for it), or ``""``.
     """
 
+    # the fields, in order
+    __slots__ = (  # noqa: RUF023
+        "options",
+        "size",
+        "reclaim",
+        "fs_type",
+        "secret",
+        "node",
+    )
     options: Mapping[str, str]
     size: int
-    reclaim: Mapping[str, str] = field(default_factory=dict)
-    fs_type: str = ""
-    secret: tuple[str, str] | None = None
-    node: str = ""
+    reclaim: Mapping[str, str]
+    fs_type: str
+    secret: tuple[str, str] | None
+    node: str
+
+    def __init__(
+        self,
+        options: Mapping[str, str],
+        size: int,
+        reclaim: Mapping[str, str] | None = None,
+        fs_type: str = "",
+        secret: tuple[str, str] | None = None,
+        node: str = "",
+    ) -> None:
+        self._set(
+            options=options,
+            size=size,
+            reclaim={} if reclaim is None else reclaim,
+            fs_type=fs_type,
+            secret=secret,
+            node=node,
+        )
 
 
 class Provisioning:
@@ -113,6 +170,8 @@ class Provisioning:
         """Return the StorageClass parameters schema as a dict."""
         package = getattr(cls, "schema_package", "") or cls.__module__
         try:
+            from importlib import resources
+
             text = resources.files(package).joinpath(cls.parameters_schema_file).read_text()
             loaded = json.loads(text)
         except (OSError, ValueError, ModuleNotFoundError) as exc:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 
 from flexhub.errors import InvalidOptions
+from flexhub.node.frozen import Frozen
 
 __all__ = [
     "CONTROL_CHARACTERS",
@@ -119,6 +117,9 @@ class Secrets(Mapping[str, Secret]):
         :raises InvalidOptions: its value is not base64 of UTF-8 text (named by key only).
         """
         if key not in self._values:
+            import base64  # (only a call that carries a secret pays for it)
+            import binascii
+
             raw = self._encoded[key]
             try:
                 text = base64.b64decode(raw, validate=True).decode("utf-8")
@@ -154,18 +155,28 @@ class Secrets(Mapping[str, Secret]):
         return values
 
 
-@dataclass(frozen=True)
-class PodInfo:
+class PodInfo(Frozen):
     """The pod a ``mount`` call is for (empty strings when kubelet sent none)."""
 
-    name: str = ""
-    namespace: str = ""
-    uid: str = ""
-    service_account: str = ""
+    # the fields, in order
+    __slots__ = (  # noqa: RUF023
+        "name",
+        "namespace",
+        "uid",
+        "service_account",
+    )
+    name: str
+    namespace: str
+    uid: str
+    service_account: str
+
+    def __init__(
+        self, name: str = "", namespace: str = "", uid: str = "", service_account: str = ""
+    ) -> None:
+        self._set(name=name, namespace=namespace, uid=uid, service_account=service_account)
 
 
-@dataclass(frozen=True)
-class Volume:
+class Volume(Frozen):
     """A volume as a backend sees it.
 
     ``options`` holds only the backend's own, schema-validated keys: never a ``kubernetes.io/``
@@ -175,13 +186,43 @@ class Volume:
                fs_type="ext4", read_only=False, name="pv-db", ...)
     """
 
+    # the fields, in order
+    __slots__ = (  # noqa: RUF023
+        "options",
+        "fs_type",
+        "read_only",
+        "name",
+        "fs_group",
+        "pod",
+        "secrets",
+    )
     options: Mapping[str, str]
-    fs_type: str = ""
-    read_only: bool = False
-    name: str = ""
-    fs_group: int | None = None
-    pod: PodInfo | None = None
-    secrets: Secrets = field(default_factory=Secrets)
+    fs_type: str
+    read_only: bool
+    name: str
+    fs_group: int | None
+    pod: PodInfo | None
+    secrets: Secrets
+
+    def __init__(
+        self,
+        options: Mapping[str, str],
+        fs_type: str = "",
+        read_only: bool = False,
+        name: str = "",
+        fs_group: int | None = None,
+        pod: PodInfo | None = None,
+        secrets: Secrets | None = None,
+    ) -> None:
+        self._set(
+            options=options,
+            fs_type=fs_type,
+            read_only=read_only,
+            name=name,
+            fs_group=fs_group,
+            pod=pod,
+            secrets=Secrets() if secrets is None else secrets,
+        )
 
     @property
     def backend(self) -> str:

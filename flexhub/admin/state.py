@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -23,13 +22,13 @@ def node_state(config: NodeConfig) -> dict[str, list[dict[str, Any]]]:
     table = MountTable()
     pods = []
     for pod in sorted(journal.pods(), key=lambda r: r.target):
-        row = dataclasses.asdict(pod)
+        row = pod.as_dict()
         row["mounted"] = table.is_mount_point(pod.target)
         pods.append(row)
     volumes = []
     waiting = set(journal.deferred())
     for vol in sorted(journal.volumes(), key=lambda r: r.volume_id):
-        row = dataclasses.asdict(vol)
+        row = vol.as_dict()
         row["mounted"] = table.is_mount_point(vol.staging)
         row["release_deferred"] = vol.volume_id in waiting
         row["pods"] = sum(1 for p in pods if p["volume_id"] == vol.volume_id and p["mounted"])

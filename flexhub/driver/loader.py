@@ -11,14 +11,13 @@ import contextlib
 import importlib
 import logging
 import os
-import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from flexhub import ENTRY_POINT_GROUP
 from flexhub.driver.memo import Memo, environment_fingerprint
 from flexhub.errors import BackendError, InvalidOptions
+from flexhub.node.frozen import Frozen
 
 if TYPE_CHECKING:
     from flexhub.backend import Backend
@@ -113,6 +112,8 @@ def _forget_stevedore_cache(memo: Memo) -> None:
     exactly; when it misses, stevedore scans afresh (once per change, a few tens of ms).
     """
     if os.environ.get("XDG_CACHE_HOME") == str(memo.root):
+        import shutil
+
         shutil.rmtree(memo.root / "python-entrypoints", ignore_errors=True)
 
 
@@ -168,15 +169,27 @@ def backend_factory(config: NodeConfig, call: Call | None = None) -> Callable[[s
     return load
 
 
-@dataclass(frozen=True)
-class BackendInfo:
+class BackendInfo(Frozen):
     """What ``flexhub backends`` shows for one entry point."""
 
+    # the fields, in order
+    __slots__ = (  # noqa: RUF023
+        "name",
+        "target",
+        "distribution",
+        "version",
+        "error",
+    )
     name: str
     target: str
     distribution: str
     version: str
-    error: str = ""
+    error: str
+
+    def __init__(
+        self, name: str, target: str, distribution: str, version: str, error: str = ""
+    ) -> None:
+        self._set(name=name, target=target, distribution=distribution, version=version, error=error)
 
 
 def describe_backends(config: NodeConfig | None = None) -> list[BackendInfo]:

@@ -6,7 +6,8 @@ down, also after a reboot or a failed ``mount``, when nothing is mounted and fle
 record. Both answers are constants, so this module answers them with what the interpreter has
 already loaded at start-up (``os``, ``sys``, ``time``) plus :mod:`flexhub.node.fastpath`: no
 ``json``, ``re``, ``pathlib``, ``typing`` or ``tomllib``. The node config is read by a reader
-that understands only the plain form ``flexhub install`` and the examples write (top-level
+(:mod:`flexhub.node.plainconfig`, which the full config reader uses too) that understands only
+the plain form ``flexhub install`` and the examples write (top-level
 ``key = "string"`` or ``key = number`` lines before the first table); any other text, any
 unknown or repeated key or a value the full reader would refuse makes :func:`serve` return
 ``None``, and the call goes the full way (:mod:`flexhub.driver.kubelet`), which reports it.
@@ -20,6 +21,9 @@ use it. The call is logged exactly as the full path logs it.
 import os
 import time
 
+# The reader of the plain form, shared with the full config reader (flexhub.config).
+from flexhub.node.plainconfig import _LEVELS, _NUMBERS, _STRINGS, read_plain_config  # noqa: F401
+
 __all__ = ["CAPABILITIES", "serve"]
 
 #: The reply to ``init``. See the README ("Capabilities") for why each is set so.
@@ -32,177 +36,6 @@ CAPABILITIES = {
 }
 
 _DEFAULT_CONFIG = "/etc/flexhub/flexhub.toml"
-_STRINGS = ("state_dir", "log_dir", "log_level")
-_NUMBERS = (
-    "lock_timeout",
-    "command_timeout",
-    "mount_timeout",
-    "unmount_timeout",
-    "call_timeout",
-    "release_retry_interval",
-)
-_LEVELS = ("debug", "info", "warning", "error")
-_BARE_KEY = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-
-
-def read_plain_config(text: str) -> dict[str, str] | None:
-    """``state_dir``, ``log_dir`` and ``log_level`` of a plain config, or ``None`` when the
-    text is not plain enough to be sure (the full TOML reader then decides)."""
-    found: dict[str, str] = {}
-    tables: set[str] = set()
-    table_keys: set[str] = set()
-    in_table = False
-    for raw in text.split("\n"):
-        line = raw.strip(" \t\r")
-        if not line or line.startswith("#"):
-            continue
-        if '"""' in line or "'''" in line or "\\" in line:
-            return None  # multi-line or escaped strings: only the full reader is exact
-        if line.startswith("["):
-            name = line[1:].split("]", 1)
-            if line.startswith("[[") or len(name) != 2 or not _bare(name[0].strip()):
-                return None
-            if name[1].strip(" \t") and not name[1].strip(" \t").startswith("#"):
-                return None
-            table = name[0].strip()
-            if table in tables or table in found:
-                return None  # a table twice, or a table named like a setting: not TOML
-            tables.add(table)
-            table_keys = set()
-            in_table = True
-            continue
-        key, eq, rest = line.partition("=")
-        key = key.strip(" \t")
-        if not eq or not _bare(key):
-            return None  # also every continuation line of a value over several lines
-        if in_table:
-            # a backend's setting: not this reader's business, but it must be TOML
-            if key in table_keys or not _one_line_value(rest.strip(" \t")):
-                return None
-            table_keys.add(key)
-            continue
-        plain = _without_comment(rest.strip(" \t"))
-        if plain is None:
-            return None
-        value = plain
-        if key in found or (key not in _STRINGS and key not in _NUMBERS):
-            return None
-        if key in _STRINGS:
-            if len(value) < 2 or value[0] != value[-1] or value[0] not in "\"'":
-                return None
-            value = value[1:-1]
-            if key == "log_level" and value not in _LEVELS:
-                return None
-            if key != "log_level" and not _normal_path(value):
-                return None
-        elif not _positive_number(value):
-            return None
-        found[key] = value
-    return found
-
-
-def _bare(key: str) -> bool:
-    return bool(key) and all(ch in _BARE_KEY for ch in key)
-
-
-def _without_comment(value: str) -> str | None:
-    """The value without a trailing comment; ``None`` for anything but a one-line string,
-    number or boolean (arrays, inline tables, dates)."""
-    if value[:1] in ("'", '"'):
-        end = value.find(value[0], 1)
-        if end < 0:
-            return None
-        rest = value[end + 1 :].strip(" \t")
-        if rest and not rest.startswith("#"):
-            return None
-        body = value[: end + 1]
-        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in body):
-            return None
-        return body
-    word = value.split("#", 1)[0].strip(" \t")
-    if not word or any(ch in word for ch in "[]{}\"' \t"):
-        return None
-    return word
-
-
-def _normal_path(value: str) -> bool:
-    """An absolute path as :class:`~pathlib.Path` would print it (no ``//``, ``.``, ``..``,
-    trailing ``/``), so that comparing strings compares paths."""
-    if not value.startswith("/") or (value != "/" and value.endswith("/")):
-        return False
-    return all(part not in ("", ".", "..") for part in value[1:].split("/")) or value == "/"
-
-
-def _one_line_value(value: str) -> bool:
-    """A one-line TOML value of a kind flexhub's tables hold: a string, a number, a boolean,
-    or an array of those (with a trailing comment or none)."""
-    if value.startswith("["):
-        end = _array_end(value)
-        if end < 0:
-            return False
-        rest = value[end + 1 :].strip(" \t")
-        return not rest or rest.startswith("#")
-    plain = _without_comment(value)
-    return plain is not None and _scalar(plain)
-
-
-def _array_end(value: str) -> int:
-    """The index of the ``]`` closing the one-line array ``value``, or -1."""
-    index, items = 1, 0
-    while True:
-        while index < len(value) and value[index] in " \t":
-            index += 1
-        if index < len(value) and value[index] == "]":
-            return index
-        if index >= len(value):
-            return -1
-        if value[index] in "'\"":
-            close = value.find(value[index], index + 1)
-            if close < 0:
-                return -1
-            item, index = value[index : close + 1], close + 1
-        else:
-            start = index
-            while index < len(value) and value[index] not in ", \t]":
-                index += 1
-            item = value[start:index]
-        if not _scalar(item):
-            return -1
-        items += 1
-        while index < len(value) and value[index] in " \t":
-            index += 1
-        if index < len(value) and value[index] == ",":
-            index += 1
-        elif index < len(value) and value[index] == "]":
-            return index
-        else:
-            return -1
-
-
-def _scalar(word: str) -> bool:
-    if word[:1] in ("'", '"'):
-        return len(word) >= 2 and word[-1] == word[0] and word[0] not in word[1:-1]
-    if word in ("true", "false"):
-        return True
-    digits = word[1:] if word[:1] in "+-" else word
-    return _positive_number(digits) or digits == "0"
-
-
-def _positive_number(word: str) -> bool:
-    """A plain decimal the full reader takes as a positive number (``30``, ``2.5``)."""
-    whole, dot, fraction = word.partition(".")
-    if not _ascii_digits(whole) or (dot and not _ascii_digits(fraction)):
-        return False
-    if len(whole) > 1 and whole.startswith("0"):
-        return False
-    return float(word) > 0
-
-
-def _ascii_digits(word: str) -> bool:
-    """``str.isdigit`` without the other scripts' digits (TOML has only these)."""
-    return bool(word) and all("0" <= ch <= "9" for ch in word)
-
-
 #: The largest config the quick path reads; a longer one goes the full way.
 MAX_CONFIG_BYTES = 1 << 20
 

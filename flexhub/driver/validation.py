@@ -6,8 +6,6 @@ ever quote one. ``$ref`` s resolve only inside flexhub's own registry: never the
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import json
 import sys
 from collections.abc import Mapping
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import flexhub
 from flexhub.driver.memo import Memo, environment_fingerprint
 from flexhub.errors import BackendError, InvalidOptions
+from flexhub.node.fastpath import sha256
 from flexhub.volume import PER_POD_KEYS, SECRET_PREFIX
 
 if TYPE_CHECKING:
@@ -122,7 +121,7 @@ def _memo_key(backend: type[Backend], public: Mapping[str, str]) -> str:
         environment_fingerprint(),
     ]
     encoded = json.dumps(material, sort_keys=True, ensure_ascii=True).encode("ascii")
-    return hashlib.sha256(encoded).hexdigest()
+    return sha256(encoded).hexdigest()
 
 
 def _read(path: Path) -> str:
@@ -177,6 +176,8 @@ def describe_error(error: ValidationError, schema: Mapping[str, Any]) -> str:
         extras = sorted(set(error.instance) - set(allowed))
         extras = [e for e in extras if not e.startswith("kubernetes.io/")]
         name = extras[0] if extras else "?"
+        import difflib
+
         hint = difflib.get_close_matches(name, allowed, n=1)
         suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
         known = ", ".join(allowed)
@@ -260,6 +261,8 @@ def _problems(
         extras = [e for e in extras if not e.startswith("kubernetes.io/")]
         out = []
         for extra in extras:
+            import difflib
+
             hint = difflib.get_close_matches(extra, allowed, n=1)
             text = f"unknown {noun}, did you mean {hint[0]}?" if hint else f"unknown {noun}"
             if not hint:

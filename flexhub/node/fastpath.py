@@ -15,12 +15,22 @@ TYPE_CHECKING = False  # not typing's, which would import re and enum (see flexh
 if TYPE_CHECKING:
     from pathlib import Path
 
-try:  # CPython's built-in SHA-256: the same digest, without loading OpenSSL (a few ms)
-    from _sha256 import sha256  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - other interpreters and versions
+if TYPE_CHECKING:
     from hashlib import sha256
+else:
+    try:  # CPython's built-in SHA-256: the same digest, without loading OpenSSL (a few ms);
+        # every digest of the kubelet path (journal, locks, staging, memo) uses this one
+        from _sha256 import sha256
+    except ImportError:  # pragma: no cover - other interpreters and versions
+        from hashlib import sha256
 
-__all__ = ["escape_mount_path", "nothing_to_unmount", "pod_record_name", "pod_record_path"]
+__all__ = [
+    "escape_mount_path",
+    "nothing_to_unmount",
+    "pod_record_name",
+    "pod_record_path",
+    "sha256",
+]
 
 MOUNTINFO = "/proc/self/mountinfo"
 

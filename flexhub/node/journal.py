@@ -17,19 +17,17 @@ release may add fields without breaking this one.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
 import json
 import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from flexhub.errors import StateError
-from flexhub.node.fastpath import pod_record_path
+from flexhub.node.fastpath import pod_record_path, sha256
+from flexhub.node.frozen import Frozen
 from flexhub.node.statedir import private_dir
 
 __all__ = ["SCHEMA_VERSION", "DeferredRelease", "Journal", "PodRecord", "VolumeRecord"]
@@ -39,25 +37,53 @@ LOG = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 
 
-@dataclass(frozen=True)
-class PodRecord:
+class PodRecord(Frozen):
     """A pod volume directory flexhub mounted.
 
     ``staging`` is set for block volumes (the target is a bind of it), ``None`` for
     filesystem backends (the backend mounted ``target`` itself).
     """
 
+    # the fields, in order
+    __slots__ = (  # noqa: RUF023
+        "target",
+        "backend",
+        "volume_id",
+        "staging",
+        "read_only",
+        "details",
+        "created",
+    )
     target: str
     backend: str
     volume_id: str
-    staging: str | None = None
-    read_only: bool = False
-    details: dict[str, str] = field(default_factory=dict)
-    created: float = field(default_factory=time.time)
+    staging: str | None
+    read_only: bool
+    details: dict[str, str]
+    created: float
+
+    def __init__(
+        self,
+        target: str,
+        backend: str,
+        volume_id: str,
+        staging: str | None = None,
+        read_only: bool = False,
+        details: dict[str, str] | None = None,
+        created: float | None = None,
+    ) -> None:
+        self._set(
+            target=target,
+            backend=backend,
+            volume_id=volume_id,
+            staging=staging,
+            read_only=read_only,
+            details={} if details is None else details,
+            created=time.time() if created is None else created,
+        )
 
 
-@dataclass(frozen=True)
-class VolumeRecord:
+class VolumeRecord(Frozen):
     """A block device attached by a backend and mounted once on a staging directory.
 
     Written first as an *intent* (``device == ""``) before the backend attaches anything, with
@@ -68,17 +94,56 @@ class VolumeRecord:
     that reports nothing is asked to attach again (idempotent) and detach, as before.
     """
 
+    # the fields, in order
+    __slots__ = (  # noqa: RUF023
+        "volume_id",
+        "backend",
+        "device",
+        "staging",
+        "fs_type",
+        "details",
+        "created",
+        "options",
+        "partial",
+        "access",
+    )
     volume_id: str
     backend: str
     device: str
     staging: str
     fs_type: str
-    details: dict[str, str] = field(default_factory=dict)
-    created: float = field(default_factory=time.time)
-    options: dict[str, str] = field(default_factory=dict)
-    partial: dict[str, str] = field(default_factory=dict)
+    details: dict[str, str]
+    created: float
+    options: dict[str, str]
+    partial: dict[str, str]
     #: The backend's connection identity (:meth:`BlockBackend.access`), never a secret.
-    access: dict[str, str] = field(default_factory=dict)
+    access: dict[str, str]
+
+    def __init__(
+        self,
+        volume_id: str,
+        backend: str,
+        device: str,
+        staging: str,
+        fs_type: str,
+        details: dict[str, str] | None = None,
+        created: float | None = None,
+        options: dict[str, str] | None = None,
+        partial: dict[str, str] | None = None,
+        access: dict[str, str] | None = None,
+    ) -> None:
+        self._set(
+            volume_id=volume_id,
+            backend=backend,
+            device=device,
+            staging=staging,
+            fs_type=fs_type,
+            details={} if details is None else details,
+            created=time.time() if created is None else created,
+            options={} if options is None else options,
+            partial={} if partial is None else partial,
+            access={} if access is None else access,
+        )
 
     @property
     def pending(self) -> bool:
@@ -89,15 +154,39 @@ class VolumeRecord:
 _R = TypeVar("_R", PodRecord, VolumeRecord)
 
 _KINDS: dict[type[Any], str] = {PodRecord: "pod", VolumeRecord: "volume"}
+_MAP = "dict[str, str]"
+#: Each field's type as written in the record, and whether a record may leave it out.
+_FIELDS: dict[type[Any], dict[str, tuple[str, bool]]] = {
+    PodRecord: {
+        "target": ("str", True),
+        "backend": ("str", True),
+        "volume_id": ("str", True),
+        "staging": ("str | None", False),
+        "read_only": ("bool", False),
+        "details": (_MAP, False),
+        "created": ("float", False),
+    },
+    VolumeRecord: {
+        "volume_id": ("str", True),
+        "backend": ("str", True),
+        "device": ("str", True),
+        "staging": ("str", True),
+        "fs_type": ("str", True),
+        "details": (_MAP, False),
+        "created": ("float", False),
+        "options": (_MAP, False),
+        "partial": (_MAP, False),
+        "access": (_MAP, False),
+    },
+}
 
 
 def _digest(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+    return sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def _check_type(name: str, value: Any, record_type: type[Any]) -> bool:
-    hints = {f.name: f.type for f in dataclasses.fields(record_type)}
-    hint = str(hints[name])
+    hint = _FIELDS[record_type][name][0]
     if hint == "str":
         return isinstance(value, str)
     if hint == "str | None":
@@ -121,14 +210,14 @@ def _decode(record_type: type[_R], data: Any) -> _R:
     if data.get("kind") != _KINDS[record_type]:
         raise ValueError(f"kind {data.get('kind')!r} is not {_KINDS[record_type]!r}")
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(record_type):
-        if f.name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ValueError(f"missing field {f.name!r}")
+    for name, (_, required) in _FIELDS[record_type].items():
+        if name not in data:
+            if required:
+                raise ValueError(f"missing field {name!r}")
             continue
-        if not _check_type(f.name, data[f.name], record_type):
-            raise ValueError(f"field {f.name!r} has the wrong type")
-        kwargs[f.name] = data[f.name]
+        if not _check_type(name, data[name], record_type):
+            raise ValueError(f"field {name!r} has the wrong type")
+        kwargs[name] = data[name]
     return record_type(**kwargs)
 
 
@@ -154,7 +243,7 @@ class Journal:
 
     def _write(self, path: Path, record: PodRecord | VolumeRecord) -> None:
         data = {"version": SCHEMA_VERSION, "kind": _KINDS[type(record)]}
-        data.update(dataclasses.asdict(record))
+        data.update(record.as_dict())
         self._write_bytes(path, json.dumps(data, sort_keys=True, indent=1).encode("utf-8"))
 
     def _write_bytes(self, path: Path, payload: bytes) -> None:
@@ -350,14 +439,17 @@ class Journal:
         self._delete(self.deferred_dir / _digest(volume_id))
 
 
-@dataclass(frozen=True)
-class DeferredRelease:
+class DeferredRelease(Frozen):
     """A volume whose release waits for its storage: tried ``attempts`` times, the last (or
     the deferral) at ``since`` (epoch seconds)."""
 
+    __slots__ = ("volume_id", "attempts", "since")  # noqa: RUF023 - the fields, in order
     volume_id: str
     attempts: int
     since: float
+
+    def __init__(self, volume_id: str, attempts: int, since: float) -> None:
+        self._set(volume_id=volume_id, attempts=attempts, since=since)
 
 
 def record_details(details: Mapping[str, str]) -> dict[str, str]:

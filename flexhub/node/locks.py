@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import logging
 import os
 import time
@@ -14,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from flexhub.errors import LockTimeout, StateError
+from flexhub.node.fastpath import sha256
 from flexhub.node.statedir import private_dir
 
 __all__ = ["lock", "lock_path"]
@@ -26,7 +26,7 @@ POLL_INTERVAL = 0.05
 
 def lock_path(lock_dir: Path, kind: str, key: str) -> Path:
     """The lock file of ``(kind, key)``: a hash, so any key is a safe file name."""
-    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:40]
+    digest = sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:40]
     return lock_dir / f"{kind}-{digest}.lock"
 
 

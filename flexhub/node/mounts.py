@@ -8,11 +8,11 @@ import os
 import re
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from flexhub.errors import CommandError, CommandTimeout, InvalidOptions, VolumeError
 from flexhub.node.fastpath import escape_mount_path
+from flexhub.node.frozen import Frozen
 from flexhub.node.runner import CommandRunner
 
 __all__ = [
@@ -54,17 +54,31 @@ CORRUPTED_ERRNOS = frozenset(
 #: How many mounts stacked on one path :func:`cleanup_mount_point` removes before giving up.
 MAX_STACKED = 32
 
-_OCTAL = re.compile(r"\\([0-7]{3})")
+# Regular expressions are compiled on first use (re's cache), not when a mount imports this.
+_OCTAL = r"\\([0-7]{3})"
 
 
 def _unescape(field: str) -> str:
-    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
+    if "\\" not in field:
+        return field  # nothing escaped: most fields of most lines
+    return re.sub(_OCTAL, lambda m: chr(int(m.group(1), 8)), field)
 
 
-@dataclass(frozen=True)
-class MountEntry:
+class MountEntry(Frozen):
     """One line of ``/proc/self/mountinfo`` (paths unescaped)."""
 
+    # the fields, in order
+    __slots__ = (  # noqa: RUF023
+        "mount_id",
+        "parent_id",
+        "major_minor",
+        "root",
+        "mount_point",
+        "options",
+        "fs_type",
+        "source",
+        "super_options",
+    )
     mount_id: int
     parent_id: int
     major_minor: str
@@ -74,6 +88,30 @@ class MountEntry:
     fs_type: str
     source: str
     super_options: tuple[str, ...]
+
+    def __init__(
+        self,
+        mount_id: int,
+        parent_id: int,
+        major_minor: str,
+        root: str,
+        mount_point: str,
+        options: tuple[str, ...],
+        fs_type: str,
+        source: str,
+        super_options: tuple[str, ...],
+    ) -> None:
+        self._set(
+            mount_id=mount_id,
+            parent_id=parent_id,
+            major_minor=major_minor,
+            root=root,
+            mount_point=mount_point,
+            options=options,
+            fs_type=fs_type,
+            source=source,
+            super_options=super_options,
+        )
 
     @property
     def read_only(self) -> bool:
@@ -241,7 +279,7 @@ _FORBIDDEN_PREFIXES = (
     "uhelper=",
     "comment=",
 )
-_OPTION_CHARS = re.compile(r"[A-Za-z0-9_.=:/+-]+")
+_OPTION_CHARS = r"[A-Za-z0-9_.=:/+-]+"
 
 
 def check_mount_options(options: Iterable[str]) -> tuple[str, ...]:
@@ -258,7 +296,7 @@ def check_mount_options(options: Iterable[str]) -> tuple[str, ...]:
     for option in options:
         lowered = option.lower()
         if (
-            not _OPTION_CHARS.fullmatch(option)
+            not re.fullmatch(_OPTION_CHARS, option)
             or option.startswith(("-", "="))
             or lowered in _FORBIDDEN_EXACT
             or lowered.startswith(_FORBIDDEN_PREFIXES)
@@ -325,7 +363,7 @@ _BLOCK_REFUSED_PREFIXES = {
     "rootcontext=": "sets an SELinux label (the container runtime labels volumes)",
     "commit=": "must be 1 to 300 seconds",
 }
-_BLOCK_VALUE = re.compile(
+_BLOCK_VALUE = (
     "|".join(BLOCK_MOUNT_FLAGS)
     + "|"
     + "|".join(f"{name}={value}" for name, value in BLOCK_MOUNT_VALUES.items())
@@ -334,7 +372,7 @@ _BLOCK_VALUE = re.compile(
 
 def block_schema_pattern() -> str:
     """The ``blockMountOptions`` pattern of ``schemas/common.json``: the allow-list as a regex."""
-    item = f"({_BLOCK_VALUE.pattern})"
+    item = f"({_BLOCK_VALUE})"
     # $(?!\n): Python's $ also matches before a final newline (jsonschema uses re.search)
     return f"^$(?!\\n)|^{item}(,{item})*$(?!\\n)"
 
@@ -351,7 +389,7 @@ def check_block_mount_options(options: Iterable[str]) -> tuple[str, ...]:
     """
     checked = tuple(check_mount_options(options))
     for option in checked:
-        if _BLOCK_VALUE.fullmatch(option):
+        if re.fullmatch(_BLOCK_VALUE, option):
             continue
         lowered = option.lower()
         reason = _BLOCK_REFUSED.get(lowered) or next(

@@ -14,7 +14,6 @@ taken under the caller's ``("pod", target)`` lock.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -39,9 +38,9 @@ _K = TypeVar("_K", str, Path)
 
 def staging_dir(node: Node, volume_id: str) -> Path:
     """The directory where the block volume ``volume_id`` is mounted once for the node."""
-    import hashlib
+    from flexhub.node.fastpath import sha256
 
-    digest = hashlib.sha256(volume_id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    digest = sha256(volume_id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
     return _staging_root(node) / digest
 
 
@@ -78,7 +77,7 @@ def _adopt_pod_record(node: Node, given: Path, target: Path) -> None:
         return
     LOG.info("pod record of %s moves to its resolved path %s", given, target)
     try:
-        node.journal.put_pod(dataclasses.replace(old, target=str(target)))
+        node.journal.put_pod(old.replace(target=str(target)))
         node.journal.delete_pod(given)
     except StateError as exc:  # a read-only state_dir: the mount table still tells
         LOG.warning("cannot move the pod record of %s: %s", given, exc)

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from flexhub.errors import CommandError, CommandTimeout, one_line, redact
+from flexhub.node.frozen import Frozen
+
+if TYPE_CHECKING:
+    import subprocess
+
+# ``subprocess`` (with ``selectors`` and ``signal``) is imported when the first command runs:
+# a call that runs none (a ``mount`` of a directory already mounted) does not pay for it.
 
 __all__ = [
     "DEFAULT_ENV",
@@ -34,14 +38,17 @@ _MASK = "***"
 _EXCERPT = 400
 
 
-@dataclass(frozen=True)
-class Result:
+class Result(Frozen):
     """What a finished command produced."""
 
+    __slots__ = ("argv", "returncode", "stdout", "stderr")  # noqa: RUF023 - the fields, in order
     argv: tuple[str, ...]
     returncode: int
     stdout: str
     stderr: str
+
+    def __init__(self, argv: tuple[str, ...], returncode: int, stdout: str, stderr: str) -> None:
+        self._set(argv=argv, returncode=returncode, stdout=stdout, stderr=stderr)
 
 
 class CommandRunner(Protocol):
@@ -124,6 +131,8 @@ REAP_TIMEOUT = 5.0
 
 def _reap(proc: subprocess.Popen[str], shown: str) -> str:
     """Wait at most :data:`REAP_TIMEOUT` for the killed ``proc``; "" or why it is left."""
+    import subprocess
+
     try:
         proc.wait(timeout=REAP_TIMEOUT)
         return ""
@@ -138,6 +147,8 @@ def _reap(proc: subprocess.Popen[str], shown: str) -> str:
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
+    import signal
+
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -170,6 +181,8 @@ class SubprocessRunner:
         input: str | None = None,
     ) -> Result:
         """Run ``argv``; see :class:`CommandRunner`."""
+        import subprocess
+
         args = tuple(str(a) for a in argv)
         if not args:
             raise CommandError("empty command")
@@ -233,7 +246,6 @@ def command_error(result: Result, secrets: Sequence[str] = ()) -> CommandError:
     return CommandError(message, returncode=result.returncode, output=excerpt)
 
 
-@dataclass
 class RecordingRunner:
     """A test runner: records every (masked) argv and answers from a script.
 
@@ -242,10 +254,29 @@ class RecordingRunner:
     exit 0 with empty output.
     """
 
-    script: dict[tuple[str, ...], object] = field(default_factory=dict)
-    calls: list[list[str]] = field(default_factory=list)
-    #: The ``input`` of each call (``None`` for none), secrets masked, beside :attr:`calls`.
-    inputs: list[str | None] = field(default_factory=list)
+    def __init__(
+        self,
+        script: dict[tuple[str, ...], object] | None = None,
+        calls: list[list[str]] | None = None,
+        inputs: list[str | None] | None = None,
+    ) -> None:
+        self.script: dict[tuple[str, ...], object] = {} if script is None else script
+        self.calls: list[list[str]] = [] if calls is None else calls
+        #: The ``input`` of each call (``None`` for none), secrets masked, beside :attr:`calls`.
+        self.inputs: list[str | None] = [] if inputs is None else inputs
+
+    def __repr__(self) -> str:
+        return (
+            f"RecordingRunner(script={self.script!r}, calls={self.calls!r}, inputs={self.inputs!r})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, RecordingRunner)
+        return (self.script, self.calls, self.inputs) == (other.script, other.calls, other.inputs)
+
+    __hash__ = None  # type: ignore[assignment]  # (a mutable dataclass's)
 
     def __call__(
         self,

@@ -13,7 +13,6 @@ fsGroup with ``g+rwx`` and setgid (:func:`apply_fs_group`); only the root direct
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import stat
@@ -24,7 +23,6 @@ from flexhub.backend import Attachment, BlockBackend
 from flexhub.errors import FlexhubError, ReleaseDeferred, VolumeError
 from flexhub.node import Node
 from flexhub.node.checkpoints import checkpoint
-from flexhub.node.fs import format_and_mount
 from flexhub.node.journal import PodRecord, VolumeRecord, record_details
 from flexhub.node.mounts import MountEntry, bind_mount, cleanup_mount_point, is_corrupted
 from flexhub.node.podrecords import (
@@ -37,7 +35,6 @@ from flexhub.node.podrecords import (
     _volume_locks,
     staging_dir,
 )
-from flexhub.node.release import _attachment, _check_free, _detach, _keep_for_later, _remove_dir
 from flexhub.volume import Volume
 
 __all__ = ["STAT_TIMEOUT", "apply_fs_group"]
@@ -158,6 +155,9 @@ def _do_mount_block(
         _unstage_read_only(node, staging, target)
         staged = None
     if staged is None:
+        # (imported here: a mount that finds the volume staged formats nothing)
+        from flexhub.node.fs import format_and_mount
+
         staging.mkdir(mode=0o700, parents=True, exist_ok=True)
         formatted = format_and_mount(
             node.runner,
@@ -348,7 +348,7 @@ def _attach_reporting(
 
     def journal(details: Mapping[str, str]) -> None:
         _check_no_secret(intent.backend, dict(details), volume)
-        record[0] = dataclasses.replace(record[0], partial={**record[0].partial, **details})
+        record[0] = record[0].replace(partial={**record[0].partial, **details})
         node.journal.put_volume(record[0])
         if details:  # one step per report, named after its first key
             checkpoint(f"attach-progress-{next(iter(details))}")
@@ -370,6 +370,15 @@ def _undo_block(
     progress: _Progress,
 ) -> None:
     """Undo a failed block mount: the bind, and the staging and device if nobody uses them."""
+    # (imported here: a mount that succeeds releases nothing)
+    from flexhub.node.release import (
+        _attachment,
+        _check_free,
+        _detach,
+        _keep_for_later,
+        _remove_dir,
+    )
+
     try:
         if progress.bound or node.mounts.is_mount_point(target):
             cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)

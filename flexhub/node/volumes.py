@@ -48,6 +48,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from flexhub.backend import Attachment, Backend, BlockBackend, FilesystemBackend
 from flexhub.errors import BackendError, FlexhubError, VolumeError
@@ -60,7 +61,6 @@ from flexhub.node.checkpoints import (
     UNMOUNT_CHECKPOINTS,
     checkpoint,
 )
-from flexhub.node.fs import grow_filesystem
 from flexhub.node.journal import PodRecord, record_details
 from flexhub.node.mounts import check_block_mount_options, check_mount_options, cleanup_mount_point
 from flexhub.node.podrecords import (
@@ -75,13 +75,6 @@ from flexhub.node.podrecords import (
     pod_dir,
     staging_dir,
 )
-from flexhub.node.release import (
-    OPEN_TIMEOUT,
-    RETRY_MAX,
-    _load_for_unmount,
-    _release,
-    retry_deferred_releases,
-)
 from flexhub.node.staging import STAT_TIMEOUT, _clean_if_corrupted, _mount_block, apply_fs_group
 
 # Moved to flexhub.node.staging; still importable from here (tests build a mount step by step).
@@ -89,6 +82,9 @@ from flexhub.node.staging import _attach_and_record as _attach_and_record
 from flexhub.node.staging import _Progress as _Progress
 from flexhub.node.statedir import secure_state_dir
 from flexhub.volume import Volume
+
+if TYPE_CHECKING:
+    from flexhub.node.release import OPEN_TIMEOUT, RETRY_MAX, retry_deferred_releases
 
 __all__ = [
     "CHECKPOINTS",
@@ -110,6 +106,18 @@ __all__ = [
 ]
 
 LOG = logging.getLogger(__name__)
+
+#: Names of :mod:`flexhub.node.release` still importable from here, loaded on first use: a
+#: ``mount`` releases nothing (unless it fails), so it does not import that module.
+_FROM_RELEASE = ("OPEN_TIMEOUT", "RETRY_MAX", "retry_deferred_releases")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_RELEASE:
+        from flexhub.node import release
+
+        return getattr(release, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- mount ---------------------------------------------------------------------------------------
@@ -202,6 +210,8 @@ def unmount_volume(node: Node, target: Path, load_backend: Callable[[str], Backe
     :param load_backend: returns the backend instance of a journalled backend name.
     :returns: what could not be released or forgotten ("" when everything was).
     """
+    from flexhub.node.release import retry_deferred_releases
+
     secure_state_dir(node.state_dir)
     notes = _unmount_pod(node, target, load_backend)
     retry_deferred_releases(node, load_backend)
@@ -209,6 +219,8 @@ def unmount_volume(node: Node, target: Path, load_backend: Callable[[str], Backe
 
 
 def _unmount_pod(node: Node, target: Path, load_backend: Callable[[str], Backend]) -> list[str]:
+    from flexhub.node.release import _release
+
     given, target = _abs(target), pod_dir(target)
     notes: list[str] = []
     with node.lock("pod", str(target)):
@@ -241,6 +253,8 @@ def _unmount_filesystem(
 ) -> None:
     # Loaded also when nothing is mounted: a mount killed midway may have left files of its
     # backend (collect_leftovers).
+    from flexhub.node.release import _load_for_unmount
+
     backend = _load_for_unmount(load_backend, record.backend, record.volume_id)
     with _filesystem_lock(node, type(backend), record.volume_id):
         if isinstance(backend, FilesystemBackend) and node.mounts.is_mount_point(target):
@@ -302,6 +316,8 @@ def expand_volume(
             )
         if "ro" in staged.options:
             raise VolumeError(f"volume {volume_id} is mounted read-only: cannot grow it")
+        from flexhub.node.fs import grow_filesystem
+
         started = time.monotonic()
         backend.expand(Attachment(record.device, dict(record.details)), volume, new_size)
         size = grow_filesystem(node.runner, record.device, str(staging), staged.fs_type)

@@ -14,7 +14,6 @@ PV holds flexhub's finalizer, which is removed after the backend confirmed the r
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import threading
@@ -186,7 +185,7 @@ class Controller:
             raise
         checkpoint("provisioner-made")  # test hook: a crash between the storage and the PV
         if made.secret is None and spec.secret is not None:
-            made = dataclasses.replace(made, secret=spec.secret)  # the class's Secret
+            made = made.replace(secret=spec.secret)  # the class's Secret
         if made.secret is not None:
             self._check_pv_secret(pvc, made.secret)
         hostname = self._hostname(made.node) if made.node else ""

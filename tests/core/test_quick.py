@@ -275,3 +275,94 @@ def test_the_quick_reader_knows_the_settings_the_full_reader_knows() -> None:
         *quick._STRINGS,
         *quick._NUMBERS,
     }
+
+
+# -- the plain reader stands in for tomllib on every call (flexhub.config) --------------------
+
+PLAIN_TEXTS = [
+    PLAIN,
+    "",
+    "# only a comment\n",
+    'state_dir = "/a"\r\nlog_dir = "/b"\r\n',
+    "state_dir='/a'\n[loopfile]\n[iscsi]\nlogin_timeout = 10\n",
+    'log_level = "warning"\nrelease_retry_interval = 30\n',
+    'state_dir = "/a" # "quoted" in a comment\n',
+    '[nfs]\nallowed_servers = ["10.0.0.5", "nas.example"]  # two\nretries = 3\n',
+    "[iscsi]\nfencing = true\nlogin_timeout = 2.5\nports = [3260, 3261]\n",
+    "[loopfile]\n[nfs]\n[cifs]\n",
+    "[ t ]\na = -3\nb = +4\nc = -0\nd = 0\ne = -2.5\nf = false\ng = []\nh = [ 'x', \"y\", 1, ]\n",
+    '[t]\ns = \'a"b\'\nu = "ä €"\nv = ["a\tb"]\n',
+]
+
+
+@pytest.mark.parametrize("text", PLAIN_TEXTS)
+def test_the_plain_document_is_what_tomllib_reads(text: str) -> None:
+    import tomllib
+
+    from flexhub.node.plainconfig import plain_document
+
+    assert plain_document(text) == tomllib.loads(text)
+    # the same types too, in the tables as well (1 is not 1.0 nor True), in the same order
+    assert repr(plain_document(text)) == repr(tomllib.loads(text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "# a comment with a control character \x01\n",
+        'state_dir = "/a" # \x7f\n',
+        "[t]\na = 1\r2\n",
+        "[t]\na = inf\n",
+        "[t]\na = 1_000\n",
+        "[t]\na = 0x10\n",
+        "[t]\na = 1e3\n",
+        "[t]\na = 1979-05-27\n",
+        "[t]\na = 01\n",
+        "[t]\na = [1, [2]]\n",
+        "[t]\na = {x = 1}\n",
+        "[t]\n'a' = 1\n",
+        "[t]\na.b = 1\n",
+        "[t]\na = 1\na = 2\n",
+        '[t]\na = ["\x01"]\n',
+    ],
+)
+def test_what_the_plain_reader_does_not_read_exactly_goes_to_tomllib(text: str) -> None:
+    from flexhub.node.plainconfig import plain_document
+
+    assert plain_document(text) is None
+
+
+def test_the_plain_reader_agrees_with_tomllib_on_random_texts() -> None:
+    """Random lines of plain-looking pieces: every text the plain reader accepts, tomllib
+    reads alike (value and type); the plain reader never accepts a text tomllib refuses."""
+    import random
+    import tomllib
+
+    from flexhub.node.plainconfig import plain_document
+
+    rng = random.Random(23)
+    keys = ["state_dir", "log_dir", "log_level", "lock_timeout", "call_timeout", "root", "a", "b"]
+    values = [
+        '"/a"', "'/b/c'", '"info"', "'debug'", "10", "2.5", "0", "-1", "+2", "true", "false",
+        "[]", "[1, 2]", '["x", \'y\']', "[1,]", '"a#b"', "1 # c", '"x" # "y"', "01", "1.", ".5",
+        '"/a/"', '"rel"', "nan", '"\\t"', "[1", '"a', "x", "{}", "-0", "1.50", "007",
+    ]  # fmt: skip
+    pieces = ["", "# note", "[loopfile]", "[nfs]", "[ t ]", "[t] # c", "[[x]]", "[a.b]"]
+    accepted = 0
+    for _ in range(4000):
+        lines = []
+        for _ in range(rng.randrange(1, 6)):
+            if rng.random() < 0.25:
+                lines.append(rng.choice(pieces))
+            else:
+                lines.append(
+                    f"{rng.choice(keys)}{rng.choice([' = ', '=', ' =  '])}{rng.choice(values)}"
+                )
+        text = "\n".join(lines) + rng.choice(["\n", "", "\r\n"])
+        read = plain_document(text)
+        if read is None:
+            continue
+        accepted += 1
+        full = tomllib.loads(text)  # never raises on an accepted text
+        assert repr(read) == repr(full), text  # values, types and order
+    assert accepted > 100

@@ -8,7 +8,6 @@ in the guest, is ``tests/vm/test_iscsi_session_race.py``.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -112,9 +111,7 @@ def _journalling(node: Node, volume_id: str) -> None:
 
     def journal(details: Mapping[str, str]) -> None:
         current = node.journal.get_volume(volume_id) or intent
-        node.journal.put_volume(
-            dataclasses.replace(current, partial={**current.partial, **details})
-        )
+        node.journal.put_volume(current.replace(partial={**current.partial, **details}))
 
     node.progress = journal
 
@@ -138,7 +135,7 @@ def test_two_attaches_at_once_never_share_a_session_of_another_identity(
     chap = make_volume(SESSION_SECRETS, chapAuthSession="true")
     _journalling(node, LUN0)
     node.journal.put_volume(
-        dataclasses.replace(node.journal.get_volume(LUN0), access=chap_lun0(first))  # type: ignore[arg-type]
+        node.journal.get_volume(LUN0).replace(access=chap_lun0(first))  # type: ignore[union-attr]
     )
     _journalling(other, f"iscsi:{IQN}:1")
 
@@ -201,8 +198,7 @@ def test_an_attach_during_a_detach_logs_in_on_its_own(
     attachment = first.attach(chap)
     # what the core journals once the attach returned
     node.journal.put_volume(
-        dataclasses.replace(
-            node.journal.get_volume(LUN0),  # type: ignore[arg-type]
+        node.journal.get_volume(LUN0).replace(  # type: ignore[union-attr]
             device=attachment.device,
             details=dict(attachment.details),
             partial={},

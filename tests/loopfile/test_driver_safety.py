@@ -4,7 +4,6 @@ already large enough."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import os
@@ -111,7 +110,7 @@ def test_pod_record_of_an_older_flexhub_keyed_by_the_symlinked_path(
     real = Path(os.path.realpath(given))
     record = journal.get_pod(real)
     assert record is not None
-    journal.put_pod(dataclasses.replace(record, target=str(given)))  # what the old code wrote
+    journal.put_pod(record.replace(target=str(given)))  # what the old code wrote
     journal.delete_pod(real)
     assert linked.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
     assert _resolved_mounts(linked) == [] and mounts_under(node_tree["state"]) == []

@@ -74,3 +74,29 @@ def test_rejects(text: str) -> None:
 def test_upper_bound_is_inclusive() -> None:
     assert parse_quantity(str(MAX_BYTES)) == MAX_BYTES
     assert parse_quantity("1024Pi") == MAX_BYTES
+
+
+def test_integer_arithmetic_agrees_with_decimal() -> None:
+    """The parser works in integers (no ``decimal`` import on the mount path); on every shape
+    the pattern admits it gives what exact decimal arithmetic rounded up gives."""
+    import random
+    from decimal import ROUND_CEILING, Decimal, localcontext
+
+    from flexhub_loopfile._quantity import _MULTIPLIERS
+
+    rng = random.Random(23)
+    for _ in range(20000):
+        whole = str(rng.randrange(10 ** rng.randrange(1, 20)))
+        digits = rng.randrange(0, 10)
+        number = whole + (
+            "." + "".join(rng.choice("0123456789") for _ in range(digits)) if digits else ""
+        )
+        suffix = rng.choice(sorted(_MULTIPLIERS))
+        with localcontext(prec=60):
+            exact = Decimal(number) * _MULTIPLIERS[suffix]
+            expected = int(exact.to_integral_value(rounding=ROUND_CEILING))
+        if 0 < expected <= MAX_BYTES:
+            assert parse_quantity(number + suffix) == expected, number + suffix
+        else:
+            with pytest.raises(ValueError):
+                parse_quantity(number + suffix)

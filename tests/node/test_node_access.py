@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -75,7 +74,7 @@ def test_a_volume_staged_without_an_identity_is_shared_with_nobody(rig: Rig) -> 
     mount_volume(rig.node, backend, a, volume)
     record = rig.node.journal.get_volume(backend.volume_id(volume))
     assert record is not None
-    rig.node.journal.put_volume(dataclasses.replace(record, access={}))
+    rig.node.journal.put_volume(record.replace(access={}))
     with pytest.raises(VolumeError, match="key digest, user differ"):
         mount_volume(rig.node, backend, b, volume)
     unmount_volume(rig.node, a, lambda name: backend)

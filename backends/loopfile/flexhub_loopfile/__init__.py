@@ -46,10 +46,8 @@ import contextlib
 import errno
 import logging
 import os
-import secrets
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -122,13 +120,38 @@ def _free_bytes(directory: Path) -> int:
     return vfs.f_bavail * vfs.f_frsize
 
 
-@dataclass(frozen=True)
 class _Created:
     """A backing file an attach of this instance created (for :meth:`LoopfileBackend.discard`)."""
 
+    # (a frozen dataclass written out: ``@dataclass`` compiles its methods on every import,
+    # and kubelet starts the driver anew for every call)
+    __slots__ = ("directories", "identity", "size")
     identity: tuple[int, int]
     size: int
     directories: tuple[Path, ...]
+
+    def __init__(self, identity: tuple[int, int], size: int, directories: tuple[Path, ...]) -> None:
+        object.__setattr__(self, "identity", identity)
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "directories", directories)
+
+    def _key(self) -> tuple[tuple[int, int], int, tuple[Path, ...]]:
+        return (self.identity, self.size, self.directories)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Created) or type(other) is not type(self):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        shown = f"identity={self.identity!r}, size={self.size!r}"
+        return f"_Created({shown}, directories={self.directories!r})"
 
 
 def _root_of(settings: Mapping[str, Any]) -> Path:
@@ -693,7 +716,8 @@ class LoopfileBackend(BlockBackend, Provisioning):
         real_parent = path.parent.resolve()
         if real_parent != path.parent or not real_parent.is_relative_to(base):
             raise InvalidOptions(f"option 'file' escapes the loopfile root: {path}")
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}{_NEW_SUFFIX}")
+        # what secrets.token_hex(4) returns, without importing secrets (random, hmac, base64)
+        tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}{_NEW_SUFFIX}")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(tmp, flags, 0o600)
         try:

@@ -34,7 +34,6 @@ import logging
 import os
 import re
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,12 +95,35 @@ def _read(path: Path) -> str | None:
         raise
 
 
-@dataclass(frozen=True)
 class LoopDevice:
     """One loop device as sysfs shows it."""
 
+    # (a frozen dataclass written out: ``@dataclass`` compiles its methods on every import,
+    # and kubelet starts the driver anew for every call)
+    __slots__ = ("index", "name")
     name: str
     index: int
+
+    def __init__(self, name: str, index: int) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "index", index)
+
+    def _key(self) -> tuple[str, int]:
+        return (self.name, self.index)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LoopDevice) or type(other) is not type(self):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"LoopDevice(name={self.name!r}, index={self.index!r})"
 
     @property
     def path(self) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from decimal import ROUND_CEILING, Decimal, InvalidOperation, localcontext
 
 __all__ = ["MAX_BYTES", "parse_quantity"]
 
@@ -41,14 +40,12 @@ def parse_quantity(text: str) -> int:
     match = _QUANTITY.fullmatch(text)
     if match is None:
         raise ValueError(f"{text!r} is not a quantity such as 512Mi, 10Gi, 1G or 1073741824")
-    number, suffix = match.group(1), match.group(2) or ""
-    # 19 + 9 digits times a 19-digit multiplier: 60 digits keep every product exact.
-    with localcontext(prec=60):
-        try:
-            exact = Decimal(number) * _MULTIPLIERS[suffix]
-        except InvalidOperation:  # pragma: no cover - the pattern only lets digits through
-            raise ValueError(f"{text!r} is not a quantity") from None
-        value = int(exact.to_integral_value(rounding=ROUND_CEILING))
+    number, suffix = str(match.group(1)), str(match.group(2) or "")
+    # Exact in integers (no decimal module on the mount path): W.F is int(WF) / 10**len(F),
+    # and the bytes are that times the multiplier, rounded up.
+    whole, _, fraction = number.partition(".")
+    scale: int = 10 ** len(fraction)
+    value = -(-int(whole + fraction) * _MULTIPLIERS[suffix] // scale)
     if value <= 0:
         raise ValueError(f"{text!r} is zero bytes")
     if value > MAX_BYTES:
