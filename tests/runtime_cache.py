@@ -16,15 +16,17 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-#: Where built runtimes are kept, one per digest of their inputs. Root's and writable by no
-#: one else on the way (a guest driver runs from it: nothing may run from a directory another
-#: user can write); ``.ci/run`` sets it to ``$FLEXHUB_CI_CACHE/runtime``.
+#: Where built runtimes are kept, one per digest of their inputs. It must be root's and
+#: writable by no one else on the way, as must the runtime found there (a guest driver runs
+#: from it: nothing may run from what another user can write; :func:`check_trusted`);
+#: ``.ci/run`` sets it to ``$FLEXHUB_CI_CACHE/runtime``.
 RUNTIME_CACHE_ENV = "FLEXHUB_RUNTIME_CACHE"
 DEFAULT_CACHE = Path("/var/cache/flexhub-ci/runtime")
 RUNTIME_INPUTS = ("flexhub", "backends", "deploy/build_runtime.py", "pyproject.toml")
@@ -95,6 +97,31 @@ def build_runtime(out: Path) -> Path:
     return path
 
 
+def check_trusted(runtime: Path) -> None:
+    """Refuse a runtime another user could have planted or changed: every directory on its
+    path root's and writable by no one else (:func:`flexhub.admin.trust.trusted_path`), and
+    every file and directory in it root's and not writable by group or others.
+
+    :raises RuntimeError: naming the first path that is not.
+    """
+    from flexhub.admin.trust import trusted_path
+    from flexhub.errors import FlexhubError
+
+    try:
+        trusted_path(str(runtime))
+    except FlexhubError as exc:
+        raise RuntimeError(f"refusing the test runtime: {exc}") from None
+    for top, dirs, files in os.walk(runtime):
+        for name in (*dirs, *files):
+            path = os.path.join(top, name)
+            st = os.lstat(path)
+            if st.st_uid != 0 or (st.st_mode & 0o022 and not stat.S_ISLNK(st.st_mode)):
+                raise RuntimeError(
+                    f"refusing the test runtime: {path} is not root's alone "
+                    f"(owner {st.st_uid}, mode {st.st_mode & 0o7777:o})"
+                )
+
+
 def _found(keyed: Path) -> Path | None:
     found = sorted(keyed.glob(f"flexhub-*/{MARKER}"))
     return found[0].parent if found else None
@@ -121,6 +148,7 @@ def cached_runtime(cache: Path | None = None) -> Path:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
             found = keyed / built.relative_to(staging)
+    check_trusted(found)  # a guest and the deploy tests run it as root
     os.utime(keyed)  # in use: .ci/run prunes what no run used for a week
     return found
 

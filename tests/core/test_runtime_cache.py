@@ -1,0 +1,55 @@
+"""The test runtime cache (tests/runtime_cache.py) hands out only a runtime that no one but
+root can have planted or changed: the VM guests and the deploy tests run it as root."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import needs_root
+from tests.runtime_cache import MARKER, cached_runtime, runtime_inputs_digest
+
+pytestmark = needs_root
+
+
+def plant(cache: Path, owner: int = 0, mode: int = 0o755) -> Path:
+    """A runtime entry for this checkout's inputs, as a build leaves it (or as someone else
+    put it there)."""
+    cache.mkdir(mode=0o755)
+    runtime = cache / runtime_inputs_digest() / "flexhub-0.1.0-planted"
+    (runtime / "bin").mkdir(parents=True)
+    (runtime / MARKER).write_text(json.dumps({"python": "bin/python3.11"}))
+    (runtime / "bin" / "python3.11").write_text("#!/bin/sh\n")
+    for path in (runtime.parent, runtime, runtime / "bin", runtime / "bin" / "python3.11"):
+        os.chown(path, owner, owner)
+        path.chmod(mode)
+    return runtime
+
+
+def test_a_root_runtime_is_found_and_not_rebuilt(trusted_dir: Path) -> None:
+    runtime = plant(trusted_dir / "cache")
+    assert cached_runtime(trusted_dir / "cache") == runtime
+
+
+def test_a_runtime_another_user_owns_is_refused(trusted_dir: Path) -> None:
+    runtime = plant(trusted_dir / "cache", owner=65534)
+    with pytest.raises(RuntimeError, match="refusing the test runtime") as caught:
+        cached_runtime(trusted_dir / "cache")
+    assert str(runtime.parent) in str(caught.value)
+
+
+def test_a_runtime_with_a_file_others_may_write_is_refused(trusted_dir: Path) -> None:
+    runtime = plant(trusted_dir / "cache")
+    (runtime / "bin" / "python3.11").chmod(0o777)
+    with pytest.raises(RuntimeError, match=r"python3\.11 is not root.s alone"):
+        cached_runtime(trusted_dir / "cache")
+
+
+def test_a_cache_others_may_write_is_refused(trusted_dir: Path) -> None:
+    plant(trusted_dir / "cache")
+    (trusted_dir / "cache").chmod(0o777)
+    with pytest.raises(RuntimeError, match="refusing the test runtime"):
+        cached_runtime(trusted_dir / "cache")
