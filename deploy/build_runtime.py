@@ -87,6 +87,50 @@ def _copy_stdlib(source: Path, target: Path) -> None:
     shutil.copytree(source, target, ignore=ignore, symlinks=False)
 
 
+#: What pip and setuptools leave in a source tree (a wheel built there reuses ``build/lib``,
+#: so a module deleted from the sources would still be installed from it).
+BUILD_LEFTOVERS = shutil.ignore_patterns(
+    "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".mypy_cache", ".ruff_cache"
+)
+
+
+def _clean_copy(project: Path, dest: Path) -> str:
+    """A project directory given to ``--with``, copied without build leftovers."""
+    shutil.copytree(project, dest, ignore=BUILD_LEFTOVERS)
+    return str(dest)
+
+
+def _clean_sources(dest: Path) -> tuple[Path, list[Path]]:
+    """Copy the core's and the backends' sources, without build leftovers, to ``dest``; the
+    copies of the core project and of each backend project, to install from."""
+    core = dest / "flexhub-src"
+    core.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (REPO / name).is_file():
+            shutil.copy2(REPO / name, core / name)
+    shutil.copytree(REPO / "flexhub", core / "flexhub", ignore=BUILD_LEFTOVERS)
+    backends = []
+    for backend in BACKENDS:
+        copy = dest / f"backend-{backend}"
+        shutil.copytree(REPO / "backends" / backend, copy, ignore=BUILD_LEFTOVERS)
+        backends.append(copy)
+    return core, backends
+
+
+def _drop_direct_urls(site: Path) -> None:
+    """Remove pip's ``direct_url.json`` (where each project was installed from: a path of the
+    build machine, here a temporary one) and its line in ``RECORD``, so that the runtime's
+    content, and so its name, depends only on what was installed."""
+    for record in site.glob("*.dist-info/RECORD"):
+        direct = record.parent / "direct_url.json"
+        if not direct.exists():
+            continue
+        direct.unlink()
+        name = f"{record.parent.name}/direct_url.json,"
+        lines = record.read_text("utf-8").splitlines(keepends=True)
+        record.write_text("".join(line for line in lines if not line.startswith(name)), "utf-8")
+
+
 def build(out_dir: Path, python: str = sys.executable, extras: tuple[str, ...] = ()) -> Path:
     """Build the runtime under ``out_dir`` and return its directory; ``extras`` are more
     distributions to install into it (``--with``)."""
@@ -101,12 +145,19 @@ def build(out_dir: Path, python: str = sys.executable, extras: tuple[str, ...] =
         stdlib = Path(sysconfig.get_paths()["stdlib"])
         _copy_stdlib(stdlib, rt / "lib" / PYVER)
         site = rt / "lib" / PYVER / "site-packages"
+        # From a clean copy: exactly the checkout's sources, and nothing is written into it.
+        core, backends = _clean_sources(work / "src")
+        extras = tuple(
+            _clean_copy(Path(extra), work / "src" / f"with-{i}") if Path(extra).is_dir() else extra
+            for i, extra in enumerate(extras)
+        )
         _run(
             [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
              "--no-compile", "--no-warn-script-location", "--target", str(site),
-             str(REPO), *(str(REPO / "backends" / b) for b in BACKENDS), *extras],
+             str(core), *(str(b) for b in backends), *extras],
             env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"},
         )  # fmt: skip
+        _drop_direct_urls(site)
         libpython = sysconfig.get_config_var("LDLIBRARY") or ""
         libdir = Path(sysconfig.get_config_var("LIBDIR") or "/nonexistent")
         if libpython.endswith(".so") or ".so." in libpython:

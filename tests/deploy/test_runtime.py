@@ -214,3 +214,37 @@ def test_a_third_party_backend_baked_in_with_with_reaches_the_node(
     assert "spec.flexVolume.options.direktory" in bad.stdout + bad.stderr
     sites = list((runtime / "lib").glob("python3*/site-packages/flexhub_mystore"))
     assert sites, "the backend is not in the runtime"
+
+
+def test_the_runtime_holds_the_checkouts_sources_and_nothing_left_from_a_build(
+    tmp_path: Path,
+) -> None:
+    """A module that is no longer in the sources but still in a backend's ``build/lib`` (what
+    pip and setuptools leave in a source tree) does not reach the runtime, the build writes
+    nothing into the checkout, and no path of the build machine is recorded in it (pip's
+    ``direct_url.json``)."""
+    from tests.conftest import REPO
+
+    repo = tmp_path / "checkout"
+    leftovers = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__")
+    repo.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(REPO / name, repo / name)
+    for top in ("flexhub", "backends", "deploy"):
+        shutil.copytree(REPO / top, repo / top, ignore=leftovers)
+    stale = repo / "backends" / "nfs" / "build" / "lib" / "flexhub_nfs" / "_deleted_module.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("raise SystemExit('a module deleted from the sources')\n")
+    before = sorted(str(p.relative_to(repo)) for p in repo.rglob("*"))
+    proc = subprocess.run(
+        [sys.executable, str(repo / "deploy" / "build_runtime.py"), str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runtime = Path(proc.stdout.strip().splitlines()[-1])
+    site = next(runtime.glob("lib/python3*/site-packages"))
+    assert (site / "flexhub_nfs" / "__init__.py").is_file()
+    assert not (site / "flexhub_nfs" / "_deleted_module.py").exists()
+    assert not list(site.glob("*.dist-info/direct_url.json"))
+    assert str(tmp_path) not in "".join(p.read_text() for p in site.glob("*.dist-info/RECORD"))
+    assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*")) == before
