@@ -13,7 +13,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # not typing's (see flexhub.node)
 if TYPE_CHECKING:
-    from typing import Any, ClassVar, TypeVar
+    from typing import Any, TypeVar
 
     _F = TypeVar("_F", bound="Frozen")
 
@@ -28,7 +28,7 @@ class Frozen:
     """
 
     __slots__ = ()
-    _compare: ClassVar[tuple[str, ...] | None] = None
+    _compare: tuple[str, ...] | None = None  # not ClassVar: typing.get_type_hints() resolves it
 
     def _set(self, **values: Any) -> None:
         for name, value in values.items():

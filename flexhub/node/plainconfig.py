@@ -62,11 +62,11 @@ def _read(text: str) -> "tuple[dict[str, str], dict[str, object]] | None":
             return None  # multi-line or escaped strings: only the full reader is exact
         if line.startswith("["):
             name = line[1:].split("]", 1)
-            if line.startswith("[[") or len(name) != 2 or not _bare(name[0].strip()):
+            if line.startswith("[[") or len(name) != 2 or not _bare(name[0].strip(" \t")):
                 return None
             if name[1].strip(" \t") and not name[1].strip(" \t").startswith("#"):
                 return None
-            table_name = name[0].strip()
+            table_name = name[0].strip(" \t")
             if table_name in tables or table_name in found:
                 return None  # a table twice, or a table named like a setting: not TOML
             tables.add(table_name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -366,3 +367,20 @@ def test_the_plain_reader_agrees_with_tomllib_on_random_texts() -> None:
         full = tomllib.loads(text)  # never raises on an accepted text
         assert repr(read) == repr(full), text  # values, types and order
     assert accepted > 100
+
+
+@pytest.mark.parametrize("space", ["\u00a0", "\u2028", "\u3000", "\x85", "\u2009"])
+def test_a_table_header_with_unicode_space_goes_the_full_way_and_is_refused(space: str) -> None:
+    """TOML allows only space and tab around a table's name: a header such as
+    ``[loopfile<NBSP>]`` (pasted from a web page) is not TOML, so the plain reader must not
+    read it as ``[loopfile]`` and the full reader refuses the file, as the old driver did."""
+    from flexhub.config import parse_config
+    from flexhub.errors import FlexhubError
+    from flexhub.node.plainconfig import plain_document
+
+    text = f'state_dir = "/var/lib/flexhub"\n[loopfile{space}]\nroot = "/srv/x"\n'
+    with pytest.raises(tomllib.TOMLDecodeError):
+        tomllib.loads(text)
+    assert plain_document(text) is None
+    with pytest.raises(FlexhubError):
+        parse_config(text.encode(), Path("/etc/flexhub/flexhub.toml"))

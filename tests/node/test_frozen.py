@@ -175,3 +175,15 @@ def test_the_recording_runner_keeps_its_lists() -> None:
     assert RecordingRunner() == RecordingRunner() and runner != RecordingRunner()
     scripted: Mapping[tuple[str, ...], object] = {("x",): Result(("x",), 3, "", "")}
     assert RecordingRunner(script=dict(scripted)).script == scripted
+
+
+def test_the_public_records_type_hints_resolve() -> None:
+    """Backend authors' tools (``typing.get_type_hints``) read the public records' fields."""
+    import typing
+
+    from flexhub.backend import Attachment, MountEntry, NodeRequirements, Volume
+    from flexhub.provisioning import Claim, Provisioned
+
+    for record in (Volume, MountEntry, Attachment, NodeRequirements, Claim, Provisioned):
+        hints = typing.get_type_hints(record)
+        assert set(record.fields()) <= set(hints), record

@@ -141,6 +141,12 @@ class _Created:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"cannot assign to field {name!r}")
 
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple[type[_Created], tuple[object, ...]]:
+        return (type(self), self._key())  # copy and pickle through __init__, as a dataclass
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, _Created) or type(other) is not type(self):
             return NotImplemented
