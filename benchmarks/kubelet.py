@@ -122,6 +122,7 @@ class Bench:
             loader, library = runtime / "lib" / "ld-linux-x86-64.so.2", runtime / "lib"
             self.start = [str(loader), "--library-path", str(library), self.python]
         self.pods: list[tuple[str, str]] = []  # (pod uid, pv) mounted through the driver
+        self.unmount_failures: list[str] = []  # what the driver answered to failed unmounts
         self.counter = 0
 
     def driver_python(self) -> str:
@@ -160,7 +161,9 @@ class Bench:
         pods, self.pods = self.pods, []
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             replies = list(pool.map(lambda p: self.kubelet.unmount(*p), pods))
-        return sum(1 for r in replies if r is not None and not r.ok)
+        failed = [r.message for r in replies if r is not None and not r.ok]
+        self.unmount_failures += failed
+        return len(failed)
 
     def shell_mount(self, name: str, size: int) -> None:
         staging = self.root / "shell" / f"{name}.staging"
@@ -598,6 +601,8 @@ def main() -> int:
             for kind in kinds:
                 print("\n".join(profile_lines(bench, kind, rounds, args.top)))
                 bench.unmount_all()
+            for message in bench.unmount_failures:
+                print(f"# unmount failed: {message}")
         return 0
     runs, volumes, count, pods = args.runs or 15, args.volumes, 16, 64
     if args.smoke:
