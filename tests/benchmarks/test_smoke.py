@@ -1,6 +1,6 @@
 """Smoke runs of the kubelet-path and data-path benchmarks and of the call profile: the
-print every figure (the figures themselves are reported, never asserted) and leave nothing
-mounted or attached."""
+documented commands work, print every figure (the figures themselves are reported, never
+asserted) and leave nothing mounted or attached."""
 
 from __future__ import annotations
 
