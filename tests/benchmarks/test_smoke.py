@@ -1,6 +1,6 @@
-"""Smoke runs of the kubelet-path and data-path benchmarks: the documented commands work,
-print every figure (the figures themselves are reported, never asserted) and leave nothing
-mounted or attached."""
+"""Smoke runs of the kubelet-path and data-path benchmarks and of the call profile: the
+documented commands work, print every figure (the figures themselves are reported, never
+asserted) and leave nothing mounted or attached."""
 
 from __future__ import annotations
 
@@ -38,6 +38,40 @@ def test_benchmark_smoke_run_prints_every_figure() -> None:
     for figure in FIGURES:
         assert figure in proc.stdout, (figure, proc.stdout)
     assert "(0 failed)" in proc.stdout
+    assert "flexhub-bench-" not in Path("/proc/self/mountinfo").read_text()
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True)
+    assert "flexhub-bench-" not in loops.stdout
+
+
+PROFILE_ARGS = ("--profile", "all", "--smoke", "--top", "40")
+
+
+@needs_root
+def test_profile_smoke_run_profiles_each_call_kinds_own_work() -> None:
+    proc = subprocess.run(
+        [PYTHON, str(REPO / "benchmarks" / "kubelet.py"), *PROFILE_ARGS],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sections = {part.split(":", 1)[0]: part for part in proc.stdout.split("\n## ")[1:]}
+    assert list(sections) == [
+        "init",
+        "unmount (directory not mounted)",
+        "mount of an already-mounted directory",
+        "second pod's mount of a staged volume",
+        "first mount of a new 1 GiB loopfile",
+    ], proc.stdout
+    # each profile is the driver's own run of that call: the quick path answers init and
+    # unmount; a second pod's mount writes its record; a new volume is formatted by commands
+    assert "flexhub/driver/quick.py" in sections["init"]
+    assert "flexhub/node/fastpath.py" in sections["unmount (directory not mounted)"]
+    assert "posix.fsync" in sections["second pod's mount of a staged volume"]
+    first = sections["first mount of a new 1 GiB loopfile"]
+    assert "flexhub/node/fs.py" in first and "_posixsubprocess.fork_exec" in first, first
     assert "flexhub-bench-" not in Path("/proc/self/mountinfo").read_text()
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True)
     assert "flexhub-bench-" not in loops.stdout
