@@ -252,11 +252,13 @@ def test_bad_options_fail_before_any_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through kubelet's entry point: an invalid iqn is a Failure and runs nothing."""
+    import subprocess
+
     from flexhub.driver import kubelet
-    from flexhub.node import runner as runner_module
 
     ran: list[object] = []
-    monkeypatch.setattr(runner_module.subprocess, "Popen", lambda *a, **k: ran.append(a))
+    # the runner imports subprocess when its first command runs: patch the module itself
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: ran.append(a))
     config = tmp_path / "flexhub.toml"
     config.write_text(f'state_dir = "{tmp_path}/state"\nlog_dir = "{tmp_path}/log"\n')
     monkeypatch.setenv("FLEXHUB_CONFIG", str(config))
