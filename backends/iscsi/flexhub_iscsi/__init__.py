@@ -469,6 +469,9 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
             "sshUser": lio.ssh.user,
             "sshPort": str(lio.ssh.port),
             "backstore": lio.backstore,
+            # reclaim and expansion check that the iqn names this claim (the controller
+            # checks that this uid is the PV's own)
+            "claimUid": claim.uid,
         }
         if lio.backstore == "block":
             record["volumeGroup"] = lio.volume_group
@@ -498,7 +501,12 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
             LOG.info("iscsi: %s kept on %s (onDelete: retain)", volume.iqn, volume.ssh.host)
             return
         spec = {"iqn": volume.iqn, **volume.spec()}
-        done = _lio.Lio(self.node.runner, volume.ssh, secrets).call("delete", spec, [])
+        timeout = _lio.CALL_TIMEOUT
+        if volume.backstore == "block":  # the LV is zeroed before lvremove: its size's time
+            size = reclaim.get("size", "")
+            known = size.isascii() and size.isdigit() and len(size) < 20
+            timeout += _lio.zero_seconds(int(size) if known else 0)
+        done = _lio.Lio(self.node.runner, volume.ssh, secrets).call("delete", spec, [], timeout)
         LOG.info(
             "iscsi: %s on %s deleted (%s)",
             volume.iqn,
@@ -520,7 +528,10 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
 
         volume = _lio.parse_volume(options, reclaim)
         spec = {**volume.spec(), "size": _lio.size_of(new_size)}
+        timeout = _lio.CALL_TIMEOUT
         if volume.backstore == "fileio":
             spec["sparse"] = volume.sparse
-        done = _lio.Lio(self.node.runner, volume.ssh, secrets).call("expand", spec, [])
+        else:  # the range lvextend adds (at most the new size) is zeroed before the answer
+            timeout += _lio.zero_seconds(spec["size"])
+        done = _lio.Lio(self.node.runner, volume.ssh, secrets).call("expand", spec, [], timeout)
         return int(done["size"])
