@@ -544,7 +544,7 @@ def provision(spec: dict[str, Any]) -> dict[str, Any]:
                 for so in named(lib, spec["name"]):
                     if so.plugin == "block":
                         so.delete()
-                undo(delete_lv, spec)
+                undo(delete_lv, spec, False)  # no PV names it yet: nothing to zero
             else:
                 so = storage_object(lib, spec["name"])
                 if so is not None:
