@@ -490,7 +490,8 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
         self, options: Mapping[str, str], reclaim: Mapping[str, str], secrets: Secrets
     ) -> None:
         """``delete``: remove the target, the backstore and its file or logical volume (gone
-        is success); ``retain``: leave them all on the target host."""
+        is success; an LV is zeroed before it is removed, within the SSH call's bound plus
+        the zeroing's for the record's size); ``retain``: leave them all on the target host."""
         from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
 
         on_delete = reclaim.get("onDelete", "delete")
@@ -522,8 +523,9 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
         secrets: Secrets,
     ) -> int:
         """Grow the backing file and the backstore, or the logical volume (``lvextend``), to
-        ``new_size`` (rounded up to MiB, an LV to its extents; never shrinks); return the
-        LUN's size. The node's ``expandfs`` then rescans the LUN and grows the filesystem."""
+        ``new_size`` (rounded up to MiB, an LV to its extents; never shrinks; the range an LV
+        gains is zeroed before the answer); return the LUN's size. The node's ``expandfs``
+        then rescans the LUN and grows the filesystem."""
         from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
 
         volume = _lio.parse_volume(options, reclaim)
