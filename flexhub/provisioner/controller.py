@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
@@ -39,6 +40,8 @@ SECRET_TYPE = DRIVER
 MISTAKE_RETRY = 60.0
 #: How often a released PV whose node is gone is reported again.
 NODE_GONE_RETRY = 600.0
+#: A provisioned PV's name: ``pvc-<claim uid>``.
+_PV_NAME = re.compile(r"pvc-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
 
 
 class Controller:
@@ -273,7 +276,7 @@ class Controller:
             return
         options = dict(pv["spec"]["flexVolume"].get("options") or {})
         secrets = self._volume_secrets(pv, record)
-        grown = backend.expand_storage(options, record, wanted, secrets)
+        grown = backend.expand_storage(options, backend_record(pv), wanted, secrets)
         record["size"] = str(max(grown, wanted))
         self.core.patch_persistent_volume(
             volume,
@@ -333,7 +336,7 @@ class Controller:
         backend = self.backend_for(record["backend"])
         options = dict(pv["spec"]["flexVolume"].get("options") or {})
         try:
-            backend.reclaim(options, record, self._volume_secrets(pv, record))
+            backend.reclaim(options, backend_record(pv), self._volume_secrets(pv, record))
         except FlexhubError as exc:
             self.events.volume(pv, "Warning", "VolumeFailedDelete", _one_line(exc))
             raise
@@ -414,6 +417,19 @@ def _record(pv: Mapping[str, Any]) -> dict[str, str]:
     return found
 
 
+def backend_record(pv: Mapping[str, Any]) -> dict[str, str]:
+    """The PV's reclaim record as its backend's reclaim and expansion get it: checked by
+    :func:`_record`, and with the ``claimUid`` the PV's name holds when the record has none
+    (one saved before its backend wrote it), so the backend's own check that the PV's options
+    name this claim's storage (an iSCSI iqn ``...:pvc-<uid>``) runs on every PV. The name of
+    a PV cannot be edited; its options and annotations can."""
+    record = _record(pv)
+    found = _PV_NAME.fullmatch(str(pv["metadata"]["name"]))
+    if "claimUid" not in record and found is not None:
+        record["claimUid"] = found.group(1)
+    return record
+
+
 def finish_reclaim(core: Any, pv: Mapping[str, Any]) -> None:
     """The storage is gone: delete the PV object, then let it go (remove the finalizer).
     Interrupted in between, the next sync reclaims again (a no-op) and finishes."""
@@ -461,4 +477,4 @@ def _one_line(error: object) -> str:
     return one_line(str(error), limit=400)
 
 
-__all__ += ["finish_reclaim", "get", "remove_finalizer"]
+__all__ += ["backend_record", "finish_reclaim", "get", "remove_finalizer"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ from flexhub.driver.validation import validate_options, validator_for
 from flexhub.errors import FlexhubError, InvalidOptions
 from flexhub.node import Node
 from flexhub.node.runner import RecordingRunner, Result
-from flexhub.provisioning import Claim, Provisioning
+from flexhub.provisioner import controller, pvs
+from flexhub.provisioning import Claim, Provisioned, Provisioning
 from flexhub.volume import Secret, Secrets
 
 UID = "0b7f3c1e-5d2a-4e8f-9a61-2c4d8e0f1a3b"
@@ -68,9 +70,11 @@ class Ssh(RecordingRunner):
         self.stderr = stderr
         self.raw: list[tuple[str, ...]] = []
         self.files: dict[str, tuple[int, str]] = {}
+        self.timeouts: list[float | None] = []
 
     def __call__(self, argv: Sequence[str], **kwargs: Any) -> Result:
         self.raw.append(tuple(argv))
+        self.timeouts.append(kwargs.get("timeout"))
         self.stdin = kwargs.get("input")
         for option in argv:
             if option.startswith(("IdentityFile=", "UserKnownHostsFile=")):
@@ -122,6 +126,7 @@ def test_provision_sends_one_fixed_ssh_command_and_the_request_on_stdin(tmp_path
         "backstore": "fileio",
         "fileioDirectory": "/srv/iscsi",
         "sparse": "true",
+        "claimUid": UID,
     }
     (argv,) = runner.raw
     assert argv[:4] == ("ssh", "-F", "/dev/null", "-T")
@@ -332,6 +337,7 @@ def test_block_provision_reclaim_and_expand_name_the_lv_and_its_group(tmp_path: 
         "sshPort": "2222",
         "backstore": "block",
         "volumeGroup": "vg_iscsi",
+        "claimUid": UID,
     }
     validate_options(IscsiBackend, {"backend": "iscsi", **made.options})
     runner = Ssh({"ok": {"deleted": ["target", "backstore", "logical volume"]}})
@@ -356,6 +362,7 @@ def test_block_provision_reclaim_and_expand_name_the_lv_and_its_group(tmp_path: 
         {**made.reclaim, "backstore": "lvm"},
         {k: v for k, v in made.reclaim.items() if k != "backstore"},
         {**made.reclaim, "claimUid": "1b7f3c1e-5d2a-4e8f-9a61-2c4d8e0f1a3b"},  # another PV's
+        {k: v for k, v in made.reclaim.items() if k != "claimUid"},  # a block record has one
     ]:
         with pytest.raises(InvalidOptions) as caught:
             iscsi.reclaim(made.options, {"onDelete": "delete", **record}, secrets())
@@ -439,3 +446,303 @@ def test_remote_lvm_failure_is_one_line_naming_the_group() -> None:
     assert "not found" in text and "\n" not in text
     with pytest.raises(_lio_remote.Refused):
         _lio_remote.delete_lv(spec)
+
+
+MiB = 1 << 20
+OTHER = "1b7f3c1e-5d2a-4e8f-9a61-2c4d8e0f1a3b"
+
+
+@pytest.mark.parametrize("params", [PARAMS, BLOCK], ids=["fileio", "block"])
+def test_a_pv_naming_another_claims_iqn_is_refused_with_the_record_provision_wrote(
+    tmp_path: Path, params: dict[str, str]
+) -> None:
+    """The record provision writes holds the claim's uid, so parse_volume's check runs: a PV
+    whose iqn was edited to name another claim (its target, backstore, file or tagged LV)
+    reaches no target host, by reclaim or by expansion."""
+    made = backend(Ssh({"ok": {"size": 68 << 20, "created": True}}), tmp_path).provision(
+        claim(), params, secrets()
+    )
+    assert made.reclaim["claimUid"] == UID
+    options = {**made.options, "iqn": made.options["iqn"].replace(UID, OTHER)}
+    runner = Ssh({"ok": {"deleted": ["target", "backstore", "logical volume"]}})
+    with pytest.raises(InvalidOptions, match="claimUid"):
+        backend(runner, tmp_path).reclaim(
+            options, {**made.reclaim, "onDelete": "delete"}, secrets()
+        )
+    with pytest.raises(InvalidOptions, match="claimUid"):
+        backend(runner, tmp_path).expand_storage(options, made.reclaim, 1 << 30, secrets())
+    assert runner.calls == []
+
+
+def _pv(made: Provisioned, params: dict[str, str]) -> dict[str, Any]:
+    """The PV the provisioner saves for ``made`` (what the controller later reads back)."""
+    return pvs.build_pv(
+        claim(), "iscsi", "Delete", "iscsi", "delete", "provisioner", made, "k8s/flexhub",
+        "flexhub", class_secret=("flexhub", "iscsi-ssh"),
+    )  # fmt: skip
+
+
+def test_an_older_fileio_pv_without_claim_uid_reclaims_and_its_name_is_checked(
+    tmp_path: Path,
+) -> None:
+    """A fileio PV saved before provision wrote claimUid: the controller hands the backend
+    the uid the PV's (uneditable) name holds, so its reclaim still works and an iqn edited to
+    name another claim is refused; a block record without claimUid is refused outright (every
+    block record has one)."""
+    made = backend(Ssh(), tmp_path).provision(claim(), PARAMS, secrets())
+    old = Provisioned(
+        options=made.options,
+        size=made.size,
+        reclaim={k: v for k, v in made.reclaim.items() if k != "claimUid"},
+        fs_type=made.fs_type,
+        secret=made.secret,
+    )
+    pv = _pv(old, PARAMS)
+    options = {k: v for k, v in pv["spec"]["flexVolume"]["options"].items() if k != "backend"}
+    record = controller.backend_record(pv)
+    assert record["claimUid"] == UID
+    runner = Ssh({"ok": {"deleted": ["target", "backstore", "file"]}})
+    backend(runner, tmp_path).reclaim(options, record, secrets())
+    assert request_of(runner)["spec"]["file"] == f"pvc-{UID}.img"
+    edited = {**options, "iqn": options["iqn"].replace(UID, OTHER)}
+    with pytest.raises(InvalidOptions, match="claimUid"):
+        backend(runner, tmp_path).reclaim(edited, record, secrets())
+    with pytest.raises(InvalidOptions, match="claimUid"):
+        backend(runner, tmp_path).expand_storage(edited, record, 1 << 30, secrets())
+    assert len(runner.calls) == 1
+    # a record naming another claim than the PV's name is refused before any backend
+    forged = {**pv, "metadata": {**pv["metadata"], "annotations": {
+        **pv["metadata"]["annotations"],
+        pvs.ANN_RECLAIM: json.dumps({**record, "claimUid": OTHER}),
+    }}}  # fmt: skip
+    with pytest.raises(FlexhubError, match="refusing to reclaim"):
+        controller.backend_record(forged)
+    blocked = backend(Ssh(), tmp_path).provision(claim(), BLOCK, secrets())
+    without = {k: v for k, v in blocked.reclaim.items() if k != "claimUid"}
+    with pytest.raises(InvalidOptions, match="claimUid"):
+        backend(runner, tmp_path).reclaim(blocked.options, without, secrets())
+    assert len(runner.calls) == 1
+
+
+def test_reclaim_and_expansion_wait_long_enough_for_the_zeroing(tmp_path: Path) -> None:
+    """The remote program zeroes a reclaimed LV and an expansion's new range within
+    60 s + bytes / (20 MiB/s); the ssh call's bound leaves room for that on top of its own."""
+    assert _lio.zero_seconds(0) == _lio_remote.zero_seconds(0) == 60
+    assert _lio.zero_seconds(100 * 20 * MiB) == _lio_remote.zero_seconds(100 * 20 * MiB) == 160
+    made = backend(Ssh(), tmp_path).provision(claim(), BLOCK, secrets())
+    runner = Ssh({"ok": {"size": 40 << 30}})
+    iscsi = backend(runner, tmp_path)
+    iscsi.expand_storage(made.options, made.reclaim, 40 << 30, secrets())
+    record = {**made.reclaim, "onDelete": "delete", "size": str(40 << 30)}
+    runner.answer = {"ok": {"deleted": []}}
+    iscsi.reclaim(made.options, record, secrets())
+    assert runner.timeouts == [
+        _lio.CALL_TIMEOUT + _lio.zero_seconds(40 << 30),
+        _lio.CALL_TIMEOUT + _lio.zero_seconds(40 << 30),
+    ]
+
+
+@pytest.fixture
+def loop(tmp_path: Path) -> Any:
+    """A real 8 MiB loop device over a file full of 0xAB bytes."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a loop device")
+    image = tmp_path / "disk.img"
+    image.write_bytes(b"\xab" * (8 * MiB))
+    device = subprocess.run(
+        ["losetup", "--find", "--show", str(image)], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    try:
+        yield device
+    finally:
+        subprocess.run(["losetup", "-d", device], check=False)
+
+
+def _bytes(device: str, offset: int, length: int) -> bytes:
+    with open(device, "rb") as fh:
+        fh.seek(offset)
+        return fh.read(length)
+
+
+def test_remote_zero_clears_exactly_its_range_of_a_real_device(loop: str) -> None:
+    """blkdiscard --zeroout on a real (loop) device: the range reads zeros, the rest keeps its
+    bytes; a range not on sector boundaries, and a device someone holds (exclusive open), are
+    one-line refusals."""
+    _lio_remote.zero(loop, 2 * MiB, 3 * MiB, shared=False)
+    assert _bytes(loop, 2 * MiB, 3 * MiB) == bytes(3 * MiB)
+    assert _bytes(loop, 0, 2 * MiB) == b"\xab" * (2 * MiB)
+    assert _bytes(loop, 5 * MiB, 3 * MiB) == b"\xab" * (3 * MiB)
+    with pytest.raises(_lio_remote.Refused) as caught:
+        _lio_remote.zero(loop, 6 * MiB + 1, MiB, shared=False)
+    assert str(caught.value).startswith(f"zero {loop}: blkdiscard failed") and "\n" not in str(
+        caught.value
+    )
+    held = os.open(loop, os.O_RDONLY | os.O_EXCL)  # as a mount or LIO's iblock holds it
+    try:
+        with pytest.raises(_lio_remote.Refused, match="busy"):
+            _lio_remote.zero(loop, 0, MiB, shared=False)
+        _lio_remote.zero(loop, 0, MiB, shared=True)  # an expansion's range: LIO holds it
+    finally:
+        os.close(held)
+    assert _bytes(loop, 0, MiB) == bytes(MiB)
+
+
+class _Lvm:
+    """A recording stand-in for the remote program's ``lvm`` and ``blkdiscard`` (no LVM on
+    the host): answers vgs/lvs like lvm for one LV whose device is ``device`` (a real loop
+    device stands for it), records every step."""
+
+    def __init__(
+        self, spec: dict[str, Any], device: str, tags: str = "", size: int = 8 * MiB
+    ) -> None:
+        self.spec, self.device = spec, device
+        self.events: list[str] = []
+        self.size, self.tags = size, tags or _lio_remote.tag_of(spec)
+        self.gone = False
+        self.zero_fails: Exception | None = None
+
+    def lvm(self, step: str, *args: str) -> str:
+        self.events.append(" ".join(args[:1] + tuple(a for a in args[1:] if a.startswith("--"))))
+        if args[0] == "vgs":
+            vg = {"vg_name": self.spec["vg"], "vg_extent_size": str(4 * MiB)}
+            return json.dumps({"report": [{"vg": [vg]}]})
+        if args[0] == "lvs":
+            null = os.stat(self.device).st_rdev
+            lv = {"lv_name": self.spec["name"], "lv_size": str(self.size), "lv_tags": self.tags,
+                  "lv_attr": "-wi-a-----", "lv_kernel_major": str(os.major(null)),
+                  "lv_kernel_minor": str(os.minor(null))}  # fmt: skip
+            return json.dumps({"report": [{"lv": [] if self.gone else [lv]}]})
+        if args[0] == "lvremove":
+            self.gone = True
+        if args[0] == "lvextend":
+            self.size = int(args[args.index("--extents") + 1]) * 4 * MiB
+        if args[0] == "lvchange" and "--addtag" in args:
+            self.tags += "," + args[args.index("--addtag") + 1]
+        if args[0] == "lvchange" and "--deltag" in args:
+            drop = args[args.index("--deltag") + 1]
+            self.tags = ",".join(t for t in self.tags.split(",") if t != drop)
+        return ""
+
+    def zero(self, path: str, offset: int, length: int, shared: bool) -> None:
+        self.events.append(f"zero {path} {offset} {length}{' shared' if shared else ''}")
+        if self.zero_fails is not None:
+            raise self.zero_fails
+
+
+def _remote_with(
+    monkeypatch: pytest.MonkeyPatch, fake: _Lvm, events: list[str], so_vg: str = ""
+) -> Any:
+    """The remote program with a recording rtslib (a block storage object of the claim's name
+    on ``/dev/<so_vg>/<name>``, a target), ``fake`` for lvm and blkdiscard; the LV's device
+    node is the fake's device."""
+    r = _lio_remote
+    name, vg = fake.spec["name"], so_vg or fake.spec["vg"]
+
+    class SO:
+        plugin = "block"
+
+        def __init__(self) -> None:
+            self.name, self.udev_path = name, f"/dev/{vg}/{name}"
+
+        def delete(self) -> None:
+            events.append("backstore deleted")
+
+    class Target:
+        def delete(self) -> None:
+            events.append("target deleted")
+
+    class Lib:
+        class RTSLibNotInCFS(Exception):
+            pass
+
+        def RTSRoot(self) -> Any:
+            return type("R", (), {"storage_objects": [SO()]})()
+
+        def FabricModule(self, n: str) -> None:
+            return None
+
+        def Target(self, f: Any, iqn: str, mode: str) -> Target:
+            return Target()
+
+    monkeypatch.setattr(r, "rts", Lib)
+    monkeypatch.setattr(r, "save", lambda lib: events.append("saved"))
+    monkeypatch.setattr(r, "lvm", fake.lvm)
+    monkeypatch.setattr(r, "zero", fake.zero, raising=False)
+    # the storage object names /dev/<vg>/<name>; the device node checked is the loop device
+    monkeypatch.setattr(r, "device_of", lambda spec: fake.device, raising=False)
+    return r
+
+
+def _spec(vg: str = "vg_iscsi") -> dict[str, Any]:
+    name = f"pvc-{UID}"
+    return {"iqn": f"iqn.2003-01.com.example:k8s:{name}", "name": name, "backstore": "block",
+            "vg": vg}  # fmt: skip
+
+
+def test_remote_refused_block_delete_has_changed_nothing(
+    monkeypatch: pytest.MonkeyPatch, loop: str
+) -> None:
+    """Recording rtslib and lvm (no LIO or LVM on the host): a delete whose checks fail (the
+    backstore's device is not in the record's group; the LV lacks the claim's tag) refuses
+    before the target, the backstore or the LV is touched."""
+    events: list[str] = []
+    fake = _Lvm(_spec("vg_other"), loop)
+    r = _remote_with(monkeypatch, fake, events, so_vg="vg_real")
+    with pytest.raises(r.Refused, match="another backing store"):
+        r.delete(_spec("vg_other"))
+    assert events == []
+    fake = _Lvm(_spec(), loop, tags="flexhub:" + OTHER)
+    r = _remote_with(monkeypatch, fake, events)
+    with pytest.raises(r.Refused, match="without the tag"):
+        r.delete(_spec())
+    assert events == [] and "lvremove" not in fake.events
+
+
+def test_remote_block_delete_zeroes_the_lv_before_removing_it_and_retries_the_zeroing(
+    monkeypatch: pytest.MonkeyPatch, loop: str
+) -> None:
+    """Recording rtslib, lvm and blkdiscard (the real ones are the VM test's): the LV is zeroed
+    whole before lvremove; a zeroing that times out (or a program killed in it) leaves the
+    LV, never removes it, and the retry zeroes it again, then removes it."""
+    events: list[str] = []
+    fake = _Lvm(_spec(), loop)
+    r = _remote_with(monkeypatch, fake, events)
+    fake.zero_fails = r.Refused("zero: blkdiscard timed out after 60 s")
+    with pytest.raises(r.Refused, match="timed out"):
+        r.delete(_spec())
+    assert events == ["target deleted", "backstore deleted", "saved"]
+    assert "lvremove" not in " ".join(fake.events) and not fake.gone
+    assert f"zero {loop} 0 {8 * MiB}" in fake.events
+    fake.zero_fails = None
+    fake.events.clear()
+    assert r.delete(_spec()) == {"deleted": ["target", "backstore", "logical volume"]}
+    zeroed = fake.events.index(f"zero {loop} 0 {8 * MiB}")
+    assert zeroed < fake.events.index("lvremove --yes --") and fake.gone
+
+
+def test_remote_block_expand_zeroes_the_new_range_and_a_retry_finishes_it(
+    monkeypatch: pytest.MonkeyPatch, loop: str
+) -> None:
+    """Recording lvm and blkdiscard: the range lvextend adds is zeroed (LIO holds the LV, so
+    not exclusively) before the new size is answered; a zeroing that fails after lvextend
+    leaves a tag naming where it began, so the next expand (the LV already at its size)
+    zeroes that range still, then drops the tag."""
+    events: list[str] = []
+    fake = _Lvm(_spec(), loop)
+    r = _remote_with(monkeypatch, fake, events)
+    fake.zero_fails = r.Refused("zero: blkdiscard timed out after 60 s")
+    with pytest.raises(r.Refused, match="timed out"):
+        r.expand({**_spec(), "size": 20 * MiB})
+    assert fake.size == 20 * MiB and f"{r.ZERO_TAG}{8 * MiB}" in fake.tags.split(",")
+    fake.zero_fails = None
+    fake.events.clear()
+    assert r.expand({**_spec(), "size": 20 * MiB}) == {"size": 20 * MiB}
+    assert f"zero {loop} {8 * MiB} {12 * MiB} shared" in fake.events
+    assert "lvextend" not in " ".join(fake.events)
+    assert fake.tags == _lio_remote.tag_of(_spec())
+    fake.events.clear()
+    assert r.expand({**_spec(), "size": 20 * MiB}) == {"size": 20 * MiB}  # nothing to do
+    assert not any(e.startswith("zero") for e in fake.events)
+    assert r.expand({**_spec(), "size": 24 * MiB}) == {"size": 24 * MiB}
+    assert f"zero {loop} {20 * MiB} {4 * MiB} shared" in fake.events
+    assert events == []  # nothing of LIO changes on expansion

@@ -214,6 +214,7 @@ def test_provision_mount_expand_reclaim(vm: VM, kubelet: Kubelet, clean: None) -
             "backstore": "fileio",
             "fileioDirectory": LUNS,
             "sparse": "true",
+            "claimUid": wanted["uid"],
         },
         "fs_type": "ext4",
         "secret": ["flexhub", "iscsi-chap"],
@@ -381,6 +382,7 @@ def test_block_backstore_provision_mount_expand_reclaim(
             "sshPort": "2222",
             "backstore": "block",
             "volumeGroup": vg,
+            "claimUid": wanted["uid"],
         }
         assert pv["options"]["iqn"] == iqn
         assert lv(vm, vg, name, "lv_size,lv_tags").split() == [
@@ -452,14 +454,18 @@ def test_block_backstore_provision_mount_expand_reclaim(
             "reclaim": {**pv["reclaim"], "onDelete": "delete"},
             "secrets": secrets,
         }
+        # an iqn edited to name another claim is refused before ssh (the record's claimUid);
+        # one whose record was edited to match reaches the target host, which refuses it
         edited = {**gone, "options": {**pv["options"], "iqn": f"{PREFIX}:{other}"}}
-        first, then, tampered = provisioner(vm, gone, gone, edited)
+        forged = {**edited, "reclaim": {**gone["reclaim"], "claimUid": foreign["uid"]}}
+        first, then, mismatched, tampered = provisioner(vm, gone, gone, edited, forged)
         PHASES["reclaim"] = round(time.monotonic() - started, 1)
         assert first == {} and then == {}  # the second finds it gone: success
         assert lv(vm, vg, name, "lv_name") == ""
         assert block_backstores(vm, name) == []
         assert not exists(vm, f"{CONFIGFS}/iscsi/{iqn}")
         assert iqn not in vm.read_file(SAVED).decode()
+        assert "claimUid" in mismatched.get("error", ""), mismatched
         assert "without the tag" in tampered.get("error", ""), tampered
         # the refused LVs are untouched: data, tag, the other backstore
         assert vm.sh(f"head -c 12 /dev/{vg}/{other}").stdout == "FOREIGN-DATA"
@@ -471,6 +477,95 @@ def test_block_backstore_provision_mount_expand_reclaim(
         )
     finally:
         vm.run([*rts, "drop", "squatter"], check=False)
+        vm.run(["vgremove", "--yes", "--force", vg], check=False)
+        vm.run(["losetup", "-d", loop], check=False)
+        vm.run(["rm", "-f", disk], check=False)
+
+
+def pe_ranges(vm: VM, vg: str, name: str) -> list[str]:
+    """The physical extents an LV's segments use (``/dev/loop3:0-1``), in order."""
+    return lv(vm, vg, name, "seg_pe_ranges").split()
+
+
+def plant(vm: VM, device: str, offset: int, text: str) -> None:
+    vm.sh(f"printf {text} | dd of={device} bs=1M seek={offset // MiB} conv=fsync status=none")
+
+
+def seen(vm: VM, device: str, offset: int, length: int) -> str:
+    """``length`` bytes of ``device`` from ``offset`` (a MiB multiple), as text (NULs kept)."""
+    out = vm.sh(
+        f"dd if={device} bs=1M skip={offset // MiB} count=1 status=none | head -c {length}"
+        " | od -An -tx1 -v | tr -d ' \\n'"
+    ).stdout
+    return bytes.fromhex(out).decode("latin-1")
+
+
+def test_block_claims_never_read_an_earlier_claims_data(vm: VM, clean: None) -> None:
+    """A claim's LV over the extents a reclaimed claim's LV used reads zeros, not that
+    claim's data (reclaim zeroes an LV before lvremove; lvcreate alone zeroes 4 KiB); the
+    range an expansion adds over extents freed outside flexhub reads zeros; an expansion cut
+    short after lvextend (its tag left) zeroes that range when it is asked again."""
+    ssh, secrets = setup(vm)
+    started = time.monotonic()
+    vg = f"rigvg{uuid.uuid4().hex[:6]}"
+    disk = f"{services.LUN_DIR}/{vg}.disk"
+    vm.run(["modprobe", "-a", "dm_mod", "target_core_iblock"])
+    vm.run(["truncate", "-s", str(64 * MiB), disk])
+    loop = vm.run(["losetup", "--find", "--show", disk]).stdout.strip()
+    secret = "TENANT-A-SECRET"
+    try:
+        vm.run(["vgcreate", "--yes", "--physicalextentsize", "4m", vg, loop])
+        params = {
+            **{k: v for k, v in parameters(ssh).items() if k != "fileioDirectory"},
+            "backstore": "block",
+            "volumeGroup": vg,
+        }
+        a, b = claim(8 * MiB), claim(8 * MiB)
+        made = {"op": "provision", "parameters": params, "secrets": secrets}
+        (pv_a,) = provisioner(vm, {**made, "claim": a})
+        assert "error" not in pv_a, pv_a
+        lv_a = f"/dev/{vg}/pvc-{a['uid']}"
+        plant(vm, lv_a, MiB, secret)  # what claim a's node wrote
+        where = pe_ranges(vm, vg, f"pvc-{a['uid']}")
+        gone = {"op": "reclaim", "options": pv_a["options"], "secrets": secrets,
+                "reclaim": {**pv_a["reclaim"], "onDelete": "delete", "size": str(8 * MiB)}}  # fmt: skip
+        reclaimed, pv_b = provisioner(vm, gone, {**made, "claim": b})
+        assert reclaimed == {} and "error" not in pv_b, pv_b
+        name_b = f"pvc-{b['uid']}"
+        lv_b = f"/dev/{vg}/{name_b}"
+        assert [r.split(":")[1] for r in pe_ranges(vm, vg, name_b)] == [
+            r.split(":")[1] for r in where
+        ]  # the very extents claim a had
+        assert seen(vm, lv_b, MiB, len(secret)) == "\0" * len(secret)
+
+        # extents freed outside flexhub (another LV of the group, written, removed)
+        vm.run(["lvcreate", "--yes", "-n", "scratch", "-L", "8m", vg])
+        plant(vm, f"/dev/{vg}/scratch", MiB, secret)
+        vm.run(["lvremove", "--yes", f"{vg}/scratch"])
+        grow = {"op": "expand", "options": pv_b["options"], "reclaim": pv_b["reclaim"],
+                "secrets": secrets}  # fmt: skip
+        assert provisioner(vm, {**grow, "size": 16 * MiB}) == [{"size": 16 * MiB}]
+        assert seen(vm, lv_b, 9 * MiB, len(secret)) == "\0" * len(secret)
+
+        # an expansion cut short after lvextend: the LV is at its size, the tag is left
+        vm.run(["lvcreate", "--yes", "-n", "scratch", "-L", "8m", vg])
+        plant(vm, f"/dev/{vg}/scratch", MiB, secret)
+        vm.run(["lvremove", "--yes", f"{vg}/scratch"])
+        vm.run(["lvchange", "--addtag", f"flexhub-zero-from:{16 * MiB}", f"{vg}/{name_b}"])
+        vm.run(["lvextend", "--yes", "-L", "24m", f"{vg}/{name_b}"])
+        assert seen(vm, lv_b, 17 * MiB, len(secret)) == secret  # what the crash left
+        assert provisioner(vm, {**grow, "size": 24 * MiB}) == [{"size": 24 * MiB}]
+        assert seen(vm, lv_b, 17 * MiB, len(secret)) == "\0" * len(secret)
+        assert lv(vm, vg, name_b, "lv_tags") == f"flexhub:{b['uid']}"
+        last = {**gone, "options": pv_b["options"],
+                "reclaim": {**pv_b["reclaim"], "onDelete": "delete", "size": str(24 * MiB)}}  # fmt: skip
+        assert provisioner(vm, last) == [{}]
+        assert lv(vm, vg, name_b, "lv_name") == ""
+        print(
+            f"iscsi block zeroing: {time.monotonic() - started:.1f} s in all; "
+            f"provisioner calls (s): {json.dumps(SECONDS)}"
+        )
+    finally:
         vm.run(["vgremove", "--yes", "--force", vg], check=False)
         vm.run(["losetup", "-d", loop], check=False)
         vm.run(["rm", "-f", disk], check=False)

@@ -469,6 +469,9 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
             "sshUser": lio.ssh.user,
             "sshPort": str(lio.ssh.port),
             "backstore": lio.backstore,
+            # reclaim and expansion check that the iqn names this claim (the controller
+            # checks that this uid is the PV's own)
+            "claimUid": claim.uid,
         }
         if lio.backstore == "block":
             record["volumeGroup"] = lio.volume_group
@@ -487,7 +490,8 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
         self, options: Mapping[str, str], reclaim: Mapping[str, str], secrets: Secrets
     ) -> None:
         """``delete``: remove the target, the backstore and its file or logical volume (gone
-        is success); ``retain``: leave them all on the target host."""
+        is success; an LV is zeroed before it is removed, within the SSH call's bound plus
+        the zeroing's for the record's size); ``retain``: leave them all on the target host."""
         from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
 
         on_delete = reclaim.get("onDelete", "delete")
@@ -498,7 +502,12 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
             LOG.info("iscsi: %s kept on %s (onDelete: retain)", volume.iqn, volume.ssh.host)
             return
         spec = {"iqn": volume.iqn, **volume.spec()}
-        done = _lio.Lio(self.node.runner, volume.ssh, secrets).call("delete", spec, [])
+        timeout = _lio.CALL_TIMEOUT
+        if volume.backstore == "block":  # the LV is zeroed before lvremove: its size's time
+            size = reclaim.get("size", "")
+            known = size.isascii() and size.isdigit() and len(size) < 20
+            timeout += _lio.zero_seconds(int(size) if known else 0)
+        done = _lio.Lio(self.node.runner, volume.ssh, secrets).call("delete", spec, [], timeout)
         LOG.info(
             "iscsi: %s on %s deleted (%s)",
             volume.iqn,
@@ -514,13 +523,17 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
         secrets: Secrets,
     ) -> int:
         """Grow the backing file and the backstore, or the logical volume (``lvextend``), to
-        ``new_size`` (rounded up to MiB, an LV to its extents; never shrinks); return the
-        LUN's size. The node's ``expandfs`` then rescans the LUN and grows the filesystem."""
+        ``new_size`` (rounded up to MiB, an LV to its extents; never shrinks; the range an LV
+        gains is zeroed before the answer); return the LUN's size. The node's ``expandfs``
+        then rescans the LUN and grows the filesystem."""
         from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
 
         volume = _lio.parse_volume(options, reclaim)
         spec = {**volume.spec(), "size": _lio.size_of(new_size)}
+        timeout = _lio.CALL_TIMEOUT
         if volume.backstore == "fileio":
             spec["sparse"] = volume.sparse
-        done = _lio.Lio(self.node.runner, volume.ssh, secrets).call("expand", spec, [])
+        else:  # the range lvextend adds (at most the new size) is zeroed before the answer
+            timeout += _lio.zero_seconds(spec["size"])
+        done = _lio.Lio(self.node.runner, volume.ssh, secrets).call("expand", spec, [], timeout)
         return int(done["size"])

@@ -69,6 +69,7 @@ __all__ = [
     "remote_program",
     "size_of",
     "ssh_argv",
+    "zero_seconds",
 ]
 
 LOG = logging.getLogger(__name__)
@@ -78,8 +79,13 @@ PRIVATE_KEY = "ssh-privatekey"
 KNOWN_HOSTS_KEY = "ssh-knownhosts"
 
 MiB = 1024 * 1024
-#: Bound of one SSH call (connect, the LIO work, a non-sparse file's allocation).
+#: Bound of one SSH call (connect, the LIO work, a non-sparse file's allocation); a call that
+#: zeroes part of an LV gets that zeroing's bound on top (:func:`zero_seconds`).
 CALL_TIMEOUT = 120.0
+#: The remote program's bound of a zeroing (``ZERO_BASE``, ``ZERO_RATE`` there): 60 s plus the
+#: bytes at 20 MiB/s.
+ZERO_BASE = 60
+ZERO_RATE = 20 * 1024 * 1024
 CONNECT_TIMEOUT = 10
 #: The system python3, where the distribution installs rtslib-fb (targetcli's library).
 REMOTE_COMMAND = ("/usr/bin/python3", "-I", "-")
@@ -109,6 +115,11 @@ _IPV4 = re.compile(r"(25[0-5]|2[0-4][0-9]|1?[0-9]{1,2})(\.(25[0-5]|2[0-4][0-9]|1
 _PREFIX_MAX = 223 - len(":pvc-") - 36
 MAX_INITIATORS = 64
 FS_TYPES = ("", "ext4", "ext3", "xfs")
+
+
+def zero_seconds(length: int) -> int:
+    """How long the target host may take to zero ``length`` bytes of an LV."""
+    return ZERO_BASE + length // ZERO_RATE
 
 
 def _full(pattern: re.Pattern[str], text: str) -> bool:
@@ -338,10 +349,14 @@ def parse_volume(options: Mapping[str, str], record: Mapping[str, str]) -> LioVo
         raise InvalidOptions("option 'lun' must be 0 on a provisioned target")
     claim_uid = record.get("claimUid")
     if claim_uid is not None and name != f"pvc-{claim_uid}":
-        # the provisioner checked claimUid against the PV's name; the iqn can be edited too,
-        # and would point this PV's reclaim at another claim's target and LV
+        # the provisioner checked claimUid against the PV's name (and gives a record without
+        # one the uid that name holds); the iqn can be edited too, and would point this PV's
+        # reclaim at another claim's target and LV
         raise InvalidOptions("option 'iqn' names another claim than this PV's (claimUid)")
     backstore = record.get("backstore", "")
+    if backstore == "block" and claim_uid is None:
+        # provision writes claimUid in every block record: one without it was edited
+        raise InvalidOptions("reclaim record has no claimUid (every block record has one)")
     if backstore == "block":
         volume_group = _volume_group(record.get("volumeGroup", ""), what="reclaim record")
         return LioVolume(ssh, iqn, name, "", False, "block", volume_group)
@@ -421,8 +436,14 @@ class Lio:
             values.append(value if value.endswith("\n") else value + "\n")
         return values[0], values[1]
 
-    def call(self, action: str, spec: Mapping[str, Any], masked: list[str]) -> dict[str, Any]:
-        """Run ``action`` on the target host; its ``ok`` answer.
+    def call(
+        self,
+        action: str,
+        spec: Mapping[str, Any],
+        masked: list[str],
+        timeout: float = CALL_TIMEOUT,
+    ) -> dict[str, Any]:
+        """Run ``action`` on the target host within ``timeout`` seconds; its ``ok`` answer.
 
         :raises FlexhubError: ssh failed, or the target host refused (one line).
         """
@@ -445,7 +466,7 @@ class Lio:
             argv = ssh_argv(self.ssh, key_file, hosts_file)
             try:
                 result = self.runner(
-                    argv, timeout=CALL_TIMEOUT, check=False, secrets=masked, input=program
+                    argv, timeout=timeout, check=False, secrets=masked, input=program
                 )
             except CommandError as exc:  # a timeout, or ssh could not start
                 raise FlexhubError(f"iscsi: target host {self.ssh.host}: {exc.message}") from None

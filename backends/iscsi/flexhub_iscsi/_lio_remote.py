@@ -18,15 +18,21 @@ Actions (all idempotent):
     mode) and CHAP; whatever exists already is kept when it matches, and refused when it does
     not (another file behind the storage object, an LV of that name not tagged as ours or in
     use by something else).
-``delete``     the target, the storage object and the backing file or LV; gone is success.
-``expand``     grows the file and the storage object's size, or the LV (never shrinks).
+``delete``     the target, the storage object and the backing file or LV (zeroed first);
+    gone is success. Every check runs before anything is deleted.
+``expand``     grows the file and the storage object's size, or the LV (never shrinks; the
+    range ``lvextend`` adds is zeroed before the new size is answered).
 
-Logical volumes: ``lvm`` runs with an argument list (no shell), stdin from /dev/null, a fixed
-environment and a timeout. An LV this program makes is tagged ``flexhub:<claim uid>``; one of
-the claim's name without that tag is someone else's, and is never used, resized or removed.
-Nothing here ever writes to an LV: ``lvcreate`` zeroes its first blocks and wipes signatures
-(so a node sees an empty device, never an earlier claim's filesystem), and the node makes the
-filesystem.
+Logical volumes: ``lvm`` and ``blkdiscard`` run with an argument list (no shell), stdin from
+/dev/null, a fixed environment and a timeout. An LV this program makes is tagged
+``flexhub:<claim uid>``; one of the claim's name without that tag is someone else's, and is
+never used, resized, zeroed or removed. No claim ever reads another's data: a reclaimed LV is
+zeroed whole (``blkdiscard --zeroout``) before ``lvremove`` frees its extents, so the extents
+a later ``lvcreate`` or ``lvextend`` is given read zeros when the volume group is flexhub's
+alone; the range an ``lvextend`` adds is zeroed too (extents freed some other way). A zeroing
+that fails, times out or is killed leaves the LV (and, for an expansion, a tag naming where
+the unzeroed range begins): the retry zeroes again. ``lvcreate`` zeroes an LV's first blocks
+and wipes signatures; the node makes the filesystem.
 """
 
 # This file runs under the target host's python3 (3.7 or later), standard library and
@@ -49,6 +55,13 @@ LOCK = "/run/flexhub-lio.lock"
 LVM = ("/usr/sbin/lvm", "/sbin/lvm")
 LVM_TIMEOUT = 60
 LVM_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "LVM_SUPPRESS_FD_WARNINGS": "1"}
+#: util-linux's blkdiscard (2.36 or later: it opens the device exclusively unless --force).
+BLKDISCARD = ("/usr/sbin/blkdiscard", "/sbin/blkdiscard")
+#: Zeroing's bound: this many seconds, plus the bytes at ZERO_RATE (a slow disk's pace).
+ZERO_BASE = 60
+ZERO_RATE = 20 * 1024 * 1024
+#: The tag an expanded LV carries while the range from <bytes> on is not zeroed yet.
+ZERO_TAG = "flexhub-zero-from:"
 
 
 class Refused(Exception):
@@ -147,6 +160,45 @@ def lvm(step: str, *args: str) -> str:
     return done.stdout.decode("utf-8", "replace")
 
 
+def zero_seconds(length: int) -> int:
+    """How long zeroing ``length`` bytes may take (the provisioner's ssh bound adds this)."""
+    return ZERO_BASE + length // ZERO_RATE
+
+
+def zero(path: str, offset: int, length: int, shared: bool) -> None:
+    """Write zeros over ``length`` bytes of the block device ``path`` from ``offset``
+    (``blkdiscard --zeroout``: the device's WRITE ZEROES, else the kernel writes them).
+
+    Opened exclusively (a mounted or otherwise held device is refused) unless ``shared``: an
+    expansion's new range, on an LV that LIO's iblock holds.
+
+    :raises Refused: blkdiscard failed, or did not finish within :func:`zero_seconds`.
+    """
+    binary = next((b for b in BLKDISCARD if os.path.isfile(b)), "")
+    if not binary:
+        raise Refused("no blkdiscard on the target host (install util-linux) for backstore block")
+    argv = [binary, "--zeroout", "--offset", str(offset), "--length", str(length)]
+    if shared:
+        argv.append("--force")
+    bound = zero_seconds(length)
+    try:
+        done = subprocess.run(
+            [*argv, "--", path],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            env=LVM_ENV,
+            timeout=bound,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:  # killed: the LV stays, the next call zeroes again
+        raise Refused(f"zero {path}: blkdiscard timed out after {bound} s") from None
+    if done.returncode != 0:
+        lines = [x.strip() for x in done.stderr.decode("utf-8", "replace").splitlines()]
+        lines = [x for x in lines if x and "contains existing" not in x]
+        why = "; ".join(lines)[:300] or f"exit status {done.returncode}"
+        raise Refused(f"zero {path}: blkdiscard failed: {why}")
+
+
 def tag_of(spec: dict[str, Any]) -> str:
     name: str = spec["name"]
     return "flexhub:" + name[len("pvc-") :]
@@ -191,7 +243,13 @@ def check_ours(spec: dict[str, Any], lv: Any) -> None:
 
 
 def lv_path(spec: dict[str, Any]) -> str:
+    """The LV's path, as its iblock backstore names it."""
     return "/dev/{}/{}".format(spec["vg"], spec["name"])
+
+
+def device_of(spec: dict[str, Any]) -> str:
+    """The LV's device node, checked to be that LV's before it is exported or zeroed."""
+    return lv_path(spec)
 
 
 def activate(spec: dict[str, Any], lv: Any) -> Any:
@@ -202,7 +260,7 @@ def activate(spec: dict[str, Any], lv: Any) -> Any:
         lv = logical_volume(spec)
         if lv is None or lv["lv_attr"][4:5] != "a":
             raise Refused("activate {}: the logical volume is not active".format(spec["name"]))
-    path = lv_path(spec)
+    path = device_of(spec)
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -295,7 +353,7 @@ def provision_block(lib: Any, spec: dict[str, Any]) -> tuple[Any, bool]:
             so = lib.BlockStorageObject(spec["name"], dev=lv_path(spec), write_back=False)
     except BaseException:
         if made:  # this call made the LV: leave nothing behind
-            undo(delete_lv, spec)
+            undo(delete_lv, spec, False)
         raise
     return so, made
 
@@ -309,17 +367,43 @@ def undo(step: Any, *args: Any) -> None:
         sys.stderr.write(f"clean-up failed: {type(exc).__name__}: {exc}\n")
 
 
-def delete_lv(spec: dict[str, Any]) -> bool:
+def check_closed(spec: dict[str, Any], lv: Any) -> None:
+    if lv["lv_attr"][5:6] == "o":
+        raise Refused(
+            "logical volume {}/{} is open (mounted or in use): not removed".format(
+                spec["vg"], spec["name"]
+            )
+        )
+
+
+def delete_lv(spec: dict[str, Any], wipe: bool = True) -> bool:
+    """Zero the claim's LV whole, then remove it; ``False`` when it is gone already.
+
+    ``wipe`` is ``False`` only for an LV the failing call itself just made: no PV names it
+    yet, so no node ever wrote to it. A zeroing that fails, times out or is killed never gets
+    to ``lvremove``: the LV stays, and the retry zeroes it again."""
     volume_group(spec)  # a missing group is an error, never "gone": its disks may be away
     lv = logical_volume(spec)
     if lv is None:
         return False
     check_ours(spec, lv)
+    check_closed(spec, lv)
     where = "{}/{}".format(spec["vg"], spec["name"])
-    if lv["lv_attr"][5:6] == "o":
-        raise Refused(f"logical volume {where} is open (mounted or in use): not removed")
+    if wipe:
+        lv = activate(spec, lv)  # the device node, checked to be this LV's
+        zero(device_of(spec), 0, int(lv["lv_size"]), shared=False)  # exclusive: no one has it
     lvm("remove " + where, "lvremove", "--yes", "--", where)
     return True
+
+
+def zero_pending(lv: Any) -> Any:
+    """Where the LV's unzeroed range begins (an expansion's tag), or ``None``."""
+    starts = [
+        int(tag[len(ZERO_TAG) :])
+        for tag in lv["lv_tags"].split(",")
+        if tag.startswith(ZERO_TAG) and tag[len(ZERO_TAG) :].isdigit()
+    ]
+    return min(starts) if starts else None
 
 
 def expand_block(lib: Any, spec: dict[str, Any]) -> int:
@@ -333,9 +417,24 @@ def expand_block(lib: Any, spec: dict[str, Any]) -> int:
         raise Refused(f"logical volume {where} does not exist")
     check_ours(spec, lv)
     extents = max(1, -(-spec["size"] // extent))
+    start = zero_pending(lv)  # an earlier expansion's range not zeroed yet
     if int(lv["lv_size"]) < extents * extent:
+        if start is None:  # marked first: a crash after lvextend still zeroes that range
+            start = int(lv["lv_size"])
+            lvm("mark " + where, "lvchange", "--addtag", f"{ZERO_TAG}{start}", "--", where)
         lvm("extend " + where, "lvextend", "--extents", str(extents), "--", where)
-        lv = logical_volume(spec)
+    lv = logical_volume(spec)
+    if lv is None:
+        raise Refused(f"logical volume {where} does not exist")
+    if start is not None:
+        # the new extents may hold data of an LV freed outside flexhub: zeroed before the
+        # size is answered (the node grows its filesystem only after that answer)
+        lv = activate(spec, lv)
+        if int(lv["lv_size"]) > start:
+            zero(device_of(spec), start, int(lv["lv_size"]) - start, shared=True)
+        for tag in lv["lv_tags"].split(","):
+            if tag.startswith(ZERO_TAG):
+                lvm("unmark " + where, "lvchange", "--deltag", tag, "--", where)
     # iblock reads the block device's size on every READ CAPACITY: nothing to tell LIO.
     return int(lv["lv_size"])
 
@@ -445,7 +544,7 @@ def provision(spec: dict[str, Any]) -> dict[str, Any]:
                 for so in named(lib, spec["name"]):
                     if so.plugin == "block":
                         so.delete()
-                undo(delete_lv, spec)
+                undo(delete_lv, spec, False)  # no PV names it yet: nothing to zero
             else:
                 so = storage_object(lib, spec["name"])
                 if so is not None:
@@ -456,39 +555,49 @@ def provision(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def delete(spec: dict[str, Any]) -> dict[str, Any]:
+    """Every check first (the volume group, the backstore's device, the LV's tag, or the
+    backing file), then the target, the storage object, a save, and the LV or file: a refusal
+    changes nothing."""
     lib = rts()
     lib.RTSRoot()
     gone = []
+    block = spec.get("backstore") == "block"
+    lv = None
+    fd = -1
+    if block:
+        volume_group(spec)  # a missing group is an error, never "gone": its disks may be away
+        so = block_object(lib, spec)
+        lv = logical_volume(spec)
+        if lv is not None:
+            check_ours(spec, lv)
+            if so is None:  # open with no backstore of ours: someone else's user
+                check_closed(spec, lv)
+    else:
+        so = storage_object(lib, spec["name"])
+        try:
+            fd, _ = open_file(spec, create=False)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+        if fd >= 0:
+            os.close(fd)
     target = target_of(lib, lib.FabricModule("iscsi"), spec["iqn"])
     if target is not None:
         target.delete()
         gone.append("target")
-    if spec.get("backstore") == "block":
-        so = block_object(lib, spec)
-        if so is not None:
-            so.delete()
-            gone.append("backstore")
-        if delete_lv(spec):
-            gone.append("logical volume")
-        if gone:
-            save(lib)
-        return {"deleted": gone}
-    so = storage_object(lib, spec["name"])
     if so is not None:
         so.delete()
         gone.append("backstore")
-    try:
-        fd, _ = open_file(spec, create=False)
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            raise
-    else:
-        os.close(fd)
+    if gone:
+        save(lib)  # before the zeroing, which may take long or be cut short
+    if block:
+        if lv is not None and delete_lv(spec):  # checked again, zeroed, removed
+            gone.append("logical volume")
+        return {"deleted": gone}
+    if fd >= 0:
         check_directory(spec["directory"])
         os.unlink(os.path.join(spec["directory"], spec["file"]))
         gone.append("file")
-    if gone:
-        save(lib)
     return {"deleted": gone}
 
 
