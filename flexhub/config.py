@@ -25,21 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from flexhub.errors import FlexhubError
+from flexhub.node.plainconfig import _LEVELS, _NUMBERS  # one list of the settings, both readers
 
 __all__ = ["CONFIG_ENV", "DEFAULT_CONFIG_PATH", "NodeConfig", "load_config", "parse_config"]
 
 CONFIG_ENV = "FLEXHUB_CONFIG"
 DEFAULT_CONFIG_PATH = Path("/etc/flexhub/flexhub.toml")
-
-_NUMBERS = (
-    "lock_timeout",
-    "command_timeout",
-    "mount_timeout",
-    "unmount_timeout",
-    "call_timeout",
-    "release_retry_interval",
-)
-_LEVELS = ("debug", "info", "warning", "error")
 
 
 class NodeConfig:
