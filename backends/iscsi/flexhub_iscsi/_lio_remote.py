@@ -248,7 +248,9 @@ def lv_path(spec: dict[str, Any]) -> str:
 
 
 def device_of(spec: dict[str, Any]) -> str:
-    """The LV's device node, checked to be that LV's before it is exported or zeroed."""
+    """The LV's device node, which :func:`activate` stats and compares with the LV's
+    major:minor before it is exported or zeroed (a seam: the host tests point it at a real
+    loop device, since the path the backstore names is only an LV's on a target host)."""
     return lv_path(spec)
 
 
