@@ -12,7 +12,8 @@ if [ "${#need[@]}" -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-# The Go harness (tests/kubeharness) builds against Kubernetes v1.34; its go.mod needs Go >= 1.25.
+# The Go harness (tests/kubeharness) and the control-plane tier build against Kubernetes v1.37;
+# their go.mod files need Go >= 1.26.
 if ! command -v go >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq

@@ -271,8 +271,8 @@ func maskArgv(argv []string) []string {
 
 // realHost is pkg/volume/testing's fake kubelet volume host, except that GetMounter is the
 // real mount.New(""): prepareForMount's "already mounted?" check, the metrics and the
-// unmount defaults then look at the real mount table. (At v1.34 the VolumeHost has no
-// GetExec; the resize defaults call exec.New() themselves, and the driver runs through the
+// unmount defaults then look at the real mount table. (The VolumeHost has no GetExec;
+// flexvolume's own defaults call exec.New() themselves, and the driver runs through the
 // recorder given to the prober.)
 type realHost struct {
 	volume.VolumeHost
@@ -386,7 +386,7 @@ func (e *env) tryStart(t *testing.T, name string) (*kubelet, error) {
 	rec := newRecorder(t)
 	fakeHost := volumetest.NewFakeKubeletVolumeHost(t, e.root, e.client, nil)
 	host := &realHost{VolumeHost: fakeHost}
-	prober := flexvolume.GetDynamicPluginProber(e.pluginDir, rec)
+	prober := flexvolume.GetDynamicPluginProber(t.Context(), e.pluginDir, rec)
 	mgr := &volume.VolumePluginMgr{}
 	if err := mgr.InitPlugins(nil, prober, host); err != nil {
 		t.Fatalf("InitPlugins: %v", err)

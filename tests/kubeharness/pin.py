@@ -1,52 +1,62 @@
-"""Pin the Go harness to one Kubernetes release: ``python3 tests/kubeharness/pin.py [1.34.4]``.
+"""Pin the Go harness to the control-plane tier's release: ``python3 tests/kubeharness/pin.py``.
 
-The release is the one constant in ``KUBERNETES_VERSION``. This script (optionally writes a
-new one there, then) rewrites ``go.mod``: ``require k8s.io/kubernetes v<release>`` and a
-``replace`` for every staging module that release's own go.mod replaces with
-``./staging/...``, at the matching ``v0.<minor>.<patch>``; then ``go mod tidy``. Without
-those replaces ``go mod tidy`` fails with "unknown revision v0.0.0".
+The release is the one pin of the repository, ``KUBERNETES_VERSION`` in
+``tests/cluster/build.py`` (with ``tests/cluster/go.mod``). This script rewrites the harness's
+``go.mod`` from the cluster's: ``require k8s.io/kubernetes`` at that release, every module the
+cluster's go.mod requires at the version it requires (so that the two modules select the same
+version of every package they share, and Go's build cache compiles each of them once: a cold
+machine otherwise compiled most of Kubernetes twice), and the cluster's ``replace`` of every
+staging module at the matching ``v0.<minor>.<patch>`` (without them ``go mod tidy`` fails with
+"unknown revision v0.0.0"); then ``go mod tidy``, which drops what the harness does not import.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-VERSION_FILE = HERE / "KUBERNETES_VERSION"
+CLUSTER = HERE.parent / "cluster"
 MODULE = "flexhub.test/kubeharness"
-GO_LINE = "go 1.25.0"
+
+sys.path.insert(0, str(CLUSTER))
+from build import KUBERNETES_VERSION  # noqa: E402
 
 
-def staging_modules(release: str) -> list[str]:
-    """The modules k8s.io/kubernetes@v<release> replaces with its own staging tree."""
-    out = subprocess.run(
-        ["go", "mod", "download", "-json", f"k8s.io/kubernetes@v{release}"],
-        cwd=HERE,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    gomod = Path(json.loads(out)["GoMod"]).read_text()
-    return sorted(set(re.findall(r"^\s*(k8s\.io/[\w.-]+) => \./staging/", gomod, re.M)))
+def _block(gomod: str, keyword: str) -> list[str]:
+    """The lines of every ``keyword ( ... )`` block of ``gomod``, without comments."""
+    lines: list[str] = []
+    for body in re.findall(rf"^{keyword} \((.*?)^\)", gomod, re.M | re.S):
+        for line in body.splitlines():
+            line = line.split("//", 1)[0].strip()
+            if line:
+                lines.append(line)
+    return lines
 
 
-def render(release: str, modules: list[str]) -> str:
-    staging = "v0." + release.split(".", 1)[1]
+def render(cluster_gomod: str) -> str:
+    go_line = re.search(r"^go \S+$", cluster_gomod, re.M)
+    assert go_line, "tests/cluster/go.mod has no go line"
+    requires = [
+        r for r in _block(cluster_gomod, "require") if not r.startswith("k8s.io/kubernetes ")
+    ]
     lines = [
         f"module {MODULE}",
         "",
-        GO_LINE,
+        go_line.group(0),
         "",
-        f"require k8s.io/kubernetes v{release}",
+        f"require k8s.io/kubernetes {KUBERNETES_VERSION}",
         "",
-        "// Written by pin.py from KUBERNETES_VERSION: every staging module of",
-        "// k8s.io/kubernetes at the matching v0.x tag.",
+        "// Written by pin.py from tests/cluster/go.mod: its versions of every module both",
+        "// import, and every staging module of k8s.io/kubernetes at the matching v0.x tag.",
+        "require (",
+        *[f"\t{r}" for r in requires],
+        ")",
+        "",
         "replace (",
-        *[f"\t{m} => {m} {staging}" for m in modules],
+        *[f"\t{r}" for r in _block(cluster_gomod, "replace")],
         ")",
         "",
     ]
@@ -54,12 +64,9 @@ def render(release: str, modules: list[str]) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) > 1:
-        VERSION_FILE.write_text(sys.argv[1].lstrip("v") + "\n")
-    release = VERSION_FILE.read_text().strip()
-    (HERE / "go.mod").write_text(render(release, staging_modules(release)))
+    (HERE / "go.mod").write_text(render((CLUSTER / "go.mod").read_text()))
     subprocess.run(["go", "mod", "tidy"], cwd=HERE, check=True)
-    print(f"pinned k8s.io/kubernetes v{release}")
+    print(f"pinned k8s.io/kubernetes {KUBERNETES_VERSION} (the control-plane tier's pin)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Conformance against the real kubelet code: the Go harness in this directory.
 
-The harness (``*_test.go``, its own ``go.mod`` pinned to one Kubernetes release) drives the
+The harness (``*_test.go``, its own ``go.mod`` at the control-plane tier's Kubernetes pin) drives the
 installed flexhub driver through ``k8s.io/kubernetes/pkg/volume/flexvolume`` with a real exec
 and a real mounter (README, "Conformance against the real kubelet code"). These tests build
 it once per session (``go test -c``, a static binary) and run it: for loopfile on this host,
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster import build as cluster_build
 from tests.rig import services
 from tests.rig.vm import VM
 
@@ -65,7 +66,7 @@ def harness() -> Path:
             print(f"kubeharness up to date ({time.monotonic() - started:.1f}s)")
             return BINARY
         build = subprocess.run(
-            ["go", "test", "-c", "-o", str(BINARY), "."],
+            ["go", "test", "-trimpath", "-c", "-o", str(BINARY), "."],
             cwd=HERE,
             env={**os.environ, "CGO_ENABLED": "0"},
             capture_output=True,
@@ -112,12 +113,22 @@ def _summary(output: str) -> str:
     return "\n".join(keep)
 
 
-def test_pinned_release_is_one_constant() -> None:
-    """go.mod requires k8s.io/kubernetes at KUBERNETES_VERSION and replaces every staging
-    module at the matching v0.x (what pin.py writes)."""
-    release = (HERE / "KUBERNETES_VERSION").read_text().strip()
+def _requirements(gomod: str) -> dict[str, str]:
+    """Every ``module version`` that ``gomod`` requires (single lines and blocks)."""
+    found = re.findall(r"^\s*(?:require )?([\w.~/-]+) (v[\w.+-]+)(?: // indirect)?$", gomod, re.M)
+    return dict(found)
+
+
+def test_pinned_release_is_the_control_planes() -> None:
+    """go.mod requires k8s.io/kubernetes at the control-plane tier's one pin, every module at
+    the version the cluster's go.mod requires (so that the two builds share Go's build cache),
+    and replaces every staging module at the matching v0.x (what pin.py writes)."""
+    release = cluster_build.KUBERNETES_VERSION
     gomod = (HERE / "go.mod").read_text()
-    assert re.search(rf"^\s*(require )?k8s\.io/kubernetes v{re.escape(release)}$", gomod, re.M)
+    cluster = _requirements((HERE.parent / "cluster" / "go.mod").read_text())
+    harness = _requirements(gomod)
+    assert harness["k8s.io/kubernetes"] == release
+    assert {m: v for m, v in harness.items() if cluster.get(m) != v} == {}
     replaces = re.findall(r"^\s*(k8s\.io/\S+) => (k8s\.io/\S+) (\S+)$", gomod, re.M)
     assert len(replaces) >= 30, gomod
     staging = "v0." + release.split(".", 1)[1]
