@@ -12,7 +12,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from tests.rig.vm import RIG_DIR, SYSTEM_PYTHON, VM, Result, RigError
+from tests.rig.vm import GUEST_PYTHON, RIG_DIR, SYSTEM_PYTHON, VM, Result, RigError
 
 GUEST_INITIATOR = "iqn.2026-01.io.flexhub:rig-node"
 NFS_ROOT = "/srv"
@@ -466,14 +466,54 @@ def start_smb_server(
 _SMB_DIRS = ("private", "lock", "state", "cache", "ncalrpc")
 
 
+#: Sent to smbd until it answers (``SMB_READY_SECONDS`` at most): an SMB2 NEGOTIATE (dialects
+#: 2.1, 3.0, 3.0.2) in its NetBIOS session frame. A listening port is not a server that answers
+#: (smbd serves each connection from a child it forks): after a wait for the port alone, the
+#: first mount of a fresh-machine CI run took longer than a CIFS test's 8 s mount bound.
+SMB_READY_SECONDS = 60
+SMB_NEGOTIATE_PROBE = """
+import socket, struct, sys, time
+dialects = (0x0210, 0x0300, 0x0302)
+header = b"\\xfeSMB" + struct.pack("<HHIHHIIQIIQ16s", 64, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, b"")
+body = struct.pack("<HHHHI16sQ", 36, len(dialects), 1, 0, 0, b"flexhub-rig-prob", 0)
+body += struct.pack(f"<{len(dialects)}H", *dialects)
+frame = struct.pack(">I", len(header) + len(body)) + header + body
+deadline = time.monotonic() + float(sys.argv[1])
+last = "no attempt"
+while time.monotonic() < deadline:
+    try:
+        with socket.create_connection(("127.0.0.1", 445), timeout=5) as conn:
+            conn.sendall(frame)
+            reply = b""
+            while len(reply) < 16:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+        status = struct.unpack_from("<I", reply, 12)[0] if len(reply) >= 16 else None
+        if reply[4:8] == b"\\xfeSMB" and status == 0:
+            sys.exit(0)
+        last = f"answer {reply[:16].hex()}"
+    except OSError as exc:
+        last = str(exc)
+    time.sleep(0.2)
+sys.exit(f"smbd did not answer an SMB2 NEGOTIATE within {sys.argv[1]}s: {last}")
+"""
+
+
 def start_smbd(vm: VM) -> None:
-    """Start smbd (daemonised) with the rig's configuration; wait until port 445 listens."""
+    """Start smbd (daemonised) with the rig's configuration; wait until it answers an SMB2
+    NEGOTIATE on 127.0.0.1:445 (its log is the error when it does not)."""
     if not _pids(vm, "smbd"):
         vm.run(["smbd", "-D", "-s", SMB_CONF])
-    vm.sh(
-        "for i in $(seq 100); do ss -ltn | grep -q '127.0.0.1:445 ' && exit 0; sleep 0.1; done;"
-        f" cat {SMB_DIR}/log.smbd >&2; exit 1"
+    probe = vm.run(
+        [GUEST_PYTHON, "-I", "-c", SMB_NEGOTIATE_PROBE, str(SMB_READY_SECONDS)],
+        check=False,
+        timeout=SMB_READY_SECONDS + 30,
     )
+    if probe.rc != 0:
+        log = vm.run(["cat", f"{SMB_DIR}/log.smbd"], check=False).stdout
+        raise RigError(f"{probe.stderr.strip()}\nlog.smbd:\n{log}")
 
 
 def stop_smbd(vm: VM) -> None:
