@@ -51,7 +51,7 @@ def harness() -> Path:
     if os.geteuid() != 0:
         reason = "needs root (real mounts)"
     elif shutil.which("go") is None:
-        reason = "needs Go >= 1.25 (`go` not on PATH)"
+        reason = "needs Go >= 1.26 (`go` not on PATH)"
     if reason:
         if _on_ci():
             pytest.fail(f"CI=true but the Go harness {reason}", pytrace=False)
