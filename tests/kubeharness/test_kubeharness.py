@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -33,8 +34,11 @@ BUILD_LOCK = HERE / "build" / ".lock"
 MiB = 1024 * 1024
 #: Bound for one harness run (the lifecycle is about 15 driver calls; in the VM 3-10 s each).
 RUN_TIMEOUT = 900
-#: Bound for a cold ``go test -c`` (module download and build; about 6 minutes on 2 cores).
+#: Bound for a cold ``go test -c`` (module download and build; 3.5 min on an idle 2-core machine).
 BUILD_TIMEOUT = 1800
+#: Bound for the wait for the build lock: .ci/run's pre-build holds it through the control
+#: plane's build and then the harness's.
+LOCK_WAIT = cluster_build.BUILD_TIMEOUT + BUILD_TIMEOUT
 
 pytestmark = [pytest.mark.goharness, pytest.mark.root]
 
@@ -61,7 +65,7 @@ def harness() -> Path:
     # One build at a time: .ci/run's background pre-build holds this lock (flock(1)) until it
     # is done, so this build then only relinks instead of compiling everything a second time.
     with open(BUILD_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _wait_for(lock)
         if _fresh(BINARY):  # built from these very inputs (by .ci/run or another session)
             print(f"kubeharness up to date ({time.monotonic() - started:.1f}s)")
             return BINARY
@@ -78,6 +82,27 @@ def harness() -> Path:
         pytest.fail(f"go test -c failed:\n{build.stdout}{build.stderr}", pytrace=False)
     print(f"kubeharness built in {time.monotonic() - started:.1f}s")
     return BINARY
+
+
+def _wait_for(lock: IO[str]) -> None:
+    """Take the build lock, saying so when another build holds it; fail after LOCK_WAIT."""
+    deadline = time.monotonic() + LOCK_WAIT
+    waited = False
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if not waited:
+                print(f"waiting for the build that holds {BUILD_LOCK} (.ci/run's pre-build)")
+                waited = True
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"{BUILD_LOCK} still held after {LOCK_WAIT}s: .ci/run's Go pre-build "
+                    "(its cluster-build.log and kubeharness-build.log say why)",
+                    pytrace=False,
+                )
+            time.sleep(1)
 
 
 def _fresh(binary: Path) -> bool:
@@ -111,6 +136,27 @@ def _summary(output: str) -> str:
     lines = output.splitlines()
     keep = [line for line in lines if line.lstrip().startswith(("---", "FAIL", "ok", "PASS"))]
     return "\n".join(keep)
+
+
+def test_build_lock_wait_is_bounded_and_said(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A build lock held by another build is waited for (and said so), then a failure naming
+    the pre-build's logs; once released it is taken."""
+    path = tmp_path / ".lock"
+    monkeypatch.setitem(globals(), "LOCK_WAIT", 1.5)
+    monkeypatch.setitem(globals(), "BUILD_LOCK", path)
+    with open(path, "a") as holder, open(path, "a") as lock:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        started = time.monotonic()
+        with pytest.raises(pytest.fail.Exception, match=r"still held after 1.5s.*cluster-build"):
+            _wait_for(lock)
+        assert time.monotonic() - started >= 1.5
+        assert f"waiting for the build that holds {path}" in capsys.readouterr().out
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        _wait_for(lock)
+        with open(path, "a") as other, pytest.raises(BlockingIOError):  # `lock` holds it now
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def _requirements(gomod: str) -> dict[str, str]:
