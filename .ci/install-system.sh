@@ -12,11 +12,13 @@ if [ "${#need[@]}" -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-# The Go harness (tests/kubeharness) and the control-plane tier build against Kubernetes v1.37;
-# their go.mod files need Go >= 1.26.
-if ! command -v go >/dev/null 2>&1; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends golang-go >/dev/null
+# The Go harness (tests/kubeharness), the control-plane tier and helm build against Kubernetes
+# v1.37; their go.mod files need Go >= 1.26, which no Debian package of this release provides
+# (golang-go is 1.19): the machine must have it (this kind has it in /usr/local/go).
+version=$(go env GOVERSION 2>/dev/null || true)
+minor=$(printf '%s\n' "$version" | sed -n 's/^go1\.\([0-9][0-9]*\).*/\1/p')
+if [ -z "$minor" ] || [ "$minor" -lt 26 ]; then
+    echo "Go >= 1.26 is needed (found: ${version:-no go on PATH}); install it and run again" >&2
+    exit 1
 fi
 go version
