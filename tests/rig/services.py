@@ -50,9 +50,10 @@ exit 1
 """
 
 
-def _kill(vm: VM, *names: str) -> None:
-    """Stop guest daemons by the pids pidof reports; wait up to 5 s for them."""
-    vm.run(["/bin/sh", "-c", _KILL_SCRIPT, "kill", *names], check=False)
+def _kill(vm: VM, *names: str) -> bool:
+    """Stop guest daemons by the pids pidof reports; wait up to 5 s for them. Whether none of
+    them is left."""
+    return vm.run(["/bin/sh", "-c", _KILL_SCRIPT, "kill", *names], check=False).rc == 0
 
 
 # --------------------------------------------------------------------------
@@ -517,8 +518,10 @@ def start_smbd(vm: VM) -> None:
 
 
 def stop_smbd(vm: VM) -> None:
-    """Stop every smbd process (client mounts see the connection reset)."""
-    _kill(vm, "smbd")
+    """Stop every smbd process (client mounts see the connection reset); an smbd that
+    survives is an error (a probe would otherwise find the old server ready)."""
+    if not _kill(vm, "smbd"):
+        raise RigError(f"smbd {' '.join(_pids(vm, 'smbd'))} still running 5 s after SIGTERM")
 
 
 # --------------------------------------------------------------------------
