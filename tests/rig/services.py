@@ -38,11 +38,12 @@ def _pids(vm: VM, name: str) -> list[str]:
     return res.stdout.split()
 
 
+#: TERM to every process of each name, again each poll (a process that appears meanwhile, such
+#: as an smbd child forked for a reconnecting client, is signalled too), for up to 5 s.
 _KILL_SCRIPT = """
-for name; do pids=$(pidof "$name") && kill $pids; done
 for i in $(seq 50); do
     alive=
-    for name; do pidof "$name" >/dev/null && alive=1; done
+    for name; do pids=$(pidof "$name") && { alive=1; kill $pids 2>/dev/null; }; done
     [ -z "$alive" ] && exit 0
     sleep 0.1
 done

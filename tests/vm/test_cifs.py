@@ -433,8 +433,8 @@ def test_server_stopped_while_mounted(rig: Rig) -> None:
         rig.vm.write_file(f"{target}/before-{kind}", "x")
     holder = rig.vm.spawn(["/bin/sh", "-c", f"exec 3<{targets['hard']}/before-hard; sleep 600"])
     wait_holding(rig.vm, holder, f"{targets['hard']}/before-hard")
-    services.stop_smbd(rig.vm)
     try:
+        services.stop_smbd(rig.vm)
         hung = rig.vm.spawn(["stat", "-f", f"{targets['hard']}/"])
         wait_blocked(rig.vm, hung, "stat")
         rig.vm.run(["kill", "-9", str(holder), str(hung)], check=False)
