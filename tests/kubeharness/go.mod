@@ -2,8 +2,6 @@ module flexhub.test/kubeharness
 
 go 1.26.0
 
-require k8s.io/kubernetes v1.37.2
-
 // Written by pin.py from tests/cluster/go.mod: its versions of every module both
 // import, and every staging module of k8s.io/kubernetes at the matching v0.x tag.
 require (
@@ -73,6 +71,7 @@ require (
 	k8s.io/klog/v2 v2.140.0
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect
 	k8s.io/kubelet v0.37.2 // indirect
+	k8s.io/kubernetes v1.37.2
 	k8s.io/mount-utils v0.0.0
 	k8s.io/utils v0.0.0-20260626114624-be93311217bd
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
