@@ -24,12 +24,35 @@ def provisioner(
         str, typer.Option(help="namespace of the Lease (default: the pod's)")
     ] = "",
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    workers: Annotated[int, typer.Option(min=1, max=64, help="claims and PVs synced at once")] = 4,
 ) -> int:
     """Make a PV for every claim of a StorageClass whose provisioner is flexhub, and reclaim
     its storage when the PV is released (logs to stderr; runs until SIGTERM)."""
     from flexhub.provisioner.service import run_provisioner
 
-    return run_provisioner(kubeconfig, config, leader_elect, lease_namespace, log_level=log_level)
+    return run_provisioner(kubeconfig, config, leader_elect, lease_namespace,
+                           log_level=log_level, workers=workers)  # fmt: skip
+
+
+def provisioner_seal(
+    volumes: Annotated[list[str], typer.Argument(help="PV names, checked by you first")],
+    kubeconfig: Annotated[Path | None, _KUBECONFIG] = None,
+    namespace: Annotated[
+        str, typer.Option(help="the provisioner's namespace, where its key Secret is")
+    ] = "",
+) -> None:
+    """Seal PVs with the provisioner's key after you checked their options and reclaim
+    record (PVs made by a flexhub that did not seal them, or edited on purpose): until then
+    the provisioner refuses to reclaim or grow their storage with its own rights."""
+    from flexhub.errors import FlexhubError
+    from flexhub.provisioner.service import seal_volumes
+
+    try:
+        for line in seal_volumes(kubeconfig, volumes, namespace):
+            typer.echo(line)
+    except FlexhubError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 def node_agent(
@@ -67,4 +90,5 @@ def reclaim_volume() -> None:
 def register(app: typer.Typer) -> None:
     app.command()(provisioner)
     app.command("node-agent")(node_agent)
+    app.command("provisioner-seal")(provisioner_seal)
     app.command("reclaim-volume", hidden=True)(reclaim_volume)

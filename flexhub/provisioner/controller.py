@@ -18,6 +18,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
@@ -26,6 +27,7 @@ from flexhub.node.checkpoints import checkpoint
 from flexhub.provisioner import pvs
 from flexhub.provisioner.events import Recorder
 from flexhub.provisioner.queue import WorkQueue, watch_forever
+from flexhub.provisioner.seal import ANN_SEAL, Sealer
 from flexhub.provisioning import Provisioning
 from flexhub.volume import Secrets
 
@@ -40,6 +42,13 @@ SECRET_TYPE = DRIVER
 MISTAKE_RETRY = 60.0
 #: How often a released PV whose node is gone is reported again.
 NODE_GONE_RETRY = 600.0
+#: How long a PV reclaimed on its node may stay Released before the provisioner says that
+#: no node agent seems to run there.
+NODE_AGENT_GRACE = 600.0
+#: How many keys are synced at once (one key never twice at once).
+WORKERS = 4
+#: A node name as the API server accepts one (a DNS subdomain).
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 #: A provisioned PV's name: ``pvc-<claim uid>``.
 _PV_NAME = re.compile(r"pvc-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
 
@@ -55,12 +64,25 @@ class Controller:
         name: str = "flexhub",
         driver: str = DRIVER,
         identity: str = "",
+        *,
+        sealer: Sealer,
+        core: Any = None,
+        storage: Any = None,
+        workers: int = WORKERS,
     ) -> None:
+        """:param sealer: seals the PVs this provisioner writes and checks them before it acts
+            on one with its own rights (:mod:`flexhub.provisioner.seal`).
+        :param core, storage: the API groups (default: the kubernetes client's over ``api``).
+        """
         from kubernetes import client
 
         self.api = api
-        self.core = client.CoreV1Api(api)
-        self.storage = client.StorageV1Api(api)
+        self.core = client.CoreV1Api(api) if core is None else core
+        self.storage = client.StorageV1Api(api) if storage is None else storage
+        self.sealer = sealer
+        self.workers = workers
+        #: when this instance first saw a node-reclaimed PV Released (by name)
+        self._released: dict[str, float] = {}
         self.backend_for = backend_for
         self.read_class = read_class
         self.name = name
@@ -99,22 +121,45 @@ class Controller:
                 target=watch_forever,
                 name=f"watch-{what}",
                 daemon=True,
-                args=(list_fn, lambda key, _event: self.queue.add(key), key_of, self.stop, what),
+                args=(list_fn, self._queue_key, key_of, self.stop, what),
             )
             thread.start()
             threads.append(thread)
         return threads
 
+    def _queue_key(self, key: str, event: object) -> None:
+        """A watch event queues its key now; a (re)list queues only keys not waiting already,
+        so that a key in backoff keeps it."""
+        if event is None:
+            self.queue.add_listed(key)
+        else:
+            self.queue.add(key)
+
     def run(self, leading: threading.Event | None = None) -> None:
-        """Sync keys until :attr:`stop` is set."""
+        """Sync keys with :attr:`workers` threads until :attr:`stop` is set: a long call
+        (a LUN zeroed, a large tree removed) holds one worker, not the cluster."""
+        threads = [
+            threading.Thread(target=self._work, args=(leading,), name=f"worker-{n}", daemon=True)
+            for n in range(max(1, self.workers) - 1)
+        ]
+        for thread in threads:
+            thread.start()
+        self._work(leading)
+        for thread in threads:
+            thread.join()
+
+    def _work(self, leading: threading.Event | None) -> None:
         while not self.stop.is_set():
             key = self.queue.get(timeout=1)
             if key is None:
                 continue
-            if leading is not None and not leading.is_set():
-                self.queue.add(key, 1)
-                continue
-            self.sync(key)
+            try:
+                if leading is not None and not leading.is_set():
+                    self.queue.add(key, 1)
+                    continue
+                self.sync(key)
+            finally:
+                self.queue.done(key)
 
     def sync(self, key: str) -> None:
         kind, _, rest = key.partition("/")
@@ -152,6 +197,7 @@ class Controller:
         if not self._owns_claim(pvc):
             return
         uid = pvc["metadata"]["uid"]
+        source = pvc["spec"].get("dataSourceRef") or pvc["spec"].get("dataSource")
         if self._get(self.core.read_persistent_volume, f"pvc-{uid}") is not None:
             return  # made already (by us before a crash, or by another instance)
         class_name = pvc["spec"].get("storageClassName") or ""
@@ -160,6 +206,19 @@ class Controller:
             self._failed(pvc, f"StorageClass {class_name!r} not found")
         if sc.get("provisioner") != self.name:
             return
+        if source:
+            # a clone, a snapshot's restore or a populator's volume: made empty, it would
+            # start the application on an empty disk and report success
+            self._failed(
+                pvc,
+                f"the claim asks for a copy of {str(source.get('kind'))[:40]} "
+                f"{str(source.get('name'))[:80]!r} (dataSource): flexhub's FlexVolume "
+                "provisioner makes empty volumes only",
+            )
+        if pvc["spec"].get("selector"):
+            self._failed(
+                pvc, "the claim has a selector: flexhub provisions only claims without one"
+            )
         try:
             spec = self.read_class(sc)
             if pvc["spec"].get("volumeMode") == "Block":
@@ -171,6 +230,8 @@ class Controller:
             self._failed(pvc, str(exc))
         if sc.get("volumeBindingMode") == "WaitForFirstConsumer" and not claim.selected_node:
             return  # the scheduler has not picked a node yet
+        if claim.selected_node:
+            self._check_node(pvc, claim.selected_node)
         secrets = self._class_secrets(pvc, spec)
         self.events.claim(
             pvc,
@@ -205,11 +266,16 @@ class Controller:
             hostname,
             spec.secret,
         )
+        pv["metadata"]["annotations"][ANN_SEAL] = self.sealer.seal(pv)
         from kubernetes.client.rest import ApiException
 
         try:
             self.core.create_persistent_volume(pv, _request_timeout=30)
         except ApiException as exc:
+            if exc.status in (400, 422):
+                # the API server refuses this PV and will refuse it again: its reason, once,
+                # and a slow retry (the storage stays; a PV saved later finds it)
+                self._failed(pvc, f"the API server refused the PV: {api_reason(exc)}")
             if exc.status != 409:
                 raise  # retried: provision finds the same storage, nothing is deleted
             LOG.info("PV %s exists already: done", pv["metadata"]["name"])
@@ -237,7 +303,27 @@ class Controller:
         secret = self._get(self.core.read_namespaced_secret, name, namespace)
         if secret is None:
             self._failed(pvc, f"Secret {namespace}/{name} (secretNamespace/secretName) not found")
+        if secret.get("type") != SECRET_TYPE:
+            # the same rule as on reclaim: only Secrets made for flexhub are handed to a backend
+            self._failed(
+                pvc,
+                f"Secret {namespace}/{name} (secretNamespace/secretName) has type "
+                f"{str(secret.get('type'))[:80]!r}, not {SECRET_TYPE!r}",
+            )
         return Secrets(encoded=dict(secret.get("data") or {}))
+
+    def _check_node(self, pvc: Mapping[str, Any], node: str) -> None:
+        """The claim's ``selected-node`` must name a node that exists: a claim author may
+        write the annotation, and a PV pinned to a node that is not there stays forever."""
+        if len(node) > 253 or not _NODE_NAME.fullmatch(node):
+            self._failed(
+                pvc,
+                f"annotation {pvs.ANN_SELECTED_NODE} {node[:80]!r} is not a node name",
+            )
+        if self._get(self.core.read_node, node) is None:
+            self._failed(
+                pvc, f"annotation {pvs.ANN_SELECTED_NODE} names node {node!r}, which does not exist"
+            )
 
     def _check_pv_secret(self, pvc: Mapping[str, Any], ref: tuple[str, str]) -> None:
         """Warn when the Secret the PV names is not one kubelet will pass (its type must be
@@ -262,7 +348,11 @@ class Controller:
         return str((found["metadata"].get("labels") or {}).get(pvs.HOSTNAME_LABEL, node))
 
     def _expand(self, pvc: Mapping[str, Any]) -> None:
-        """Grow storage the provisioner holds (a LUN) when its claim asks for more."""
+        """Grow storage the provisioner holds (a LUN) when its claim asks for more.
+
+        Only for the claim the PV is bound to (``claimRef``: namespace, name and uid; any
+        claim may name any PV in ``spec.volumeName``), of a class that allows expansion, and
+        for a PV that still carries this provisioner's seal."""
         volume = pvc["spec"]["volumeName"]
         pv = self._get(self.core.read_persistent_volume, volume)
         if pv is None or not self._ours(pv):
@@ -271,16 +361,49 @@ class Controller:
         backend = self.backend_for(record["backend"])
         if not getattr(backend, "expands_storage", False):
             return
+        meta = pvc["metadata"]
+        ref = pv["spec"].get("claimRef") or {}
+        if (ref.get("namespace"), ref.get("name"), ref.get("uid")) != (
+            meta["namespace"],
+            meta["name"],
+            meta["uid"],
+        ) or (pv.get("status") or {}).get("phase") != "Bound":
+            return  # not this claim's volume: another tenant's, or not bound to it yet
         wanted = pvs.claim_from(pvc).size
         if wanted <= int(record.get("size", "0")):
             return
+        class_name = pvc["spec"].get("storageClassName") or ""
+        sc = self._get(self.storage.read_storage_class, class_name) if class_name else None
+        if (
+            sc is None
+            or not sc.get("allowVolumeExpansion")
+            or class_name != pv["spec"].get("storageClassName")
+        ):
+            self.events.claim(
+                pvc,
+                "Warning",
+                "ExpansionRefused",
+                f"StorageClass {class_name[:80]!r} does not allow volume expansion",
+            )
+            raise _Later(MISTAKE_RETRY)
+        self._check_seal(pv, "grow its storage")
         options = dict(pv["spec"]["flexVolume"].get("options") or {})
         secrets = self._volume_secrets(pv, record)
         grown = backend.expand_storage(options, backend_record(pv), wanted, secrets)
         record["size"] = str(max(grown, wanted))
+        annotations = dict(pv["metadata"].get("annotations") or {})
+        annotations[pvs.ANN_RECLAIM] = json.dumps(record, sort_keys=True)
+        resealed = {**pv, "metadata": {**pv["metadata"], "annotations": annotations}}
         self.core.patch_persistent_volume(
             volume,
-            {"metadata": {"annotations": {pvs.ANN_RECLAIM: json.dumps(record, sort_keys=True)}}},
+            {
+                "metadata": {
+                    "annotations": {
+                        pvs.ANN_RECLAIM: annotations[pvs.ANN_RECLAIM],
+                        ANN_SEAL: self.sealer.seal(resealed),
+                    }
+                }
+            },
         )
         self.events.claim(
             pvc,
@@ -288,6 +411,21 @@ class Controller:
             "StorageExpanded",
             f"flexhub grew the {record['backend']} storage to {pvs.quantity(grown)}",
         )
+
+    def _check_seal(self, pv: Mapping[str, Any], what: str) -> None:
+        """Refuse (an Event, a slow retry) to act with the provisioner's rights on a PV whose
+        record or options are not what this provisioner wrote and sealed."""
+        if self.sealer.sealed(pv):
+            return
+        self.events.volume(
+            pv,
+            "Warning",
+            "VolumeUnsealed",
+            f"flexhub will not {what}: the PV's options or reclaim record are not as this "
+            "provisioner wrote them (edited, or written by a flexhub that did not seal its PVs); "
+            f"check them, then run: flexhub provisioner-seal {pv['metadata']['name']}",
+        )
+        raise _Later(NODE_GONE_RETRY)
 
     # ----------------------------------------------------------------------------- volumes
 
@@ -332,7 +470,9 @@ class Controller:
                     "reclaimed; the PV stays Released until you delete it",
                 )
                 raise _Later(NODE_GONE_RETRY)
+            self._agent_overdue(pv, node)
             return  # the flexhub pod of that node reclaims it
+        self._check_seal(pv, "reclaim its storage")
         backend = self.backend_for(record["backend"])
         options = dict(pv["spec"]["flexVolume"].get("options") or {})
         try:
@@ -342,6 +482,25 @@ class Controller:
             raise
         finish_reclaim(self.core, pv)
         LOG.info("reclaimed %s (%s, onDelete %s)", name, record["backend"], record["onDelete"])
+
+    def _agent_overdue(self, pv: Mapping[str, Any], node: str) -> None:
+        """A PV its node's agent should have reclaimed long ago: never a silent leak (no agent
+        there: ``nodeAgent.enabled`` off, or the node outside the DaemonSet's selector)."""
+        since = _seconds_since((pv.get("status") or {}).get("lastPhaseTransitionTime"))
+        if since is None:  # an API server without the field: since this instance saw it
+            first = self._released.setdefault(pv["metadata"]["name"], time.monotonic())
+            since = time.monotonic() - first
+        if since < NODE_AGENT_GRACE:
+            raise _Later(NODE_AGENT_GRACE - since + 1)
+        self.events.volume(
+            pv,
+            "Warning",
+            "NodeAgentMissing",
+            f"Released {since / 60:.0f} min ago and not reclaimed: no flexhub node agent "
+            f"reclaims on node {node!r} (is nodeAgent enabled, and does the flexhub "
+            "DaemonSet run on that node?)",
+        )
+        raise _Later(NODE_GONE_RETRY)
 
     def _volume_secrets(self, pv: Mapping[str, Any], record: Mapping[str, str]) -> Secrets:
         """The Secret the storage side authenticates with: the class's, named in the record
@@ -391,6 +550,35 @@ def get(api: Any, read: Callable[..., Any], *args: str) -> dict[str, Any] | None
         raise
     plain: dict[str, Any] = api.sanitize_for_serialization(found)
     return plain
+
+
+def api_reason(exc: Any) -> str:
+    """The API server's own message of an ``ApiException`` (its Status body), one line;
+    never the HTTP headers."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return _one_line(message or f"{exc.status} {exc.reason}")
+
+
+def _seconds_since(stamp: object) -> float | None:
+    import datetime
+
+    if not isinstance(stamp, str | datetime.datetime):
+        return None
+    try:
+        when = (
+            stamp
+            if isinstance(stamp, datetime.datetime)
+            else datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        )
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return (datetime.datetime.now(datetime.UTC) - when).total_seconds()
 
 
 def _record(pv: Mapping[str, Any]) -> dict[str, str]:
@@ -477,4 +665,4 @@ def _one_line(error: object) -> str:
     return one_line(str(error), limit=400)
 
 
-__all__ += ["backend_record", "finish_reclaim", "get", "remove_finalizer"]
+__all__ += ["api_reason", "backend_record", "finish_reclaim", "get", "remove_finalizer"]

@@ -1,25 +1,69 @@
-"""Events on claims and PVs, as ``kubectl describe`` shows them to their authors."""
+"""Events on claims and PVs, as ``kubectl describe`` shows them to their authors.
+
+Aggregated as client-go's recorder does: the same reason and message on the same object
+again patches the Event written before (``count`` + 1, ``lastTimestamp``) instead of writing
+a new one, and each object may write :data:`BURST` Events at once, then one per
+:data:`REFILL` seconds (the rest are dropped, and logged at debug). A thousand claims of a
+broken class therefore cost a thousand Event objects, counted, not one per retry.
+"""
 
 from __future__ import annotations
 
 import datetime
 import logging
+import threading
+import time
 import uuid
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from typing import Any
 
 LOG = logging.getLogger(__name__)
 
 __all__ = ["Recorder"]
 
+#: Events an object may write at once, then one per REFILL seconds (client-go's spam filter).
+BURST = 25
+REFILL = 300.0
+#: Objects (and Events) remembered for aggregation; the oldest are forgotten first.
+REMEMBERED = 4096
+
+
+class _Bucket:
+    __slots__ = ("at", "tokens")
+
+    def __init__(self, now: float) -> None:
+        self.tokens = float(BURST)
+        self.at = now
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(float(BURST), self.tokens + (now - self.at) / REFILL)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
 
 class Recorder:
     """Write core/v1 Events; a failure to write one is logged, never raised."""
 
-    def __init__(self, core: Any, component: str, instance: str = "") -> None:
+    def __init__(
+        self,
+        core: Any,
+        component: str,
+        instance: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.core = core
         self.component = component
         self.instance = instance
+        self._clock = clock
+        self._lock = threading.Lock()
+        #: (object, reason, message) -> [namespace, Event name, count]
+        self._written: OrderedDict[tuple[str, ...], list[Any]] = OrderedDict()
+        #: object -> its rate limit
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
 
     def claim(self, pvc: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
         self._emit(
@@ -40,11 +84,31 @@ class Recorder:
         message: str,
     ) -> None:
         meta = obj["metadata"]
-        now = datetime.datetime.now(datetime.UTC)
-        event = {
+        subject = f"{object_kind}/{meta.get('namespace') or ''}/{meta['name']}/{meta.get('uid')}"
+        message = message[:1024]
+        key = (subject, kind, reason, message)
+        with self._lock:
+            bucket = self._buckets.pop(subject, None) or _Bucket(self._clock())
+            self._buckets[subject] = bucket
+            while len(self._buckets) > REMEMBERED:
+                self._buckets.popitem(last=False)
+            if not bucket.take(self._clock()):
+                LOG.debug("event %s on %s dropped (rate limit)", reason, subject)
+                return
+            seen = self._written.pop(key, None)
+            if seen is not None:
+                seen[2] += 1
+                self._written[key] = seen
+            while len(self._written) > REMEMBERED:
+                self._written.popitem(last=False)
+        now = datetime.datetime.now(datetime.UTC).isoformat()
+        if seen is not None and self._count(seen, now):
+            return
+        event_name = f"{meta['name']}.{uuid.uuid4().hex[:12]}"
+        event: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
+            "metadata": {"name": event_name, "namespace": namespace},
             "involvedObject": {
                 "apiVersion": "v1",
                 "kind": object_kind,
@@ -54,13 +118,13 @@ class Recorder:
                 "resourceVersion": meta.get("resourceVersion"),
             },
             "reason": reason,
-            "message": message[:1024],
+            "message": message,
             "type": kind,
             "source": {"component": self.component},
             "reportingComponent": self.component,
             "reportingInstance": self.instance or self.component,
-            "firstTimestamp": now.isoformat(),
-            "lastTimestamp": now.isoformat(),
+            "firstTimestamp": now,
+            "lastTimestamp": now,
             "count": 1,
         }
         try:
@@ -69,3 +133,19 @@ class Recorder:
             LOG.warning(
                 "could not record event %s on %s/%s: %s", reason, object_kind, meta["name"], exc
             )
+            return
+        with self._lock:
+            self._written[key] = [namespace, event_name, 1]
+
+    def _count(self, seen: list[Any], now: str) -> bool:
+        """Count one more on the Event written before; False when it is gone (expired, or
+        deleted): a new one is written then."""
+        namespace, name, count = seen
+        try:
+            self.core.patch_namespaced_event(
+                name, namespace, {"count": count, "lastTimestamp": now}, _request_timeout=10
+            )
+        except Exception as exc:
+            LOG.debug("could not count event %s/%s (%s): writing a new one", namespace, name, exc)
+            return False
+        return True

@@ -20,7 +20,7 @@ from flexhub.errors import FlexhubError
 from flexhub.provisioner import pvs
 from flexhub.provisioner.controller import (
     _one_line,
-    _record,
+    backend_record,
     finish_reclaim,
     get,
     remove_finalizer,
@@ -69,8 +69,12 @@ class NodeAgent:
         thread.start()
         return thread
 
-    def _queue_key(self, key: str, _event: object) -> None:
-        if key:
+    def _queue_key(self, key: str, event: object) -> None:
+        if not key:
+            return
+        if event is None:  # listed: a key in backoff keeps it
+            self.queue.add_listed(key)
+        else:
             self.queue.add(key)
 
     def _key_if_mine(self, obj: Any) -> str:
@@ -103,6 +107,8 @@ class NodeAgent:
                 LOG.warning("PV %s: %s (again in %.0f s)", key, _one_line(exc), delay)
             else:
                 self.queue.forget(key)
+            finally:
+                self.queue.done(key)
 
     def sync(self, name: str) -> None:
         pv = get(self.api, self.core.read_persistent_volume, name)
@@ -116,7 +122,9 @@ class NodeAgent:
             return
         if pvs.FINALIZER not in (pv["metadata"].get("finalizers") or []):
             return
-        record = _record(pv)
+        # the same record the provisioner's reclaim gets: checked, and with the claim's uid
+        # from the PV's name (which cannot be edited) when the record has none
+        record = backend_record(pv)
         if record.get("reclaimOn") != "node" or record.get("node") != self.node:
             return
         if pv["spec"].get("persistentVolumeReclaimPolicy") != "Delete":

@@ -2,9 +2,11 @@
 
 What client-go's informers and rate-limited queues do, in the small: a key is queued once
 however often it is added; a failed key comes back after 1 s, 2 s, 4 s ... up to 5 minutes;
-a watch that ends (the server closes it every few minutes) or answers 410 Gone (the
-resourceVersion is too old) is replaced by a fresh list, never dropped, and every key listed
-is queued again, so nothing that changed while no watch ran is missed.
+a watch that ends (the server closes it every few minutes) is renewed from the last
+resourceVersion it saw (bookmarks included); one that answers 410 Gone (the resourceVersion
+is too old) or fails is replaced by a fresh list, never dropped, and every key listed is
+queued again (a key waiting out its backoff keeps waiting), so nothing that changed while no
+watch ran is missed. A key is handed to one worker at a time.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 LOG = logging.getLogger(__name__)
@@ -36,18 +38,45 @@ class WorkQueue:
         self._due: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._counter = 0
+        #: keys handed out by :meth:`get` and not yet :meth:`done`: never handed out twice
+        self._active: set[str] = set()
+        #: when an active key was added again: queued at :meth:`done`
+        self._pending: dict[str, float] = {}
         self._cond = threading.Condition()
 
     def add(self, key: str, delay: float = 0.0) -> None:
         """Queue ``key`` to run after ``delay`` seconds (sooner if already queued sooner)."""
         with self._cond:
-            due = self._clock() + delay
-            if key in self._due and self._due[key] <= due:
+            self._add(key, self._clock() + delay)
+
+    def _add(self, key: str, due: float) -> None:
+        if key in self._active:
+            if key not in self._pending or due < self._pending[key]:
+                self._pending[key] = due
+            return
+        if key in self._due and self._due[key] <= due:
+            return
+        self._due[key] = due
+        self._counter += 1
+        heapq.heappush(self._heap, (due, self._counter, key))
+        self._cond.notify()
+
+    def add_listed(self, key: str) -> None:
+        """Queue ``key`` now unless it is queued (or running) already: what a (re)list
+        adds, so that a key waiting out its backoff keeps waiting."""
+        with self._cond:
+            if key in self._due or key in self._active or key in self._pending:
                 return
-            self._due[key] = due
-            self._counter += 1
-            heapq.heappush(self._heap, (due, self._counter, key))
-            self._cond.notify()
+            self._add(key, self._clock())
+
+    def done(self, key: str) -> None:
+        """A worker finished ``key``: it may be handed out again (now, if it was added
+        meanwhile)."""
+        with self._cond:
+            self._active.discard(key)
+            due = self._pending.pop(key, None)
+            if due is not None:
+                self._add(key, due)
 
     def retry(self, key: str, at_least: float = 0.0) -> float:
         """Queue ``key`` again after its next backoff step; return that delay."""
@@ -74,6 +103,7 @@ class WorkQueue:
                 if self._heap and self._heap[0][0] <= now:
                     _, _, key = heapq.heappop(self._heap)
                     del self._due[key]
+                    self._active.add(key)
                     return key
                 wait = self._heap[0][0] - now if self._heap else None
                 if deadline is not None:
@@ -85,7 +115,7 @@ class WorkQueue:
 
     def __len__(self) -> int:
         with self._cond:
-            return len(self._due)
+            return len(self._due) + len(self._pending)
 
 
 def watch_forever(
@@ -104,12 +134,14 @@ def watch_forever(
     from kubernetes.client.rest import ApiException
 
     backoff = FIRST_RETRY
+    version = ""  # the last resourceVersion seen: "" lists (again) before the next watch
     while not stop.is_set():
         try:
-            listed = list_fn(**list_args, _request_timeout=60)
-            for item in listed.items:
-                on_key(key_of(item), None)
-            version = listed.metadata.resource_version
+            if not version:
+                listed = list_fn(**list_args, _request_timeout=60)
+                for item in listed.items:
+                    on_key(key_of(item), None)
+                version = listed.metadata.resource_version
             watcher = watch.Watch()
             events = (stream or watcher.stream)(
                 list_fn,
@@ -127,14 +159,19 @@ def watch_forever(
                 kind = event.get("type")
                 if kind == "ERROR":
                     raw = event.get("raw_object") or {}
+                    version = ""
                     if raw.get("code") == 410:
                         LOG.info("%s watch: resourceVersion too old, listing again", what)
                         break
                     raise RuntimeError(f"watch error: {raw.get('message', raw)}")
+                version = _version_of(event) or version
                 if kind == "BOOKMARK":
                     continue
                 on_key(key_of(event["object"]), event)
+            # a watch that ended (its timeout) is renewed from the last version seen: no
+            # relist, so the cost of a quiet cluster is one request per WATCH_SECONDS
         except ApiException as exc:
+            version = ""
             if exc.status == 410:
                 LOG.info("%s watch: 410 Gone, listing again", what)
                 continue
@@ -148,6 +185,19 @@ def watch_forever(
             stop.wait(backoff)
             backoff = min(MAX_RETRY, backoff * 2)
         except Exception as exc:
+            version = ""
             LOG.warning("%s list/watch failed (%s); again in %.0f s", what, exc, backoff)
             stop.wait(backoff)
             backoff = min(MAX_RETRY, backoff * 2)
+
+
+def _version_of(event: Mapping[str, Any]) -> str:
+    """The resourceVersion of a watch event's object (a model or, for bookmarks, a dict)."""
+    obj = event.get("object")
+    if obj is None:
+        obj = event.get("raw_object") or {}
+    meta = obj.get("metadata") if isinstance(obj, dict) else getattr(obj, "metadata", None)
+    if meta is None:
+        return ""
+    found = meta.get("resourceVersion") if isinstance(meta, dict) else meta.resource_version
+    return str(found or "")

@@ -19,7 +19,7 @@ from flexhub.volume import Secrets
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["api_client", "run_node_agent", "run_provisioner"]
+__all__ = ["api_client", "run_node_agent", "run_provisioner", "seal_volumes"]
 
 
 def api_client(kubeconfig: Path | None) -> Any:
@@ -92,23 +92,37 @@ def run_provisioner(
     lease_namespace: str = "",
     name: str = "flexhub",
     log_level: str = "info",
+    workers: int = 4,
 ) -> int:
-    """``flexhub provisioner``: runs until SIGTERM; exits 1 when it loses its lease."""
+    """``flexhub provisioner``: runs until SIGTERM; exits 1 when it loses its lease.
+
+    The Lease and the sealing key (:mod:`flexhub.provisioner.seal`) live in
+    ``lease_namespace`` (default: the pod's namespace)."""
+    from kubernetes import client
+
     from flexhub.provisioner.controller import Controller
     from flexhub.provisioner.leader import LeaseElector
+    from flexhub.provisioner.seal import Sealer, load_key
     from flexhub.provisioner.storageclass import read_class
 
     _log_to_stderr(log_level)
     api = api_client(kubeconfig)
     backends = _Backends(config)
     identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    namespace = lease_namespace or _pod_namespace()
+    sealer = Sealer(load_key(client.CoreV1Api(api), namespace))
     controller = Controller(
-        api, backends, lambda sc: read_class(sc, backends.class_of), name=name, identity=identity
+        api,
+        backends,
+        lambda sc: read_class(sc, backends.class_of),
+        name=name,
+        identity=identity,
+        sealer=sealer,
+        workers=workers,
     )
     _stop_on_signals(controller.stop)
     leading = None
     if leader_elect:
-        namespace = lease_namespace or _pod_namespace()
         elector = LeaseElector(api, namespace, f"{name}-provisioner", identity,
                                on_lost=lambda: os._exit(1))  # fmt: skip
         if not elector.acquire(controller.stop):
@@ -119,6 +133,43 @@ def run_provisioner(
     controller.feed()
     controller.run(leading)
     return 0
+
+
+def seal_volumes(
+    kubeconfig: Path | None, names: list[str], namespace: str = "", name: str = "flexhub"
+) -> list[str]:
+    """``flexhub provisioner-seal``: seal PVs an administrator has checked (made by a flexhub
+    that did not seal, or edited on purpose) with the provisioner's key; returns one line per
+    PV. Run with rights to read the key Secret (an administrator's kubeconfig)."""
+    from kubernetes import client
+
+    from flexhub.provisioner.controller import get
+    from flexhub.provisioner.pvs import ANN_PROVISIONED_BY, ANN_RECLAIM
+    from flexhub.provisioner.seal import ANN_SEAL, Sealer, load_key
+
+    api = api_client(kubeconfig)
+    core = client.CoreV1Api(api)
+    sealer = Sealer(load_key(core, namespace or _pod_namespace()))
+    lines = []
+    for volume in names:
+        pv = get(api, core.read_persistent_volume, volume)
+        annotations = (pv or {}).get("metadata", {}).get("annotations") or {}
+        if pv is None:
+            raise FlexhubError(f"PV {volume} not found")
+        if annotations.get(ANN_PROVISIONED_BY) != name or ANN_RECLAIM not in annotations:
+            raise FlexhubError(f"PV {volume} was not provisioned by {name!r}: nothing to seal")
+        if sealer.sealed(pv):
+            lines.append(f"{volume}: sealed already")
+            continue
+        patch = [
+            {"op": "test", "path": "/metadata/resourceVersion",
+             "value": pv["metadata"]["resourceVersion"]},
+            {"op": "add", "path": "/metadata/annotations/" + ANN_SEAL.replace("/", "~1"),
+             "value": sealer.seal(pv)},
+        ]  # fmt: skip
+        core.patch_persistent_volume(volume, patch, _request_timeout=30)
+        lines.append(f"{volume}: sealed")
+    return lines
 
 
 def _pod_namespace() -> str:

@@ -277,18 +277,27 @@ def test_a_node_that_is_gone_leaves_the_pv_released_with_an_event(
     ns = namespace(cluster, "ghost")
     _class(cluster, "loop-ghost", {"backend": "loopfile"})
     claim = _claim(cluster, ns, "g", "loop-ghost")
-    # As if the scheduler had chosen a node that then went away.
-    cluster.core.patch_namespaced_persistent_volume_claim(
-        "g", ns, {"metadata": {"annotations": {"volume.kubernetes.io/selected-node": "ghost-node"}}}
+    # A node the scheduler chose (a Node object, no kubelet) that then goes away.
+    cluster.core.create_node(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "ghost-node"}}
     )
-    uid = claim.metadata.uid
-    eventually(
-        "bound",
-        lambda: (
-            cluster.core.read_namespaced_persistent_volume_claim("g", ns).status.phase == "Bound"
-        ),
-        timeout=90,
-    )
+    try:
+        cluster.core.patch_namespaced_persistent_volume_claim(
+            "g",
+            ns,
+            {"metadata": {"annotations": {"volume.kubernetes.io/selected-node": "ghost-node"}}},
+        )
+        uid = claim.metadata.uid
+        eventually(
+            "bound",
+            lambda: (
+                cluster.core.read_namespaced_persistent_volume_claim("g", ns).status.phase
+                == "Bound"
+            ),
+            timeout=90,
+        )
+    finally:
+        cluster.core.delete_node("ghost-node")
     cluster.core.delete_namespaced_persistent_volume_claim("g", ns)
     eventually("released", lambda: _pv(cluster, uid).status.phase == "Released", timeout=60)
 
@@ -305,3 +314,26 @@ def test_a_node_that_is_gone_leaves_the_pv_released_with_an_event(
     # Cleaned up as the message says (the finalizer first: nothing will reclaim it).
     cluster.core.patch_persistent_volume(f"pvc-{uid}", {"metadata": {"finalizers": None}})
     cluster.core.delete_persistent_volume(f"pvc-{uid}")
+
+
+@pytest.mark.parametrize("node", ["no-such-node", "../../../etc/x", "a\nb", "n" * 300])
+def test_a_claim_pinned_to_a_node_that_does_not_exist_is_refused(
+    cluster: Cluster, leader: Process, node: str
+) -> None:
+    """A claim author may write ``selected-node`` themselves: a node that is not there (or a
+    value the API server would refuse in the PV's node affinity) is a ProvisioningFailed
+    Event naming the annotation, and no PV."""
+    ns = namespace(cluster, "pinned")
+    _class(cluster, "loop-pinned", {"backend": "loopfile"})
+    claim = _claim(cluster, ns, "p", "loop-pinned")
+    cluster.core.patch_namespaced_persistent_volume_claim(
+        "p", ns, {"metadata": {"annotations": {"volume.kubernetes.io/selected-node": node}}}
+    )
+    message = eventually(
+        "ProvisioningFailed",
+        lambda: next(
+            (e for e in events(cluster, ns, "p") if e.startswith("ProvisioningFailed")), None
+        ),
+    )
+    assert "selected-node" in message and len(message.splitlines()) == 1, message
+    assert _pv(cluster, claim.metadata.uid) is None

@@ -323,3 +323,22 @@ def test_a_claim_for_several_nodes_is_refused() -> None:
     )
     with pytest.raises(InvalidOptions, match=r"accessModes: .*ReadWriteMany"):
         provision(claim, {})
+
+
+def test_a_record_without_claim_uid_reclaims_nothing(
+    node_tree: dict[str, Path], agent: LoopfileBackend
+) -> None:
+    """A record with no claimUid (edited, or written before loopfile recorded it) cannot
+    choose which namespace's file goes: both reclaim paths fill it from the PV's name, and
+    the backend refuses one that still has none."""
+    victim_claim = Claim(
+        uid=str(uuid.uuid4()), namespace="victim", name="db", size=MiB, selected_node="node-1"
+    )
+    p = provisioned(victim_claim)
+    victim = node_tree["loopfiles"] / "namespaces" / "victim" / p.options["file"]
+    victim.parent.mkdir(parents=True)
+    victim.write_bytes(b"\0" * 4096)
+    record = {k: v for k, v in p.reclaim.items() if k != "claimUid"}
+    with pytest.raises(InvalidOptions, match="no claimUid"):
+        agent.reclaim(p.options, {**record, "onDelete": "delete"}, Secrets())
+    assert victim.is_file()

@@ -50,25 +50,37 @@ def _listed(names: list[str], version: str) -> Any:
     return SimpleNamespace(items=items, metadata=SimpleNamespace(resource_version=version))
 
 
-def test_a_watch_answering_410_or_ending_is_replaced_by_a_fresh_list() -> None:
-    """Nothing is dropped: after a 410 (resourceVersion too old) and after a watch that just
-    ends, the loop lists again and queues every object it lists, then watches from the new
-    list's resourceVersion."""
+def test_a_watch_answering_410_relists_and_one_that_ends_is_renewed_from_its_version() -> None:
+    """Nothing is dropped: after a 410 (resourceVersion too old) the loop lists again and
+    queues every object it lists, then watches from the new list's resourceVersion. A watch
+    that just ends (the server's timeout, every few minutes) is renewed from the last
+    resourceVersion it saw, bookmarks included, without a list: a quiet cluster costs one
+    request per watch period, not a relist of every object."""
     stop = threading.Event()
-    lists = [_listed(["a"], "1"), _listed(["a", "b"], "7"), _listed(["a", "b", "c"], "9")]
+    lists = [_listed(["a"], "1"), _listed(["a", "b"], "7")]
     watched_from: list[str] = []
     seen: list[str] = []
+    listed = 0
 
     def list_fn(**_: Any) -> Any:
+        nonlocal listed
+        listed += 1
         return lists.pop(0)
 
     def stream(_fn: Any, resource_version: str, **_: Any) -> Any:
         watched_from.append(resource_version)
         if resource_version == "1":
-            yield {"type": "ADDED", "object": {"metadata": {"name": "b"}}}
+            yield {"type": "ADDED", "object": {"metadata": {"name": "b", "resourceVersion": "5"}}}
             yield {"type": "ERROR", "raw_object": {"code": 410, "message": "too old"}}
         elif resource_version == "7":
+            yield {
+                "type": "MODIFIED",
+                "object": {"metadata": {"name": "x", "resourceVersion": "8"}},
+            }
             return  # the server closed the watch
+        elif resource_version == "8":
+            yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}
+            return
         else:
             stop.set()
             yield {"type": "MODIFIED", "object": {"metadata": {"name": "c"}}}
@@ -77,8 +89,41 @@ def test_a_watch_answering_410_or_ending_is_replaced_by_a_fresh_list() -> None:
         return obj["metadata"]["name"] if isinstance(obj, dict) else obj.metadata.name
 
     watch_forever(list_fn, lambda key, _e: seen.append(key), key_of, stop, "test", stream=stream)
-    assert watched_from == ["1", "7", "9"]
-    assert seen == ["a", "b", "a", "b", "a", "b", "c"]
+    assert watched_from == ["1", "7", "8", "9"]
+    assert listed == 2
+    assert seen == ["a", "b", "a", "b", "x"]  # "c" came after the stop
+
+
+def test_a_relist_never_pulls_a_key_out_of_its_backoff() -> None:
+    """What a list queues (``add_listed``) leaves a key that waits out its backoff where it
+    is; a key not queued is queued now."""
+    clock = Clock()
+    queue = WorkQueue(clock)
+    queue.add("k")
+    assert queue.get(timeout=0) == "k"
+    queue.retry("k")
+    queue.retry("k")  # a second failure meanwhile: 2 s
+    queue.done("k")
+    queue.add_listed("k")
+    queue.add_listed("fresh")
+    assert queue.get(timeout=0) == "fresh"
+    assert queue.get(timeout=0) is None  # "k" still waits
+    clock.now = 2
+    assert queue.get(timeout=0) == "k"
+
+
+def test_a_key_is_never_handed_to_two_workers_at_once() -> None:
+    """Added again while a worker holds it, a key waits for that worker's ``done``."""
+    clock = Clock()
+    queue = WorkQueue(clock)
+    queue.add("k")
+    queue.add("other")
+    assert queue.get(timeout=0) == "k"
+    queue.add("k")  # a watch event while it is being synced
+    assert queue.get(timeout=0) == "other"
+    assert queue.get(timeout=0) is None
+    queue.done("k")
+    assert queue.get(timeout=0) == "k"
 
 
 def test_the_node_agent_queues_only_this_nodes_pvs() -> None:

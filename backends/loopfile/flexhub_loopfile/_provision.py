@@ -254,7 +254,11 @@ def reclaim(
         raise InvalidOptions(f"onDelete {on_delete[:80]!r}: loopfile honours delete and retain")
     _check_provisioned(text, _tenancy.isolated(node.settings))
     uid = reclaim_record.get("claimUid")
-    if uid is not None and text.rsplit("/", 1)[-1] != f"pvc-{uid}.img":
+    if not uid:
+        # both reclaim paths fill it from the PV's name (which cannot be edited): a record
+        # without one must not choose which namespace's file goes
+        raise InvalidOptions("the reclaim record names no claimUid: refusing to reclaim")
+    if text.rsplit("/", 1)[-1] != f"pvc-{uid}.img":
         raise InvalidOptions(
             f"option 'file' {text[:80]!r} is not the file of claim {uid[:80]!r} (the reclaim "
             "record's claimUid): refusing to reclaim (was the PV edited?)"
