@@ -55,8 +55,13 @@ class _Backends:
 
         self.config = load_config(config_path)
         self._made: dict[str, Any] = {}
+        self._lock = threading.Lock()  # the provisioner's workers share one instance each
 
     def __call__(self, name: str) -> Provisioning:
+        with self._lock:
+            return self._backend(name)
+
+    def _backend(self, name: str) -> Provisioning:
         if name not in self._made:
             from flexhub.driver.loader import load_backend
             from flexhub.node import Node
