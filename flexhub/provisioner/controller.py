@@ -461,6 +461,7 @@ class Controller:
             raise _Later(MISTAKE_RETRY)
         if where == "node":
             node = record.get("node", "")
+            self._label_node(pv, node)
             if self._get(self.core.read_node, node) is None:
                 self.events.volume(
                     pv,
@@ -482,6 +483,18 @@ class Controller:
             raise
         finish_reclaim(self.core, pv)
         LOG.info("reclaimed %s (%s, onDelete %s)", name, record["backend"], record["onDelete"])
+
+    def _label_node(self, pv: Mapping[str, Any], node: str) -> None:
+        """Label a node-reclaimed PV with its node (one made before PVs were labelled), so
+        that its node's agent, which watches only its own node's label, sees it."""
+        wanted = pvs.node_label(node)
+        if (pv["metadata"].get("labels") or {}).get(pvs.NODE_LABEL) == wanted or not node:
+            return
+        self.core.patch_persistent_volume(
+            pv["metadata"]["name"],
+            {"metadata": {"labels": {pvs.NODE_LABEL: wanted}}},
+            _request_timeout=30,
+        )
 
     def _agent_overdue(self, pv: Mapping[str, Any], node: str) -> None:
         """A PV its node's agent should have reclaimed long ago: never a silent leak (no agent

@@ -2,8 +2,9 @@
 
 A loop file exists only on its node, so the provisioner cannot remove it. The node agent (in
 the flexhub DaemonSet pod, ``flexhub daemonset --node-agent``, or ``flexhub node-agent``)
-watches PVs and reclaims those made by flexhub whose record says ``reclaimOn: node`` and
-names this node, once they are Released with reclaim policy Delete: the backend's
+watches the PVs labelled with this node (``flexhub/reclaim-node``, which the provisioner
+sets) and reclaims those made by flexhub whose record says ``reclaimOn: node`` and names
+this node, once they are Released with reclaim policy Delete: the backend's
 ``reclaim`` runs here (it refuses while this node still uses the file), then the PV object is
 deleted and flexhub's finalizer removed. A failure is an Event on the PV and a retry.
 """
@@ -65,6 +66,9 @@ class NodeAgent:
                 self.stop,
                 "volumes",
             ),
+            # only this node's PVs (the provisioner labels them): the API server filters, so
+            # N agents cost N watches of their own PVs, not N copies of every PV change
+            kwargs={"label_selector": f"{pvs.NODE_LABEL}={pvs.node_label(self.node)}"},
         )
         thread.start()
         return thread

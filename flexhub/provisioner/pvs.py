@@ -8,8 +8,10 @@ provisioning changes nothing for the volumes made from it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -22,8 +24,10 @@ __all__ = [
     "ANN_RECLAIM",
     "ANN_SELECTED_NODE",
     "FINALIZER",
+    "NODE_LABEL",
     "build_pv",
     "claim_from",
+    "node_label",
     "quantity",
     "reclaim_record",
 ]
@@ -37,6 +41,18 @@ ANN_RECLAIM = "flexhub/reclaim"
 #: Held on every PV whose storage flexhub reclaims: removed only once the storage is gone.
 FINALIZER = "flexhub/reclaim"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+#: On a PV whose storage its node reclaims: that node (:func:`node_label`), so that each
+#: node agent watches only its own node's PVs (a label selector), not every PV.
+NODE_LABEL = "flexhub/reclaim-node"
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+def node_label(node: str) -> str:
+    """The :data:`NODE_LABEL` value of ``node``: its name when a label value can hold it
+    (63 characters), else ``h-`` and a digest of it (node names may have 253)."""
+    if _LABEL_VALUE.fullmatch(node):
+        return node
+    return "h-" + hashlib.sha256(node.encode()).hexdigest()[:60]
 
 
 def parse_quantity(text: str) -> int:
@@ -161,6 +177,8 @@ def build_pv(
             }
         }
     metadata: dict[str, Any] = {"name": claim.volume_name, "annotations": annotations}
+    if reclaim_on == "node" and made.node:
+        metadata["labels"] = {NODE_LABEL: node_label(made.node)}
     if reclaim_policy == "Delete":
         metadata["finalizers"] = [FINALIZER]
     return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": metadata, "spec": spec}

@@ -167,6 +167,16 @@ def test_expansion_past_a_class_that_forbids_it_is_refused() -> None:
     assert "ExpansionRefused" in reasons(api)
 
 
+def test_a_node_pv_is_labelled_with_its_node_when_made() -> None:
+    made = Provisioned(options={"file": "f"}, size=1, reclaim={}, node="node-1")
+    claim = Claim(uid="u", namespace="n", name="c", size=1)
+    pv = pvs.build_pv(claim, "c", "Delete", "loopfile", "delete", "node", made, DRIVER, "flexhub")
+    assert pv["metadata"]["labels"] == {pvs.NODE_LABEL: "node-1"}
+    elsewhere = pvs.build_pv(claim, "c", "Delete", "nfs", "delete", "provisioner",
+                             Provisioned(options={}, size=1), DRIVER, "flexhub")  # fmt: skip
+    assert "labels" not in elsewhere["metadata"]
+
+
 def test_the_bound_claim_grows_its_own_storage_and_the_pv_stays_sealed() -> None:
     api, backend, controller = _setup()
     claim = _claim(api)
@@ -451,3 +461,45 @@ def test_a_node_pv_nobody_reclaims_is_said_after_a_grace_period() -> None:
     assert reasons(api) == ["NodeAgentMissing"]
     assert "node-1" in api.events[0]["message"]
     assert backend.reclaimed == []
+
+
+# -------------------------------------- finding 8: node agents watch their own node's PVs
+
+
+def test_node_pvs_carry_their_nodes_label_and_old_ones_get_it() -> None:
+    """A node agent watches with a label selector (its node's), so the provisioner labels
+    every node-reclaimed PV it makes, and one made before that once it is Released."""
+    from flexhub.provisioner.pvs import NODE_LABEL, node_label
+
+    assert node_label("node-1") == "node-1"
+    long = "n." * 100 + "x"
+    assert node_label(long).startswith("h-") and len(node_label(long)) <= 63
+    assert node_label(long) != node_label(long + "y")
+    api, _backend, controller = _setup()
+    name = _node_pv(api, 60)
+    assert NODE_LABEL not in (api.volumes[name]["metadata"].get("labels") or {})
+    with pytest.raises(_Later):
+        controller.sync_volume(name)
+    assert api.volumes[name]["metadata"]["labels"][NODE_LABEL] == "node-1"
+
+
+def test_the_node_agent_asks_the_api_server_for_its_own_nodes_pvs_only() -> None:
+    agent = NodeAgent(FakeApi(), "node-1", lambda _b, _o, _r: None)
+    seen: dict[str, Any] = {}
+
+    class Thread:
+        def __init__(self, **kwargs: Any) -> None:
+            seen.update(kwargs)
+
+        def start(self) -> None:
+            pass
+
+    import flexhub.provisioner.nodeagent as nodeagent
+
+    real = nodeagent.threading.Thread
+    nodeagent.threading.Thread = Thread  # type: ignore[misc,assignment]
+    try:
+        agent.feed()
+    finally:
+        nodeagent.threading.Thread = real  # type: ignore[misc]
+    assert seen["kwargs"] == {"label_selector": "flexhub/reclaim-node=node-1"}
