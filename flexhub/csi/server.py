@@ -28,11 +28,14 @@ WORKERS = 8
 
 def socket_path(endpoint: str) -> Path:
     """The path of ``unix:///path`` (or ``unix:/path``); only unix sockets are served."""
-    for prefix in ("unix://", "unix:"):
-        if endpoint.startswith(prefix):
-            path = endpoint[len(prefix) :]
-            if os.path.isabs(path):
-                return Path(path)
+    path = ""
+    if endpoint.startswith("unix://"):
+        path = endpoint[len("unix://") :]
+    elif endpoint.startswith("unix:"):
+        path = endpoint[len("unix:") :]
+        path = "" if path.startswith("//") else path
+    if path.startswith("/") and not path.startswith("//") and "\0" not in path:
+        return Path(os.path.normpath(path))
     raise UsageError(f"--endpoint {endpoint[:200]!r}: expected unix:///absolute/path")
 
 
