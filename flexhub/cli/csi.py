@@ -34,8 +34,13 @@ def csi(
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
         raise typer.BadParameter(f"--log-level {log_level!r}: debug, info, warning or error")
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger().setLevel(level)
+    root = logging.getLogger()
+    if not any(isinstance(h, logging.StreamHandler) for h in root.handlers):
+        # a long-running service logs to stderr (the admin CLI logs nowhere without --debug)
+        logging.basicConfig(
+            level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+        )
+    root.setLevel(level)
     node = node_id or os.environ.get("NODE_NAME", "") or socket.gethostname()
     return serve(load_config(config), endpoint, mode, node)
 

@@ -66,35 +66,86 @@ def read_skips(path: Path = SKIPS) -> dict[str, tuple[str, str]]:
     return skips
 
 
-@contextlib.contextmanager
-def plugin(config: Path, endpoint: Path, log: Path, node_id: str = "node-1") -> Iterator[None]:
-    """``python -m flexhub csi --mode both`` on ``endpoint`` until the block ends (SIGTERM)."""
-    with open(log, "w") as out:
+def start_plugin(
+    config: Path, endpoint: Path, log: Path, node_id: str = "node-1", **env: str
+) -> subprocess.Popen[bytes]:
+    """``python -m flexhub csi --mode both`` on ``endpoint``, returned once it listens."""
+    if endpoint.exists():
+        endpoint.unlink()
+    with open(log, "a") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "flexhub", "csi", "--endpoint", f"unix://{endpoint}",
              "--mode", "both", "--node-id", node_id],
-            env={**os.environ, "FLEXHUB_CONFIG": str(config), "PYTHONPATH": str(REPO)},
+            env={**os.environ, "FLEXHUB_CONFIG": str(config), "PYTHONPATH": str(REPO), **env},
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd="/",
         )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not endpoint.is_socket():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"flexhub csi did not start: {log.read_text()[-2000:]}")
+        time.sleep(0.05)
+    # the socket exists from its bind, but takes calls only once the server started
+    import grpc
+
+    from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
+
+    with grpc.insecure_channel(f"unix://{endpoint}") as channel:
+        identity = csi_pb2_grpc.IdentityStub(channel)
+        identity.Probe(csi_pb2.ProbeRequest(), wait_for_ready=True, timeout=60)
+    return proc
+
+
+def stop_plugin(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, then its exit code (SIGKILL after 30 s)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
     try:
-        deadline = time.monotonic() + 60
-        while not endpoint.is_socket():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"flexhub csi did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.05)
+        return proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+@contextlib.contextmanager
+def plugin(config: Path, endpoint: Path, log: Path, node_id: str = "node-1") -> Iterator[None]:
+    """``python -m flexhub csi --mode both`` on ``endpoint`` until the block ends (SIGTERM)."""
+    proc = start_plugin(config, endpoint, log, node_id)
+    try:
         yield
     finally:
-        proc.send_signal(signal.SIGTERM)
+        code = stop_plugin(proc)
+    if code != 0:
+        raise RuntimeError(f"flexhub csi exited {code}: {log.read_text()[-2000:]}")
+
+
+def node_config(top: Path) -> Path:
+    """A node config with its state, log and loopfile root under ``top`` (root's alone)."""
+    for name in ("state", "log", "loopfiles"):
+        (top / name).mkdir(mode=0o700)
+    config = top / "flexhub.toml"
+    config.write_text(
+        f'state_dir = "{top / "state"}"\n'
+        f'log_dir = "{top / "log"}"\n'
+        "lock_timeout = 20\n"
+        f'[loopfile]\nroot = "{top / "loopfiles"}"\n'
+    )
+    return config
+
+
+def loops_backed_under(path: Path) -> list[str]:
+    """The loop devices whose backing file lies under ``path``."""
+    found = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(f"flexhub csi exited {proc.returncode}: {log.read_text()[-2000:]}")
+            if backing.read_text().strip().startswith(f"{path}/"):
+                found.append(backing.parent.parent.name)
+        except OSError:
+            continue
+    return found
 
 
 def run_sanity(binary: Path, endpoint: Path, work: Path, *args: str) -> Report:

@@ -18,7 +18,7 @@ import pytest
 from tests.ciplugin import on_ci
 from tests.conftest import needs_root
 from tests.csi import build_sanity
-from tests.csi.sanity import plugin, read_skips, run_sanity
+from tests.csi.sanity import loops_backed_under, node_config, plugin, read_skips, run_sanity
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -35,27 +35,9 @@ def csi_sanity() -> Path:
     return binary
 
 
-def loops_backed_under(path: Path) -> list[str]:
-    found = []
-    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
-        try:
-            if backing.read_text().strip().startswith(f"{path}/"):
-                found.append(backing.parent.parent.name)
-        except OSError:
-            continue
-    return found
-
-
 def test_csi_sanity_loopfile(csi_sanity: Path, trusted_dir: Path) -> None:
-    for name in ("state", "log", "loopfiles", "sanity"):
-        (trusted_dir / name).mkdir(mode=0o700)
-    config = trusted_dir / "flexhub.toml"
-    config.write_text(
-        f'state_dir = "{trusted_dir / "state"}"\n'
-        f'log_dir = "{trusted_dir / "log"}"\n'
-        "lock_timeout = 20\n"
-        f'[loopfile]\nroot = "{trusted_dir / "loopfiles"}"\n'
-    )
+    config = node_config(trusted_dir)
+    (trusted_dir / "sanity").mkdir(mode=0o700)
     params = trusted_dir / "parameters.yaml"
     params.write_text("backend: loopfile\n")
     endpoint = trusted_dir / "csi.sock"
