@@ -103,6 +103,9 @@ def test_a_plugin_killed_at_a_checkpoint_converges_on_the_retried_call(
         calls = Calls(endpoint)
         if phase == "stage":
             calls.node.NodeStageVolume(stage_request(volume))
+            with pytest.raises(grpc.RpcError) as in_use:
+                calls.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=volume.volume_id))
+            assert in_use.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             publish = pb.NodePublishVolumeRequest(
                 volume_id=volume.volume_id,
                 staging_target_path=str(stage),

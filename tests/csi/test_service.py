@@ -17,6 +17,7 @@ from flexhub.csi import DRIVER_NAME, TOPOLOGY_NODE_KEY
 from flexhub.csi.proto import csi_pb2 as pb
 from flexhub.csi.proto import csi_pb2_grpc as rpc
 from flexhub.csi.server import build_server
+from flexhub.errors import UsageError
 
 Mode = pb.VolumeCapability.AccessMode.Mode
 S = grpc.StatusCode
@@ -265,3 +266,22 @@ def test_node_calls_check_their_arguments_before_touching_anything(
         assert refused(call, request)[0] == code, request
     assert not (tmp_path / "pod").exists()
     assert not list((tmp_path / "loopfiles").rglob("*.img"))
+
+
+def test_a_live_socket_is_refused_and_a_stale_one_replaced(serve: Any, tmp_path: Path) -> None:
+    import socket
+
+    serve("both")
+    with pytest.raises(UsageError, match="another process serves"):
+        build_server(_config(tmp_path), f"unix://{tmp_path / 'both-node-1.sock'}", "both", "n")
+    stale = tmp_path / "stale.sock"
+    left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    left.bind(str(stale))
+    left.close()  # a socket file nobody listens on: a plugin that died
+    server = build_server(_config(tmp_path), f"unix://{stale}", "node", "n")
+    server.stop(0)
+    regular = tmp_path / "file.sock"
+    regular.write_text("not a socket")
+    with pytest.raises(UsageError, match="not a socket"):
+        build_server(_config(tmp_path), f"unix://{regular}", "node", "n")
+    assert regular.read_text() == "not a socket"
