@@ -14,6 +14,7 @@ plugin's own node) and is reclaimed only by the plugin of that node.
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -43,6 +44,7 @@ DEFAULT_SIZE = 1 << 30
 #: uuid5 namespace of the uids derived from CreateVolume names.
 _NAMESPACE = uuid.UUID("6f1e6d2a-3c1b-5b8e-9d7a-2f4c8e0b1a53")
 _SIDECAR_PREFIX = "csi.storage.k8s.io/"
+_UID_SHAPE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _Mode = csi_pb2.VolumeCapability.AccessMode.Mode
 _ACCESS_MODES = {
     _Mode.SINGLE_NODE_WRITER: "ReadWriteOnce",
@@ -115,8 +117,9 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         return csi_pb2.ControllerGetCapabilitiesResponse(
             capabilities=[
                 csi_pb2.ControllerServiceCapability(
-                    rpc=csi_pb2.ControllerServiceCapability.RPC(type=rpc_type.CREATE_DELETE_VOLUME)
+                    rpc=csi_pb2.ControllerServiceCapability.RPC(type=t)
                 )
+                for t in (rpc_type.CREATE_DELETE_VOLUME, rpc_type.LIST_VOLUMES)
             ]
         )
 
@@ -271,3 +274,22 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
                 parameters=request.parameters,
             )
         )
+
+    @rpc
+    def ListVolumes(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """The volumes this controller made, by uid; ``next_token`` is the last uid of the
+        page, so a volume deleted between pages (the token's own too) shifts nothing."""
+        if request.max_entries < 0:
+            raise invalid("max_entries must not be negative")
+        token = request.starting_token
+        if token and not _UID_SHAPE.fullmatch(token):
+            raise CsiError(grpc.StatusCode.ABORTED, f"starting_token {token[:80]!r} is not ours")
+        uids = [u for u in self.records.uids() if u > token]
+        page = uids[: request.max_entries] if request.max_entries else uids
+        entries = []
+        for uid in page:
+            record = self.records.get(uid)
+            if record is not None:  # deleted meanwhile
+                entries.append(csi_pb2.ListVolumesResponse.Entry(volume=self._volume(record)))
+        more = request.max_entries and len(uids) > len(page)
+        return csi_pb2.ListVolumesResponse(entries=entries, next_token=page[-1] if more else "")

@@ -106,6 +106,14 @@ class VolumeRecords:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise StateError(f"volume record {uid} unreadable: {exc}") from None
 
+    def uids(self) -> list[str]:
+        """Every recorded uid, sorted."""
+        try:
+            names = [p.stem for p in self.directory.glob("*.json")]
+        except OSError as exc:
+            raise StateError(f"cannot list the volume records: {exc.strerror}") from None
+        return sorted(n for n in names if _UID.fullmatch(n))
+
     def put(self, uid: str, record: VolumeRecord) -> None:
         path = self._path(uid)
         try:

@@ -285,3 +285,23 @@ def test_a_live_socket_is_refused_and_a_stale_one_replaced(serve: Any, tmp_path:
     with pytest.raises(UsageError, match="not a socket"):
         build_server(_config(tmp_path), f"unix://{regular}", "node", "n")
     assert regular.read_text() == "not a socket"
+
+
+def test_list_volumes_pages_by_token_and_refuses_a_foreign_token(serve: Any) -> None:
+    plugin = serve()
+    made = sorted(create(plugin, f"pvc-{n}").volume_id for n in range(5))
+    page = plugin.controller.ListVolumes(pb.ListVolumesRequest(max_entries=2))
+    seen = [e.volume.volume_id for e in page.entries]
+    assert len(seen) == 2 and page.next_token
+    # the last volume of the page is deleted before the next page is asked for
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=seen[-1]))
+    while page.next_token:
+        page = plugin.controller.ListVolumes(
+            pb.ListVolumesRequest(max_entries=2, starting_token=page.next_token)
+        )
+        seen += [e.volume.volume_id for e in page.entries]
+    assert sorted(seen) == made  # every volume once, none skipped
+    everything = plugin.controller.ListVolumes(pb.ListVolumesRequest())
+    assert len(everything.entries) == 4 and everything.next_token == ""
+    code, _ = refused(plugin.controller.ListVolumes, pb.ListVolumesRequest(starting_token="zz"))
+    assert code == S.ABORTED
