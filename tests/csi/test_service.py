@@ -305,3 +305,38 @@ def test_list_volumes_pages_by_token_and_refuses_a_foreign_token(serve: Any) -> 
     assert len(everything.entries) == 4 and everything.next_token == ""
     code, _ = refused(plugin.controller.ListVolumes, pb.ListVolumesRequest(starting_token="zz"))
     assert code == S.ABORTED
+
+
+def test_a_secret_never_reaches_a_reply_or_the_state_directory(
+    serve: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin = serve()
+    secret = "Sup3r-Secret-Value"
+    code, message = refused(
+        plugin.controller.CreateVolume,
+        pb.CreateVolumeRequest(
+            name="pvc-secret",
+            capacity_range=pb.CapacityRange(required_bytes=1 << 20),
+            volume_capabilities=[mount()],
+            # a parameter that happens to hold the secret is named in the refusal
+            parameters={"backend": "loopfile", "directory": f"a/{secret}/../b"},
+            secrets={"password": secret},
+        ),
+    )
+    assert code == S.INVALID_ARGUMENT and "directory" in message
+    assert secret not in message and "***" in message
+    code, message = refused(
+        plugin.node.NodeStageVolume,
+        pb.NodeStageVolumeRequest(
+            volume_id="v",
+            staging_target_path="/nonexistent",
+            volume_capability=mount(),
+            volume_context={"backend": "loopfile", "file": f"{secret}/../x.img", "size": "1Mi"},
+            secrets={"password": secret},
+        ),
+    )
+    assert code == S.INVALID_ARGUMENT and secret not in message
+    assert secret not in caplog.text
+    for path in plugin.state.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
