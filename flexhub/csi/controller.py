@@ -119,7 +119,11 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
                 csi_pb2.ControllerServiceCapability(
                     rpc=csi_pb2.ControllerServiceCapability.RPC(type=t)
                 )
-                for t in (rpc_type.CREATE_DELETE_VOLUME, rpc_type.LIST_VOLUMES)
+                for t in (
+                    rpc_type.CREATE_DELETE_VOLUME,
+                    rpc_type.LIST_VOLUMES,
+                    rpc_type.EXPAND_VOLUME,
+                )
             ]
         )
 
@@ -293,3 +297,42 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
                 entries.append(csi_pb2.ListVolumesResponse.Entry(volume=self._volume(record)))
         more = request.max_entries and len(uids) > len(page)
         return csi_pb2.ListVolumesResponse(entries=entries, next_token=page[-1] if more else "")
+
+    @rpc
+    def ControllerExpandVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """The backend's ``expand_storage`` where it grows storage on its side (a LUN);
+        otherwise only the record: the node grows a loop file, NFS enforces no size."""
+        if not request.volume_id:
+            raise invalid("volume_id is required")
+        new_size = request.capacity_range.required_bytes or request.capacity_range.limit_bytes
+        if new_size <= 0:
+            raise invalid("capacity_range: the new size is required")
+        uid = _uid_of(request.volume_id)
+        with self.in_flight.hold(uid or request.volume_id):
+            record = self.records.get(uid) if uid else None
+            if record is None or record.volume_id != request.volume_id:
+                raise CsiError(grpc.StatusCode.NOT_FOUND, f"no volume {request.volume_id!r}")
+            backend = self._backend(record.backend)
+            from flexhub.backend import BlockBackend
+
+            size = record.size
+            if new_size > record.size:
+                if type(backend).expands_storage:
+                    size = int(
+                        backend.expand_storage(
+                            record.options, record.reclaim, new_size, secrets_of(request.secrets)
+                        )
+                    )
+                else:
+                    size = new_size
+                self.records.put(uid, _resized(record, size))
+                LOG.info("expanded %s to %d bytes", record.volume_id, size)
+        return csi_pb2.ControllerExpandVolumeResponse(
+            capacity_bytes=size, node_expansion_required=isinstance(backend, BlockBackend)
+        )
+
+
+def _resized(record: VolumeRecord, size: int) -> VolumeRecord:
+    fields = record.to_json()
+    fields["size"] = size
+    return VolumeRecord(**fields)

@@ -24,6 +24,7 @@ import grpc
 from flexhub.config import NodeConfig
 from flexhub.csi import TOPOLOGY_NODE_KEY
 from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
+from flexhub.csi.records import StagedContexts
 from flexhub.csi.status import CsiError, InFlight, rpc
 from flexhub.csi.volumes import flexhub_volume, invalid
 
@@ -56,6 +57,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         self.config = config
         self.node_id = node_id
         self.in_flight = InFlight()
+        self.staged = StagedContexts(config.state_dir)
 
     def _node(self) -> Any:
         from flexhub.node import Node
@@ -74,7 +76,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         return csi_pb2.NodeGetCapabilitiesResponse(
             capabilities=[
                 csi_pb2.NodeServiceCapability(rpc=csi_pb2.NodeServiceCapability.RPC(type=t))
-                for t in (_Cap.STAGE_UNSTAGE_VOLUME, _Cap.GET_VOLUME_STATS)
+                for t in (_Cap.STAGE_UNSTAGE_VOLUME, _Cap.GET_VOLUME_STATS, _Cap.EXPAND_VOLUME)
             ]
         )
 
@@ -95,7 +97,13 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             )
             if not staging.is_dir():
                 raise invalid(f"staging_target_path {staging} is not a directory")
-            mount_volume(node, backend, staging, volume)
+            self.staged.put(staging, volume_id, request.volume_context)
+            try:
+                mount_volume(node, backend, staging, volume)
+            except BaseException:
+                if not node.mounts.is_mount_point(staging):  # rolled back: nothing staged
+                    self.staged.delete(staging)
+                raise
             LOG.info("staged %s on %s", volume_id, staging)
         return csi_pb2.NodeStageVolumeResponse()
 
@@ -109,6 +117,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         with self.in_flight.hold(volume_id):
             node = self._node()
             note = unmount_volume(node, staging, backend_factory(self.config))
+            self.staged.delete(staging)
             LOG.info("unstaged %s from %s%s", volume_id, staging, f" ({note})" if note else "")
         return csi_pb2.NodeUnstageVolumeResponse()
 
@@ -170,6 +179,52 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                 ) from None
             LOG.info("unpublished %s from %s", volume_id, target)
         return csi_pb2.NodeUnpublishVolumeResponse()
+
+    @rpc
+    def NodeExpandVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """The FlexVolume driver's ``expandfs`` of the staged volume: the backend grows the
+        device, the core the filesystem (verified), with the context kept at stage."""
+        volume_id = _require(request.volume_id, "volume_id")
+        path = Path(os.path.normpath(_require(request.volume_path, "volume_path")))
+        node = self._node()
+        if not path.is_absolute() or not path.exists() or not node.mounts.is_mount_point(path):
+            raise CsiError(grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not on {path}")
+        new_size = request.capacity_range.required_bytes or request.capacity_range.limit_bytes
+        if new_size <= 0:
+            raise invalid("capacity_range: the new size is required")
+        if request.staging_target_path:
+            staging = _path(request.staging_target_path, "staging_target_path")
+        else:  # optional in the request: where this node staged the volume
+            places = self.staged.of_volume(volume_id)
+            if len(places) != 1:
+                raise CsiError(
+                    grpc.StatusCode.NOT_FOUND if not places else grpc.StatusCode.INVALID_ARGUMENT,
+                    f"volume {volume_id} is staged on {len(places)} directories here: "
+                    "name staging_target_path",
+                )
+            staging = places[0]
+        found = self.staged.get(staging)
+        if found is None or found[0] != volume_id:
+            raise CsiError(
+                grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not staged on {staging}"
+            )
+        capability = (
+            request.volume_capability
+            if request.HasField("volume_capability")
+            else csi_pb2.VolumeCapability(
+                mount=csi_pb2.VolumeCapability.MountVolume(),
+                access_mode=csi_pb2.VolumeCapability.AccessMode(
+                    mode=csi_pb2.VolumeCapability.AccessMode.Mode.SINGLE_NODE_WRITER
+                ),
+            )
+        )
+        from flexhub.node.volumes import expand_volume
+
+        with self.in_flight.hold(volume_id):
+            volume, backend, node = flexhub_volume(found[1], capability, {}, self.config)
+            expand_volume(node, backend, staging, volume, new_size)
+            LOG.info("expanded %s to %d bytes", volume_id, new_size)
+        return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=new_size)
 
     @rpc
     def NodeGetVolumeStats(self, request: Any, context: grpc.ServicerContext) -> Any:

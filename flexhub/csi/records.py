@@ -24,7 +24,7 @@ from typing import Any
 from flexhub.errors import StateError
 from flexhub.node.frozen import Frozen
 
-__all__ = ["VolumeRecord", "VolumeRecords"]
+__all__ = ["StagedContexts", "VolumeRecord", "VolumeRecords"]
 
 _UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -115,23 +115,7 @@ class VolumeRecords:
         return sorted(n for n in names if _UID.fullmatch(n))
 
     def put(self, uid: str, record: VolumeRecord) -> None:
-        path = self._path(uid)
-        try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as out:
-                json.dump(record.to_json(), out, sort_keys=True)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-            dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError as exc:
-            raise StateError(f"cannot write volume record {uid}: {exc.strerror}") from None
+        _write_json(self.directory, self._path(uid), record.to_json(), f"volume record {uid}")
 
     def delete(self, uid: str) -> None:
         try:
@@ -140,3 +124,75 @@ class VolumeRecords:
             pass
         except OSError as exc:
             raise StateError(f"cannot remove volume record {uid}: {exc.strerror}") from None
+
+
+class StagedContexts:
+    """The volume context of each volume staged on this node, by staging directory:
+    ``NodeExpandVolume`` carries none, and a backend grows a volume from its options (the
+    loop file's name and preallocation). ``<state_dir>/csi/staged/<sha256(path)[:32]>.json``,
+    0600, written before the stage and removed after the unstage; the context is the PV's
+    ``volumeAttributes`` (never a secret)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.directory = state_dir / "csi" / "staged"
+
+    def _path(self, staging: Path) -> Path:
+        import hashlib
+
+        return self.directory / f"{hashlib.sha256(str(staging).encode()).hexdigest()[:32]}.json"
+
+    def put(self, staging: Path, volume_id: str, context: Mapping[str, str]) -> None:
+        data = {"staging": str(staging), "volume_id": volume_id, "context": dict(context)}
+        _write_json(self.directory, self._path(staging), data, f"staged context of {staging}")
+
+    def get(self, staging: Path) -> tuple[str, dict[str, str]] | None:
+        """``(volume id, context)`` of the volume staged on ``staging``, or ``None``."""
+        try:
+            data = json.loads(self._path(staging).read_text())
+            if data["staging"] != str(staging):
+                return None
+            return str(data["volume_id"]), {str(k): str(v) for k, v in data["context"].items()}
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise StateError(f"staged context of {staging} unreadable: {exc}") from None
+
+    def of_volume(self, volume_id: str) -> list[Path]:
+        """The staging directories ``volume_id`` is staged on (a request may name none)."""
+        found = []
+        for path in sorted(self.directory.glob("*.json")):
+            try:
+                data = json.loads(path.read_text())
+                if data["volume_id"] == volume_id:
+                    found.append(Path(data["staging"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return found
+
+    def delete(self, staging: Path) -> None:
+        try:
+            self._path(staging).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StateError(f"cannot remove the staged context of {staging}: {exc}") from None
+
+
+def _write_json(directory: Path, path: Path, data: Any, what: str) -> None:
+    """Write ``data`` to ``path`` atomically (0600, synced with its directory)."""
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out, sort_keys=True)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as exc:
+        raise StateError(f"cannot write the {what}: {exc.strerror}") from None

@@ -44,11 +44,13 @@ def _config(tmp_path: Path) -> NodeConfig:
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Any]:
     servers: list[Any] = []
+    channels: list[Any] = []
 
     def start(mode: str = "both", node_id: str = "node-1") -> Plugin:
         sock = tmp_path / f"{mode}-{node_id}.sock"
         servers.append(build_server(_config(tmp_path), f"unix://{sock}", mode, node_id))
         channel = grpc.insecure_channel(f"unix://{sock}")
+        channels.append(channel)
         return Plugin(
             rpc.IdentityStub(channel),
             rpc.ControllerStub(channel),
@@ -57,6 +59,8 @@ def serve(tmp_path: Path) -> Iterator[Any]:
         )
 
     yield start
+    for channel in channels:
+        channel.close()
     for server in servers:
         server.stop(0)
 
@@ -340,3 +344,45 @@ def test_a_secret_never_reaches_a_reply_or_the_state_directory(
     for path in plugin.state.rglob("*"):
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
+
+
+def test_controller_expansion_records_the_size_and_leaves_the_loop_file_to_the_node(
+    serve: Any,
+) -> None:
+    plugin = serve()
+    volume = create(plugin)
+    grow = pb.ControllerExpandVolumeRequest(
+        volume_id=volume.volume_id, capacity_range=pb.CapacityRange(required_bytes=16 << 20)
+    )
+    reply = plugin.controller.ControllerExpandVolume(grow)
+    assert (reply.capacity_bytes, reply.node_expansion_required) == (16 << 20, True)
+    assert plugin.controller.ControllerExpandVolume(grow) == reply  # idempotent
+    smaller = pb.ControllerExpandVolumeRequest(
+        volume_id=volume.volume_id, capacity_range=pb.CapacityRange(required_bytes=1 << 20)
+    )
+    assert plugin.controller.ControllerExpandVolume(smaller).capacity_bytes == 16 << 20
+    # a retried create of the same name and its original size now finds a larger volume
+    code, _ = refused(
+        plugin.controller.CreateVolume,
+        pb.CreateVolumeRequest(
+            name="pvc-a",
+            capacity_range=pb.CapacityRange(required_bytes=8 << 20, limit_bytes=8 << 20),
+            volume_capabilities=[mount()],
+            parameters={"backend": "loopfile"},
+        ),
+    )
+    assert code == S.ALREADY_EXISTS
+    code, _ = refused(
+        plugin.controller.ControllerExpandVolume,
+        pb.ControllerExpandVolumeRequest(
+            volume_id="loopfile:00000000-0000-5000-8000-000000000000",
+            capacity_range=pb.CapacityRange(required_bytes=1 << 30),
+        ),
+    )
+    assert code == S.NOT_FOUND
+    code, _ = refused(
+        plugin.controller.ControllerExpandVolume,
+        pb.ControllerExpandVolumeRequest(volume_id=volume.volume_id),
+    )
+    assert code == S.INVALID_ARGUMENT
+    assert not list((plugin.state.parent / "loopfiles").rglob("*.img"))
