@@ -33,6 +33,7 @@ __all__ = ["NodeService"]
 LOG = logging.getLogger(__name__)
 
 _Cap = csi_pb2.NodeServiceCapability.RPC.Type
+_SINGLE_WRITER = csi_pb2.VolumeCapability.AccessMode.Mode.SINGLE_NODE_SINGLE_WRITER
 
 
 def _require(value: str, what: str) -> str:
@@ -76,7 +77,12 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         return csi_pb2.NodeGetCapabilitiesResponse(
             capabilities=[
                 csi_pb2.NodeServiceCapability(rpc=csi_pb2.NodeServiceCapability.RPC(type=t))
-                for t in (_Cap.STAGE_UNSTAGE_VOLUME, _Cap.GET_VOLUME_STATS, _Cap.EXPAND_VOLUME)
+                for t in (
+                    _Cap.STAGE_UNSTAGE_VOLUME,
+                    _Cap.GET_VOLUME_STATS,
+                    _Cap.EXPAND_VOLUME,
+                    _Cap.SINGLE_NODE_MULTI_WRITER,
+                )
             ]
         )
 
@@ -150,6 +156,8 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                     grpc.StatusCode.ALREADY_EXISTS,
                     f"{target} is already a mount point of another volume or with other flags",
                 )
+            if request.volume_capability.access_mode.mode == _SINGLE_WRITER:
+                self._refuse_second_writer(node, volume_id, staging, target, staged)
             target.mkdir(mode=0o750, parents=True, exist_ok=True)
             bind_mount(
                 node.runner,
@@ -161,6 +169,29 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             )
             LOG.info("published %s on %s%s", volume_id, target, " (ro)" if request.readonly else "")
         return csi_pb2.NodePublishVolumeResponse()
+
+    def _refuse_second_writer(
+        self, node: Any, volume_id: str, staging: Path, target: Path, staged: Any
+    ) -> None:
+        """A ``SINGLE_NODE_SINGLE_WRITER`` volume (ReadWriteOncePod) is published on one
+        target at most: any other mount of the staged filesystem (but the staging mounts) is
+        ``FAILED_PRECONDITION``. Found in mountinfo, so it holds across plugin restarts."""
+        from flexhub.node.podrecords import pod_dir
+
+        own = {str(pod_dir(staging)), str(pod_dir(target))}
+        state = str(self.config.state_dir.resolve())
+        for entry in node.mounts.entries():
+            point = entry.mount_point
+            if (
+                _same_mount(entry, staged)
+                and point not in own
+                and not point.startswith(state + os.sep)
+            ):
+                raise CsiError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"volume {volume_id} is single-writer (SINGLE_NODE_SINGLE_WRITER) and "
+                    f"already published on {point}",
+                )
 
     @rpc
     def NodeUnpublishVolume(self, request: Any, context: grpc.ServicerContext) -> Any:

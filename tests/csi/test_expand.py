@@ -1,7 +1,7 @@
 """A published loopfile volume grows online through ControllerExpandVolume and
 NodeExpandVolume, on real loop devices and xfs (ext4 grows online only with
 CAP_SYS_RESOURCE, which the CI host lacks), with its data kept; the request needs no
-staging path."""
+staging path. A single-writer volume is refused a second target."""
 
 from __future__ import annotations
 
@@ -65,6 +65,22 @@ def test_a_published_volume_grows_online_and_keeps_its_data(trusted_dir: Path) -
             )
         )
         (target / "data").write_bytes(b"x" * 4096)
+        # ReadWriteOncePod: a second target of a single-writer volume is refused
+        single = pb.VolumeCapability()
+        single.CopyFrom(CAPABILITY)
+        single.access_mode.mode = pb.VolumeCapability.AccessMode.Mode.SINGLE_NODE_SINGLE_WRITER
+        with pytest.raises(grpc.RpcError) as second:
+            node.NodePublishVolume(
+                pb.NodePublishVolumeRequest(
+                    volume_id=volume.volume_id,
+                    staging_target_path=str(stage),
+                    target_path=str(trusted_dir / "pod" / "second"),
+                    volume_capability=single,
+                )
+            )
+        assert second.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert str(target) in (second.value.details() or "")
+        assert not (trusted_dir / "pod" / "second").exists()
         before = os.statvfs(target)
         new_size = 640 << 20
         reply = controller.ControllerExpandVolume(
