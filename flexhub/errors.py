@@ -13,6 +13,7 @@
     ├── CommandError                an external command failed or timed out (args masked)
     │   └── CommandTimeout
     └── VolumeError                 the storage itself refuses: wrong filesystem, no device, ...
+        ├── NoRoom                  the node or target has no room for the volume
         └── ReleaseDeferred         a detach that must wait for unreachable storage (unmount
                                     still succeeds; a later call of the node releases it)
 
@@ -37,6 +38,7 @@ __all__ = [
     "FlexhubError",
     "InvalidOptions",
     "LockTimeout",
+    "NoRoom",
     "NotSupported",
     "ReleaseDeferred",
     "StateError",
@@ -136,6 +138,10 @@ class CommandTimeout(CommandError):
 
 class VolumeError(FlexhubError):
     """The storage refuses the operation (wrong filesystem, missing device, no room...)."""
+
+
+class NoRoom(VolumeError):
+    """The node or the target has no room for the volume (CSI: ``RESOURCE_EXHAUSTED``)."""
 
 
 class ReleaseDeferred(VolumeError):

@@ -22,6 +22,7 @@ COMMANDS = frozenset(
         "provisioner",
         "node-agent",
         "reclaim-volume",
+        "csi",
         "help",
     }
 )

@@ -1,5 +1,5 @@
 """Admin commands: backends, schema, validate, version, state, install, uninstall, doctor,
-daemonset, demo, fence, new-backend."""
+daemonset, demo, fence, new-backend, csi."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from flexhub import DRIVER_NAME, __version__
+from flexhub.cli.csi import register as register_csi
 from flexhub.cli.provisioning import register as register_provisioning
 from flexhub.errors import FlexhubError
 
@@ -322,6 +323,7 @@ fence_app = typer.Typer(
 )
 app.add_typer(fence_app, name="fence")
 register_provisioning(app)
+register_csi(app)
 
 
 def _iscsi_fencing() -> Any:

@@ -2,7 +2,8 @@
 the tree, and the arrows between the packages point one way.
 
 - ``flexhub.driver`` (the kubelet path) imports nothing of ``flexhub.admin``, ``flexhub.cli``,
-  ``flexhub.testing`` or ``flexhub.provisioner``;
+  ``flexhub.testing``, ``flexhub.provisioner`` or ``flexhub.csi``;
+- ``flexhub.csi`` (the CSI front end) imports nothing of the admin tools, CLI or kit;
 - ``flexhub.node`` imports nothing of those nor of ``flexhub.driver``;
 - the public backend API (``flexhub.backend``, ``volume``, ``errors``, ``config``) imports only
   itself and ``flexhub.node``;
@@ -23,7 +24,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "flexhub"
-UPPER = ("flexhub.admin", "flexhub.cli", "flexhub.testing", "flexhub.provisioner")
+UPPER = ("flexhub.admin", "flexhub.cli", "flexhub.testing", "flexhub.provisioner", "flexhub.csi")
 PUBLIC_API = (
     "flexhub.backend",
     "flexhub.volume",
@@ -106,6 +107,19 @@ def test_backends_import_only_the_public_backend_api() -> None:
             ):
                 out.append(f"{path.relative_to(REPO)} imports {name}")
     assert out == []
+
+
+def test_the_csi_front_end_stands_on_the_public_api_and_the_core() -> None:
+    """flexhub.csi uses the backend and provisioning API, the core and the node services, and
+    the provisioner's StorageClass reader (the same validation of the same parameters); never
+    the admin tools, the CLI or the conformance kit."""
+    assert _violations("flexhub.csi", ("flexhub.admin", "flexhub.cli", "flexhub.testing")) == []
+    provisioner = [
+        v for v in _violations("flexhub.csi", ("flexhub.provisioner",))
+        if not v.endswith(("flexhub.provisioner.storageclass", "storageclass.WAIT",
+                           "storageclass.read_class"))
+    ]  # fmt: skip
+    assert provisioner == []
 
 
 def test_the_rule_sees_a_lazy_import(tmp_path: Path) -> None:

@@ -40,6 +40,9 @@ NEVER_ON_A_KNOWN_VOLUME = (
     "typer",
     "kubernetes",
     "yaml",
+    "grpc",  # gRPC and protobuf: the CSI front end's alone (flexhub.csi)
+    "google",
+    "flexhub.csi",
 )
 #: ... and not by a mount that finds the directory mounted already (no command runs).
 NEVER_WHEN_ALREADY_MOUNTED = (*NEVER_ON_A_KNOWN_VOLUME, "subprocess", "flexhub.node.fs")

@@ -1,0 +1,49 @@
+"""``flexhub csi``: the CSI plugin (Identity, Controller and/or Node over gRPC)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["register"]
+
+
+def csi(
+    endpoint: Annotated[
+        str, typer.Option(help="unix:///path of the socket to serve (created 0600)")
+    ] = "unix:///csi/csi.sock",
+    mode: Annotated[str, typer.Option(help="controller, node or both")] = "both",
+    node_id: Annotated[
+        str, typer.Option(help="this node's name (default: $NODE_NAME, else the host name)")
+    ] = "",
+    config: Annotated[
+        Path | None, typer.Option(help="flexhub node config (default: FLEXHUB_CONFIG)")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+) -> int:
+    """Serve CSI for every installed backend (logs to stderr; runs until SIGTERM)."""
+    import logging
+
+    from flexhub.config import load_config
+    from flexhub.csi.server import serve
+
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        raise typer.BadParameter(f"--log-level {log_level!r}: debug, info, warning or error")
+    root = logging.getLogger()
+    if not any(isinstance(h, logging.StreamHandler) for h in root.handlers):
+        # a long-running service logs to stderr (the admin CLI logs nowhere without --debug)
+        logging.basicConfig(
+            level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+        )
+    root.setLevel(level)
+    node = node_id or os.environ.get("NODE_NAME", "") or socket.gethostname()
+    return serve(load_config(config), endpoint, mode, node)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(csi)

@@ -1,0 +1,338 @@
+"""The CSI Controller service: volumes made and reclaimed through the provisioning API.
+
+``CreateVolume`` reads its parameters as the FlexVolume provisioner reads a StorageClass
+(:func:`flexhub.provisioner.storageclass.read_class`: ``backend`` picks the backend, the rest
+is validated against its provision schema and ``check_parameters``), makes a
+:class:`~flexhub.provisioning.Claim` whose uid is derived from the request's name (uuid5), so
+the volume id (``<backend>:<uid>``) is stable and a retried create finds what the first made,
+and calls the backend's ``provision``. ``DeleteVolume`` calls its ``reclaim`` with what
+``provision`` returned (:mod:`flexhub.csi.records`). A volume kept on one node (loopfile,
+``reclaim_on = "node"``) is made on the node the request's topology prefers (else this
+plugin's own node) and is reclaimed only by the plugin of that node.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+
+from flexhub.config import NodeConfig
+from flexhub.csi import TOPOLOGY_NODE_KEY
+from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
+from flexhub.csi.records import VolumeRecord, VolumeRecords
+from flexhub.csi.status import CsiError, InFlight, rpc
+from flexhub.csi.volumes import (
+    CONTEXT_FS_TYPE,
+    CONTEXT_NAMESPACE,
+    check_capability,
+    invalid,
+    secrets_of,
+)
+from flexhub.errors import FlexhubError
+
+__all__ = ["DEFAULT_SIZE", "ControllerService", "volume_uid"]
+
+LOG = logging.getLogger(__name__)
+
+#: The size of a volume whose request names none (the spec leaves it to the plugin).
+DEFAULT_SIZE = 1 << 30
+#: uuid5 namespace of the uids derived from CreateVolume names.
+_NAMESPACE = uuid.UUID("6f1e6d2a-3c1b-5b8e-9d7a-2f4c8e0b1a53")
+_SIDECAR_PREFIX = "csi.storage.k8s.io/"
+_UID_SHAPE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_Mode = csi_pb2.VolumeCapability.AccessMode.Mode
+_ACCESS_MODES = {
+    _Mode.SINGLE_NODE_WRITER: "ReadWriteOnce",
+    _Mode.SINGLE_NODE_READER_ONLY: "ReadWriteOnce",
+    _Mode.SINGLE_NODE_MULTI_WRITER: "ReadWriteOnce",
+    _Mode.SINGLE_NODE_SINGLE_WRITER: "ReadWriteOncePod",
+    _Mode.MULTI_NODE_READER_ONLY: "ReadOnlyMany",
+    _Mode.MULTI_NODE_SINGLE_WRITER: "ReadWriteMany",
+    _Mode.MULTI_NODE_MULTI_WRITER: "ReadWriteMany",
+}
+
+
+def volume_uid(name: str) -> str:
+    """The claim uid of a CreateVolume name: the same name, the same uid, on every host."""
+    return str(uuid.uuid5(_NAMESPACE, name))
+
+
+def _uid_of(volume_id: str) -> str:
+    """The uid part of ``<backend>:<uid>`` (``""`` for an id this controller never made)."""
+    backend, _, uid = volume_id.rpartition(":")
+    return uid if backend and len(uid) == 36 else ""
+
+
+def _size(capacity_range: Any) -> int:
+    required, limit = capacity_range.required_bytes, capacity_range.limit_bytes
+    if required < 0 or limit < 0:
+        raise invalid("capacity_range: negative bytes")
+    if limit and required > limit:
+        raise invalid(f"capacity_range: required_bytes {required} exceeds limit_bytes {limit}")
+    if required:
+        return int(required)
+    return int(min(limit, DEFAULT_SIZE)) if limit else DEFAULT_SIZE
+
+
+def _fits(size: int, capacity_range: Any) -> bool:
+    required, limit = capacity_range.required_bytes, capacity_range.limit_bytes
+    return size >= required and (not limit or size <= limit)
+
+
+class ControllerService(csi_pb2_grpc.ControllerServicer):
+    """Controller RPCs for every backend that provisions (mixes in ``Provisioning``)."""
+
+    def __init__(self, config: NodeConfig, node_id: str) -> None:
+        self.config = config
+        self.node_id = node_id
+        self.records = VolumeRecords(config.state_dir)
+        self.in_flight = InFlight()
+
+    def _backend(self, name: str) -> Any:
+        from flexhub.csi.volumes import backend_class
+        from flexhub.node import Node
+        from flexhub.provisioning import Provisioning
+
+        cls = backend_class(name, self.config)
+        if not issubclass(cls, Provisioning):
+            raise invalid(f"backend {name!r} cannot provision volumes")
+        cls.check_settings(name, self.config.backends.get(name, {}), self.config)
+        return cls(Node(self.config, backend=name))
+
+    def _node_of(self, requirements: Any) -> str:
+        for topology in [*requirements.preferred, *requirements.requisite]:
+            node = topology.segments.get(TOPOLOGY_NODE_KEY, "")
+            if node:
+                return str(node)
+        return self.node_id
+
+    @rpc
+    def ControllerGetCapabilities(self, request: Any, context: grpc.ServicerContext) -> Any:
+        rpc_type = csi_pb2.ControllerServiceCapability.RPC.Type
+        return csi_pb2.ControllerGetCapabilitiesResponse(
+            capabilities=[
+                csi_pb2.ControllerServiceCapability(
+                    rpc=csi_pb2.ControllerServiceCapability.RPC(type=t)
+                )
+                for t in (
+                    rpc_type.CREATE_DELETE_VOLUME,
+                    rpc_type.LIST_VOLUMES,
+                    rpc_type.EXPAND_VOLUME,
+                )
+            ]
+        )
+
+    @rpc
+    def CreateVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
+        name = request.name
+        if not name:
+            raise invalid("name is required")
+        if not request.volume_capabilities:
+            raise invalid("volume_capabilities is required")
+        if request.HasField("volume_content_source"):
+            raise invalid("volume content sources (snapshots, clones) are not supported yet")
+        size = _size(request.capacity_range)
+        parameters = {
+            k: v for k, v in request.parameters.items() if not k.startswith(_SIDECAR_PREFIX)
+        }
+        uid = volume_uid(name)
+        with self.in_flight.hold(uid):
+            record = self.records.get(uid)
+            if record is not None:
+                return self._existing(record, request, parameters)
+            from flexhub.driver.loader import load_backend
+            from flexhub.provisioner.storageclass import WAIT, read_class
+            from flexhub.provisioning import Claim
+
+            spec = read_class(
+                {
+                    "provisioner": "flexhub",
+                    "parameters": parameters,
+                    "volumeBindingMode": WAIT,
+                },
+                lambda backend: load_backend(backend, self.config),
+            )
+            backend = self._backend(spec.backend)
+            for capability in request.volume_capabilities:
+                reason = check_capability(capability, type(backend))
+                if reason:
+                    raise invalid(reason)
+            modes = sorted({_ACCESS_MODES[c.access_mode.mode] for c in request.volume_capabilities})
+            node = self._node_of(request.accessibility_requirements)
+            # external-provisioner passes the claim's namespace with --extra-create-metadata;
+            # without it the claim is taken as the default namespace's
+            namespace = request.parameters.get(f"{_SIDECAR_PREFIX}pvc/namespace") or "default"
+            claim = Claim(
+                uid=uid,
+                namespace=namespace,
+                name=request.parameters.get(f"{_SIDECAR_PREFIX}pvc/name", name),
+                size=size,
+                access_modes=tuple(modes),
+                selected_node=node,
+            )
+            made = backend.provision(claim, spec.parameters, secrets_of(request.secrets))
+            if not _fits(made.size, request.capacity_range):
+                raise CsiError(
+                    grpc.StatusCode.OUT_OF_RANGE,
+                    f"backend {spec.backend} made {made.size} bytes, outside the capacity range",
+                )
+            record = VolumeRecord(
+                name=name,
+                volume_id=f"{spec.backend}:{uid}",
+                backend=spec.backend,
+                parameters=parameters,
+                options={**made.options, "backend": spec.backend},
+                reclaim={**made.reclaim, "onDelete": spec.on_delete},
+                namespace=namespace,
+                size=made.size,
+                fs_type=made.fs_type or spec.fs_type,
+                node=made.node,
+            )
+            self.records.put(uid, record)
+            LOG.info("created %s (%s, %d bytes)", record.volume_id, name, record.size)
+            return csi_pb2.CreateVolumeResponse(volume=self._volume(record))
+
+    def _existing(self, record: VolumeRecord, request: Any, parameters: Mapping[str, str]) -> Any:
+        if dict(record.parameters) != parameters:
+            raise CsiError(
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"volume {request.name!r} exists with other parameters",
+            )
+        if not _fits(record.size, request.capacity_range):
+            raise CsiError(
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"volume {request.name!r} exists with {record.size} bytes, outside the "
+                "requested capacity range",
+            )
+        return csi_pb2.CreateVolumeResponse(volume=self._volume(record))
+
+    @staticmethod
+    def _volume(record: VolumeRecord) -> Any:
+        context = {**record.options, CONTEXT_NAMESPACE: record.namespace}
+        if record.fs_type:
+            context[CONTEXT_FS_TYPE] = record.fs_type
+        topology = (
+            [csi_pb2.Topology(segments={TOPOLOGY_NODE_KEY: record.node})] if record.node else []
+        )
+        return csi_pb2.Volume(
+            volume_id=record.volume_id,
+            capacity_bytes=record.size,
+            volume_context=context,
+            accessible_topology=topology,
+        )
+
+    @rpc
+    def DeleteVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if not request.volume_id:
+            raise invalid("volume_id is required")
+        uid = _uid_of(request.volume_id)
+        if not uid:
+            LOG.info("%s was never made here: nothing to delete", request.volume_id[:200])
+            return csi_pb2.DeleteVolumeResponse()
+        with self.in_flight.hold(uid):
+            record = self.records.get(uid)
+            if record is None or record.volume_id != request.volume_id:
+                LOG.info("%s is gone already", request.volume_id)
+                return csi_pb2.DeleteVolumeResponse()
+            backend = self._backend(record.backend)
+            from flexhub.provisioning import NODE
+
+            if type(backend).reclaim_on == NODE and record.node != self.node_id:
+                raise CsiError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"volume {record.volume_id} lives on node {record.node!r}: only that "
+                    "node's plugin can delete it",
+                )
+            backend.reclaim(record.options, record.reclaim, secrets_of(request.secrets))
+            self.records.delete(uid)
+            LOG.info("deleted %s", record.volume_id)
+        return csi_pb2.DeleteVolumeResponse()
+
+    @rpc
+    def ValidateVolumeCapabilities(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if not request.volume_id:
+            raise invalid("volume_id is required")
+        if not request.volume_capabilities:
+            raise invalid("volume_capabilities is required")
+        uid = _uid_of(request.volume_id)
+        record = self.records.get(uid) if uid else None
+        if record is None or record.volume_id != request.volume_id:
+            raise CsiError(grpc.StatusCode.NOT_FOUND, f"no volume {request.volume_id[:200]!r}")
+        try:
+            cls = type(self._backend(record.backend))
+        except FlexhubError as exc:
+            raise CsiError(grpc.StatusCode.FAILED_PRECONDITION, exc.message) from None
+        for capability in request.volume_capabilities:
+            reason = check_capability(capability, cls)
+            if reason:
+                return csi_pb2.ValidateVolumeCapabilitiesResponse(message=reason)
+        return csi_pb2.ValidateVolumeCapabilitiesResponse(
+            confirmed=csi_pb2.ValidateVolumeCapabilitiesResponse.Confirmed(
+                volume_context=request.volume_context,
+                volume_capabilities=request.volume_capabilities,
+                parameters=request.parameters,
+            )
+        )
+
+    @rpc
+    def ListVolumes(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """The volumes this controller made, by uid; ``next_token`` is the last uid of the
+        page, so a volume deleted between pages (the token's own too) shifts nothing."""
+        if request.max_entries < 0:
+            raise invalid("max_entries must not be negative")
+        token = request.starting_token
+        if token and not _UID_SHAPE.fullmatch(token):
+            raise CsiError(grpc.StatusCode.ABORTED, f"starting_token {token[:80]!r} is not ours")
+        uids = [u for u in self.records.uids() if u > token]
+        page = uids[: request.max_entries] if request.max_entries else uids
+        entries = []
+        for uid in page:
+            record = self.records.get(uid)
+            if record is not None:  # deleted meanwhile
+                entries.append(csi_pb2.ListVolumesResponse.Entry(volume=self._volume(record)))
+        more = request.max_entries and len(uids) > len(page)
+        return csi_pb2.ListVolumesResponse(entries=entries, next_token=page[-1] if more else "")
+
+    @rpc
+    def ControllerExpandVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """The backend's ``expand_storage`` where it grows storage on its side (a LUN);
+        otherwise only the record: the node grows a loop file, NFS enforces no size."""
+        if not request.volume_id:
+            raise invalid("volume_id is required")
+        new_size = request.capacity_range.required_bytes or request.capacity_range.limit_bytes
+        if new_size <= 0:
+            raise invalid("capacity_range: the new size is required")
+        uid = _uid_of(request.volume_id)
+        with self.in_flight.hold(uid or request.volume_id):
+            record = self.records.get(uid) if uid else None
+            if record is None or record.volume_id != request.volume_id:
+                raise CsiError(grpc.StatusCode.NOT_FOUND, f"no volume {request.volume_id!r}")
+            backend = self._backend(record.backend)
+            from flexhub.backend import BlockBackend
+
+            size = record.size
+            if new_size > record.size:
+                if type(backend).expands_storage:
+                    size = int(
+                        backend.expand_storage(
+                            record.options, record.reclaim, new_size, secrets_of(request.secrets)
+                        )
+                    )
+                else:
+                    size = new_size
+                self.records.put(uid, _resized(record, size))
+                LOG.info("expanded %s to %d bytes", record.volume_id, size)
+        return csi_pb2.ControllerExpandVolumeResponse(
+            capacity_bytes=size, node_expansion_required=isinstance(backend, BlockBackend)
+        )
+
+
+def _resized(record: VolumeRecord, size: int) -> VolumeRecord:
+    fields = record.to_json()
+    fields["size"] = size
+    return VolumeRecord(**fields)

@@ -1,0 +1,293 @@
+"""The CSI Node service: stage once per node, publish per pod, through the FlexVolume core.
+
+* ``NodeStageVolume`` is the FlexVolume driver's ``mount`` with the CO's staging directory as
+  the mount directory (:func:`flexhub.node.volumes.mount_volume`): the same journal, locks,
+  safe format and, for block backends, flexhub's own staging mount per node bound into it.
+* ``NodeUnstageVolume`` is the driver's ``unmount`` of it
+  (:func:`flexhub.node.volumes.unmount_volume`): the last user releases the device.
+* ``NodePublishVolume`` bind-mounts the staged directory on the pod's target path (read-only
+  when asked, verified), ``NodeUnpublishVolume`` unmounts it and removes the target path.
+* ``NodeGetVolumeStats`` is ``statvfs`` of a mounted volume path (bytes and inodes).
+
+A second call on a volume while one runs is refused with ``ABORTED`` (:class:`InFlight`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from flexhub.config import NodeConfig
+from flexhub.csi import TOPOLOGY_NODE_KEY
+from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
+from flexhub.csi.records import StagedContexts
+from flexhub.csi.status import CsiError, InFlight, rpc
+from flexhub.csi.volumes import flexhub_volume, invalid
+
+__all__ = ["NodeService"]
+
+LOG = logging.getLogger(__name__)
+
+_Cap = csi_pb2.NodeServiceCapability.RPC.Type
+_SINGLE_WRITER = csi_pb2.VolumeCapability.AccessMode.Mode.SINGLE_NODE_SINGLE_WRITER
+
+
+def _require(value: str, what: str) -> str:
+    if not value:
+        raise invalid(f"{what} is required")
+    if "\0" in value:
+        raise invalid(f"{what} must not contain a NUL character")
+    return value
+
+
+def _path(value: str, what: str) -> Path:
+    _require(value, what)
+    if not os.path.isabs(value):
+        raise invalid(f"{what} {value[:200]!r} is not an absolute path")
+    return Path(os.path.normpath(value))
+
+
+class NodeService(csi_pb2_grpc.NodeServicer):
+    """Node RPCs for every installed backend (the volume context's ``backend`` picks)."""
+
+    def __init__(self, config: NodeConfig, node_id: str) -> None:
+        self.config = config
+        self.node_id = node_id
+        self.in_flight = InFlight()
+        self.staged = StagedContexts(config.state_dir)
+
+    def _node(self) -> Any:
+        from flexhub.node import Node
+
+        return Node(self.config)
+
+    @rpc
+    def NodeGetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return csi_pb2.NodeGetInfoResponse(
+            node_id=self.node_id,
+            accessible_topology=csi_pb2.Topology(segments={TOPOLOGY_NODE_KEY: self.node_id}),
+        )
+
+    @rpc
+    def NodeGetCapabilities(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return csi_pb2.NodeGetCapabilitiesResponse(
+            capabilities=[
+                csi_pb2.NodeServiceCapability(rpc=csi_pb2.NodeServiceCapability.RPC(type=t))
+                for t in (
+                    _Cap.STAGE_UNSTAGE_VOLUME,
+                    _Cap.GET_VOLUME_STATS,
+                    _Cap.EXPAND_VOLUME,
+                    _Cap.SINGLE_NODE_MULTI_WRITER,
+                )
+            ]
+        )
+
+    @rpc
+    def NodeStageVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
+        volume_id = _require(request.volume_id, "volume_id")
+        staging = _path(request.staging_target_path, "staging_target_path")
+        if not request.HasField("volume_capability"):
+            raise invalid("volume_capability is required")
+        from flexhub.node.volumes import mount_volume
+
+        with self.in_flight.hold(volume_id):
+            volume, backend, node = flexhub_volume(
+                request.volume_context,
+                request.volume_capability,
+                request.secrets,
+                self.config,
+            )
+            if not staging.is_dir():
+                raise invalid(f"staging_target_path {staging} is not a directory")
+            self.staged.put(staging, volume_id, request.volume_context)
+            try:
+                mount_volume(node, backend, staging, volume)
+            except BaseException:
+                if not node.mounts.is_mount_point(staging):  # rolled back: nothing staged
+                    self.staged.delete(staging)
+                raise
+            LOG.info("staged %s on %s", volume_id, staging)
+        return csi_pb2.NodeStageVolumeResponse()
+
+    @rpc
+    def NodeUnstageVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
+        volume_id = _require(request.volume_id, "volume_id")
+        staging = _path(request.staging_target_path, "staging_target_path")
+        from flexhub.driver.loader import backend_factory
+        from flexhub.node.volumes import unmount_volume
+
+        with self.in_flight.hold(volume_id):
+            node = self._node()
+            note = unmount_volume(node, staging, backend_factory(self.config))
+            self.staged.delete(staging)
+            LOG.info("unstaged %s from %s%s", volume_id, staging, f" ({note})" if note else "")
+        return csi_pb2.NodeUnstageVolumeResponse()
+
+    @rpc
+    def NodePublishVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
+        volume_id = _require(request.volume_id, "volume_id")
+        staging = _path(request.staging_target_path, "staging_target_path")
+        target = _path(request.target_path, "target_path")
+        if not request.HasField("volume_capability"):
+            raise invalid("volume_capability is required")
+        from flexhub.csi.volumes import check_capability
+        from flexhub.node.mounts import bind_mount
+
+        reason = check_capability(request.volume_capability)
+        if reason:
+            raise invalid(reason)
+        with self.in_flight.hold(volume_id):
+            node = self._node()
+            staged = node.mounts.at(staging)
+            if staged is None:
+                raise CsiError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"volume {volume_id} is not staged on {staging} (NodeStageVolume first)",
+                )
+            current = node.mounts.at(target)
+            if current is not None:
+                if _same_mount(current, staged) and current.read_only == request.readonly:
+                    return csi_pb2.NodePublishVolumeResponse()
+                raise CsiError(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"{target} is already a mount point of another volume or with other flags",
+                )
+            if request.volume_capability.access_mode.mode == _SINGLE_WRITER:
+                self._refuse_second_writer(node, volume_id, staging, target, staged)
+            target.mkdir(mode=0o750, parents=True, exist_ok=True)
+            bind_mount(
+                node.runner,
+                staging,
+                target,
+                request.readonly,
+                node.mounts,
+                self.config.mount_timeout,
+            )
+            LOG.info("published %s on %s%s", volume_id, target, " (ro)" if request.readonly else "")
+        return csi_pb2.NodePublishVolumeResponse()
+
+    def _refuse_second_writer(
+        self, node: Any, volume_id: str, staging: Path, target: Path, staged: Any
+    ) -> None:
+        """A ``SINGLE_NODE_SINGLE_WRITER`` volume (ReadWriteOncePod) is published on one
+        target at most: any other mount of the staged filesystem (but the staging mounts) is
+        ``FAILED_PRECONDITION``. Found in mountinfo, so it holds across plugin restarts."""
+        from flexhub.node.podrecords import pod_dir
+
+        own = {str(pod_dir(staging)), str(pod_dir(target))}
+        state = str(self.config.state_dir.resolve())
+        for entry in node.mounts.entries():
+            point = entry.mount_point
+            if (
+                _same_mount(entry, staged)
+                and point not in own
+                and not point.startswith(state + os.sep)
+            ):
+                raise CsiError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"volume {volume_id} is single-writer (SINGLE_NODE_SINGLE_WRITER) and "
+                    f"already published on {point}",
+                )
+
+    @rpc
+    def NodeUnpublishVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
+        volume_id = _require(request.volume_id, "volume_id")
+        target = _path(request.target_path, "target_path")
+        with self.in_flight.hold(volume_id):
+            node = self._node()
+            node.unmount(target)
+            try:
+                target.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise CsiError(
+                    grpc.StatusCode.INTERNAL, f"cannot remove {target}: {exc.strerror}"
+                ) from None
+            LOG.info("unpublished %s from %s", volume_id, target)
+        return csi_pb2.NodeUnpublishVolumeResponse()
+
+    @rpc
+    def NodeExpandVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """The FlexVolume driver's ``expandfs`` of the staged volume: the backend grows the
+        device, the core the filesystem (verified), with the context kept at stage."""
+        volume_id = _require(request.volume_id, "volume_id")
+        path = Path(os.path.normpath(_require(request.volume_path, "volume_path")))
+        node = self._node()
+        if not path.is_absolute() or not path.exists() or not node.mounts.is_mount_point(path):
+            raise CsiError(grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not on {path}")
+        new_size = request.capacity_range.required_bytes or request.capacity_range.limit_bytes
+        if new_size <= 0:
+            raise invalid("capacity_range: the new size is required")
+        if request.staging_target_path:
+            staging = _path(request.staging_target_path, "staging_target_path")
+        else:  # optional in the request: where this node staged the volume
+            places = self.staged.of_volume(volume_id)
+            if len(places) != 1:
+                raise CsiError(
+                    grpc.StatusCode.NOT_FOUND if not places else grpc.StatusCode.INVALID_ARGUMENT,
+                    f"volume {volume_id} is staged on {len(places)} directories here: "
+                    "name staging_target_path",
+                )
+            staging = places[0]
+        found = self.staged.get(staging)
+        if found is None or found[0] != volume_id:
+            raise CsiError(
+                grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not staged on {staging}"
+            )
+        capability = (
+            request.volume_capability
+            if request.HasField("volume_capability")
+            else csi_pb2.VolumeCapability(
+                mount=csi_pb2.VolumeCapability.MountVolume(),
+                access_mode=csi_pb2.VolumeCapability.AccessMode(
+                    mode=csi_pb2.VolumeCapability.AccessMode.Mode.SINGLE_NODE_WRITER
+                ),
+            )
+        )
+        from flexhub.node.volumes import expand_volume
+
+        with self.in_flight.hold(volume_id):
+            volume, backend, node = flexhub_volume(found[1], capability, {}, self.config)
+            expand_volume(node, backend, staging, volume, new_size)
+            LOG.info("expanded %s to %d bytes", volume_id, new_size)
+        return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=new_size)
+
+    @rpc
+    def NodeGetVolumeStats(self, request: Any, context: grpc.ServicerContext) -> Any:
+        volume_id = _require(request.volume_id, "volume_id")
+        path = Path(os.path.normpath(_require(request.volume_path, "volume_path")))
+        node = self._node()
+        if not path.is_absolute() or not path.exists() or not node.mounts.is_mount_point(path):
+            raise CsiError(
+                grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not mounted on {path}"
+            )
+        if node.is_corrupted(path):
+            raise CsiError(grpc.StatusCode.INTERNAL, f"{path} is a stale or broken mount")
+        st = os.statvfs(path)
+        unit = csi_pb2.VolumeUsage.Unit
+        return csi_pb2.NodeGetVolumeStatsResponse(
+            usage=[
+                csi_pb2.VolumeUsage(
+                    unit=unit.BYTES,
+                    total=st.f_blocks * st.f_frsize,
+                    available=st.f_bavail * st.f_frsize,
+                    used=(st.f_blocks - st.f_bfree) * st.f_frsize,
+                ),
+                csi_pb2.VolumeUsage(
+                    unit=unit.INODES,
+                    total=st.f_files,
+                    available=st.f_favail,
+                    used=st.f_files - st.f_ffree,
+                ),
+            ]
+        )
+
+
+def _same_mount(entry: Any, other: Any) -> bool:
+    """Whether two mountinfo entries show the same filesystem and root (a bind of it)."""
+    return bool(entry.major_minor == other.major_minor and entry.root == other.root)

@@ -1,0 +1,198 @@
+"""The controller's record of each volume it created: what ``DeleteVolume`` reclaims.
+
+CSI gives ``DeleteVolume`` nothing but the volume id, while a backend's
+:meth:`~flexhub.provisioning.Provisioning.reclaim` needs what ``provision`` returned (the PV's
+options and reclaim record, which the FlexVolume provisioner keeps on the PV). The controller
+keeps them in ``<state_dir>/csi/volumes/<uid>.json`` (0600, written atomically and synced),
+one file per volume, named by the uid derived from the request's name. A retried
+``CreateVolume`` finds the record and answers the same volume; never a secret in it.
+
+Limitation: the records live on the controller's host. A controller that moves to another
+host without its state directory cannot reclaim what it created before (the next step is to
+keep them in the API server, as the FlexVolume provisioner keeps them on the PV).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flexhub.errors import StateError
+from flexhub.node.frozen import Frozen
+
+__all__ = ["StagedContexts", "VolumeRecord", "VolumeRecords"]
+
+_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+class VolumeRecord(Frozen):
+    """One created volume."""
+
+    # the fields, in order
+    __slots__ = (  # noqa: RUF023
+        "name",
+        "volume_id",
+        "backend",
+        "parameters",
+        "options",
+        "reclaim",
+        "size",
+        "fs_type",
+        "node",
+        "namespace",
+    )
+    name: str
+    volume_id: str
+    backend: str
+    parameters: Mapping[str, str]
+    options: Mapping[str, str]
+    reclaim: Mapping[str, str]
+    size: int
+    fs_type: str
+    node: str
+    namespace: str
+
+    def __init__(
+        self,
+        name: str,
+        volume_id: str,
+        backend: str,
+        parameters: Mapping[str, str],
+        options: Mapping[str, str],
+        reclaim: Mapping[str, str],
+        size: int,
+        fs_type: str,
+        node: str,
+        namespace: str,
+    ) -> None:
+        self._set(
+            name=name,
+            volume_id=volume_id,
+            backend=backend,
+            parameters=dict(parameters),
+            options=dict(options),
+            reclaim=dict(reclaim),
+            size=size,
+            fs_type=fs_type,
+            node=node,
+            namespace=namespace,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class VolumeRecords:
+    """The records under ``<state_dir>/csi/volumes``."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.directory = state_dir / "csi" / "volumes"
+
+    def _path(self, uid: str) -> Path:
+        if not _UID.fullmatch(uid):
+            raise StateError(f"not a volume uid: {uid[:80]!r}")
+        return self.directory / f"{uid}.json"
+
+    def get(self, uid: str) -> VolumeRecord | None:
+        try:
+            data = json.loads(self._path(uid).read_text())
+            return VolumeRecord(**{k: data[k] for k in VolumeRecord.__slots__})
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StateError(f"volume record {uid} unreadable: {exc}") from None
+
+    def uids(self) -> list[str]:
+        """Every recorded uid, sorted."""
+        try:
+            names = [p.stem for p in self.directory.glob("*.json")]
+        except OSError as exc:
+            raise StateError(f"cannot list the volume records: {exc.strerror}") from None
+        return sorted(n for n in names if _UID.fullmatch(n))
+
+    def put(self, uid: str, record: VolumeRecord) -> None:
+        _write_json(self.directory, self._path(uid), record.to_json(), f"volume record {uid}")
+
+    def delete(self, uid: str) -> None:
+        try:
+            self._path(uid).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StateError(f"cannot remove volume record {uid}: {exc.strerror}") from None
+
+
+class StagedContexts:
+    """The volume context of each volume staged on this node, by staging directory:
+    ``NodeExpandVolume`` carries none, and a backend grows a volume from its options (the
+    loop file's name and preallocation). ``<state_dir>/csi/staged/<sha256(path)[:32]>.json``,
+    0600, written before the stage and removed after the unstage; the context is the PV's
+    ``volumeAttributes`` (never a secret)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.directory = state_dir / "csi" / "staged"
+
+    def _path(self, staging: Path) -> Path:
+        import hashlib
+
+        return self.directory / f"{hashlib.sha256(str(staging).encode()).hexdigest()[:32]}.json"
+
+    def put(self, staging: Path, volume_id: str, context: Mapping[str, str]) -> None:
+        data = {"staging": str(staging), "volume_id": volume_id, "context": dict(context)}
+        _write_json(self.directory, self._path(staging), data, f"staged context of {staging}")
+
+    def get(self, staging: Path) -> tuple[str, dict[str, str]] | None:
+        """``(volume id, context)`` of the volume staged on ``staging``, or ``None``."""
+        try:
+            data = json.loads(self._path(staging).read_text())
+            if data["staging"] != str(staging):
+                return None
+            return str(data["volume_id"]), {str(k): str(v) for k, v in data["context"].items()}
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise StateError(f"staged context of {staging} unreadable: {exc}") from None
+
+    def of_volume(self, volume_id: str) -> list[Path]:
+        """The staging directories ``volume_id`` is staged on (a request may name none)."""
+        found = []
+        for path in sorted(self.directory.glob("*.json")):
+            try:
+                data = json.loads(path.read_text())
+                if data["volume_id"] == volume_id:
+                    found.append(Path(data["staging"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return found
+
+    def delete(self, staging: Path) -> None:
+        try:
+            self._path(staging).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StateError(f"cannot remove the staged context of {staging}: {exc}") from None
+
+
+def _write_json(directory: Path, path: Path, data: Any, what: str) -> None:
+    """Write ``data`` to ``path`` atomically (0600, synced with its directory)."""
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out, sort_keys=True)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as exc:
+        raise StateError(f"cannot write the {what}: {exc.strerror}") from None

@@ -1,0 +1,149 @@
+"""A CSI request's volume as flexhub's: the backend, its validated options, the secrets.
+
+The volume context is a FlexVolume PV's ``options`` (``backend`` picks the backend, every other
+key is the backend's, validated against its schema), plus ``flexhub.csi/fsType`` and
+``flexhub.csi/namespace`` when the controller set them. It is validated on exactly the
+FlexVolume driver's path
+(:func:`flexhub.driver.loader.load_backend`, :func:`flexhub.settings.check_backend_table`,
+:func:`flexhub.driver.validation.validate_options`, the backend's ``check_options`` and
+``check``). The capability's ``mount_flags`` join the options' ``mountOptions``, so the
+backend's schema and the core's allow-list judge them as they judge a PV's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+
+from flexhub.backend import Backend, FilesystemBackend
+from flexhub.config import NodeConfig
+from flexhub.csi.proto import csi_pb2
+from flexhub.csi.status import CsiError
+from flexhub.errors import InvalidOptions, remember_secrets
+from flexhub.node import Node
+from flexhub.volume import PodInfo, Secret, Secrets, Volume
+
+__all__ = [
+    "CONTEXT_FS_TYPE",
+    "CONTEXT_NAMESPACE",
+    "backend_class",
+    "check_capability",
+    "flexhub_volume",
+    "secrets_of",
+]
+
+#: The volume context key of the filesystem the controller chose (the class's ``fsType``).
+CONTEXT_FS_TYPE = "flexhub.csi/fsType"
+#: The volume context key of the claim's namespace: a backend that resolves a volume in its
+#: pod's namespace (loopfile's per-namespace areas) gets it as the pod's, since a CSI stage
+#: names no pod. Only the controller (or an admin's static PV) writes a volume context.
+CONTEXT_NAMESPACE = "flexhub.csi/namespace"
+_OWN_KEYS = (CONTEXT_FS_TYPE, CONTEXT_NAMESPACE)
+#: Keys the sidecars add (``csi.storage.k8s.io/pvc/name``, ...): never the backend's.
+_SIDECAR_PREFIX = "csi.storage.k8s.io/"
+
+_Mode = csi_pb2.VolumeCapability.AccessMode.Mode
+#: Access modes of one node (every backend) and of several (filesystem backends only).
+SINGLE_NODE = frozenset(
+    {
+        _Mode.SINGLE_NODE_WRITER,
+        _Mode.SINGLE_NODE_READER_ONLY,
+        _Mode.SINGLE_NODE_SINGLE_WRITER,
+        _Mode.SINGLE_NODE_MULTI_WRITER,
+    }
+)
+MULTI_NODE = frozenset(
+    {
+        _Mode.MULTI_NODE_READER_ONLY,
+        _Mode.MULTI_NODE_SINGLE_WRITER,
+        _Mode.MULTI_NODE_MULTI_WRITER,
+    }
+)
+READ_ONLY_MODES = frozenset({_Mode.SINGLE_NODE_READER_ONLY, _Mode.MULTI_NODE_READER_ONLY})
+
+
+def invalid(message: str) -> CsiError:
+    return CsiError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def secrets_of(raw: Mapping[str, str]) -> Secrets:
+    """The request's secrets (raw values, as CSI sends them), remembered for redaction."""
+    remember_secrets(raw.values())
+    return Secrets({key: Secret(value) for key, value in raw.items()})
+
+
+def backend_class(name: str, config: NodeConfig) -> type[Backend]:
+    from flexhub.driver.loader import load_backend
+    from flexhub.settings import check_backend_table
+
+    cls = load_backend(name or None, config)
+    check_backend_table(config, name, cls)
+    return cls
+
+
+def check_capability(capability: Any, cls: type[Backend] | None = None) -> str:
+    """Refuse a capability flexhub cannot serve; return the reason (``""``: supported).
+
+    Raw block volumes are not served yet; several nodes only for filesystem backends.
+    """
+    if capability.WhichOneof("access_type") == "block":
+        return "raw block volumes (access type block) are not supported yet"
+    if capability.WhichOneof("access_type") != "mount":
+        return "the volume capability has no access type (mount or block)"
+    mode = capability.access_mode.mode
+    if mode in SINGLE_NODE:
+        return ""
+    if mode in MULTI_NODE:
+        if cls is None or issubclass(cls, FilesystemBackend):
+            return ""
+        return f"access mode {_Mode.Name(mode)}: a {cls.__name__} volume is one node's"
+    return f"access mode {mode} is not supported"
+
+
+def flexhub_volume(
+    context: Mapping[str, str],
+    capability: Any,
+    secrets: Mapping[str, str],
+    config: NodeConfig,
+    *,
+    read_only: bool = False,
+) -> tuple[Volume, Backend, Node]:
+    """Validate a node request's volume as the FlexVolume driver validates a ``mount``.
+
+    :raises CsiError: ``INVALID_ARGUMENT`` for a context that names no backend or a
+        capability flexhub cannot serve.
+    :raises InvalidOptions: the options fail the backend's schema or checks.
+    """
+    from flexhub.driver.memo import Memo
+    from flexhub.driver.validation import validate_options
+
+    options = {
+        k: v for k, v in context.items() if not k.startswith(_SIDECAR_PREFIX) and k not in _OWN_KEYS
+    }
+    if not options.get("backend"):
+        raise invalid("the volume context names no backend (key 'backend')")
+    cls = backend_class(options["backend"], config)
+    reason = check_capability(capability, cls)
+    if reason:
+        raise invalid(reason)
+    flags = [f for f in capability.mount.mount_flags if f]
+    if flags:
+        if any("," in f for f in flags):
+            raise InvalidOptions("a mount flag must not contain a comma")
+        given = [o for o in options.get("mountOptions", "").split(",") if o]
+        options["mountOptions"] = ",".join([*given, *(f for f in flags if f not in given)])
+    validate_options(cls, options, Memo(config.state_dir))
+    volume = Volume(
+        options=options,
+        fs_type=capability.mount.fs_type or context.get(CONTEXT_FS_TYPE, ""),
+        read_only=read_only or capability.access_mode.mode in READ_ONLY_MODES,
+        pod=PodInfo(namespace=context.get(CONTEXT_NAMESPACE, "")),
+        secrets=secrets_of(secrets),
+    )
+    node = Node(config, backend=volume.backend)
+    backend = cls(node)
+    cls.check_options(volume)
+    backend.check(volume)
+    return volume, backend, node

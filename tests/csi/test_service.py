@@ -1,0 +1,388 @@
+"""The CSI services over a real gRPC unix socket, in process: identity, controller decisions
+and the node's argument checks (the node's real stage and publish: test_sanity.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from flexhub import __version__
+from flexhub.config import NodeConfig
+from flexhub.csi import DRIVER_NAME, TOPOLOGY_NODE_KEY
+from flexhub.csi.proto import csi_pb2 as pb
+from flexhub.csi.proto import csi_pb2_grpc as rpc
+from flexhub.csi.server import build_server
+from flexhub.errors import UsageError
+
+Mode = pb.VolumeCapability.AccessMode.Mode
+S = grpc.StatusCode
+
+
+@dataclass
+class Plugin:
+    identity: Any
+    controller: Any
+    node: Any
+    state: Path
+
+
+def _config(tmp_path: Path) -> NodeConfig:
+    return NodeConfig(
+        state_dir=tmp_path / "state",
+        log_dir=tmp_path / "log",
+        lock_timeout=10,
+        command_timeout=30,
+        backends={"loopfile": {"root": str(tmp_path / "loopfiles")}},
+    )
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Any]:
+    servers: list[Any] = []
+    channels: list[Any] = []
+
+    def start(mode: str = "both", node_id: str = "node-1") -> Plugin:
+        sock = tmp_path / f"{mode}-{node_id}.sock"
+        servers.append(build_server(_config(tmp_path), f"unix://{sock}", mode, node_id))
+        channel = grpc.insecure_channel(f"unix://{sock}")
+        channels.append(channel)
+        return Plugin(
+            rpc.IdentityStub(channel),
+            rpc.ControllerStub(channel),
+            rpc.NodeStub(channel),
+            tmp_path / "state",
+        )
+
+    yield start
+    for channel in channels:
+        channel.close()
+    for server in servers:
+        server.stop(0)
+
+
+def mount(mode: int = Mode.SINGLE_NODE_WRITER) -> Any:
+    return pb.VolumeCapability(
+        mount=pb.VolumeCapability.MountVolume(),
+        access_mode=pb.VolumeCapability.AccessMode(mode=mode),
+    )
+
+
+def block() -> Any:
+    return pb.VolumeCapability(
+        block=pb.VolumeCapability.BlockVolume(),
+        access_mode=pb.VolumeCapability.AccessMode(mode=Mode.SINGLE_NODE_WRITER),
+    )
+
+
+def create(plugin: Plugin, name: str = "pvc-a", size: int = 8 << 20, **kw: Any) -> Any:
+    kw.setdefault("parameters", {"backend": "loopfile"})
+    kw.setdefault("volume_capabilities", [mount()])
+    request = pb.CreateVolumeRequest(
+        name=name, capacity_range=pb.CapacityRange(required_bytes=size), **kw
+    )
+    return plugin.controller.CreateVolume(request).volume
+
+
+def refused(call: Any, request: Any) -> tuple[S, str]:
+    with pytest.raises(grpc.RpcError) as caught:
+        call(request)
+    return caught.value.code(), caught.value.details()
+
+
+def test_identity_names_the_one_driver_and_what_this_process_serves(serve: Any) -> None:
+    both, node_only = serve("both"), serve("node", "node-2")
+    info = both.identity.GetPluginInfo(pb.GetPluginInfoRequest())
+    assert (info.name, info.vendor_version) == (DRIVER_NAME, __version__)
+    Type = pb.PluginCapability.Service.Type
+
+    def services(plugin: Plugin) -> set[int]:
+        reply = plugin.identity.GetPluginCapabilities(pb.GetPluginCapabilitiesRequest())
+        return {c.service.type for c in reply.capabilities}
+
+    assert services(both) == {Type.CONTROLLER_SERVICE, Type.VOLUME_ACCESSIBILITY_CONSTRAINTS}
+    assert services(node_only) == {Type.VOLUME_ACCESSIBILITY_CONSTRAINTS}
+    assert both.identity.Probe(pb.ProbeRequest()).ready.value is True
+    code, _ = refused(node_only.controller.ControllerGetCapabilities,
+                      pb.ControllerGetCapabilitiesRequest())  # fmt: skip
+    assert code == S.UNIMPLEMENTED
+    info = both.node.NodeGetInfo(pb.NodeGetInfoRequest())
+    assert info.node_id == "node-1"
+    assert dict(info.accessible_topology.segments) == {TOPOLOGY_NODE_KEY: "node-1"}
+
+
+def test_a_retried_create_finds_the_first_volume_and_a_different_one_already_exists(
+    serve: Any,
+) -> None:
+    plugin = serve()
+    first = create(plugin)
+    again = create(plugin)
+    assert again == first
+    assert first.volume_id.startswith("loopfile:")
+    assert first.capacity_bytes == 8 << 20
+    assert first.volume_context["backend"] == "loopfile"
+    assert first.volume_context["file"].endswith(".img")
+    assert [dict(t.segments) for t in first.accessible_topology] == [{TOPOLOGY_NODE_KEY: "node-1"}]
+    code, message = refused(
+        plugin.controller.CreateVolume,
+        pb.CreateVolumeRequest(
+            name="pvc-a",
+            capacity_range=pb.CapacityRange(required_bytes=16 << 20),
+            volume_capabilities=[mount()],
+            parameters={"backend": "loopfile"},
+        ),
+    )
+    assert code == S.ALREADY_EXISTS and "\n" not in message
+    code, _ = refused(
+        plugin.controller.CreateVolume,
+        pb.CreateVolumeRequest(
+            name="pvc-a",
+            capacity_range=pb.CapacityRange(required_bytes=8 << 20),
+            volume_capabilities=[mount()],
+            parameters={"backend": "loopfile", "preallocate": "true"},
+        ),
+    )
+    assert code == S.ALREADY_EXISTS
+    other = create(plugin, "pvc-b")
+    assert other.volume_id != first.volume_id
+
+
+@pytest.mark.parametrize(
+    ("parameters", "capability", "words"),
+    [
+        ({}, None, "backend"),
+        ({"backend": "loopfile", "colour": "blue"}, None, "colour"),
+        ({"backend": "nosuchbackend"}, None, "nosuchbackend"),
+        ({"backend": "loopfile"}, "block", "raw block"),
+        ({"backend": "loopfile"}, "multi", "MULTI_NODE_MULTI_WRITER"),
+    ],
+)
+def test_a_bad_create_is_invalid_argument_in_one_line_and_records_nothing(
+    serve: Any, parameters: dict[str, str], capability: str | None, words: str
+) -> None:
+    plugin = serve()
+    caps = {None: mount(), "block": block(), "multi": mount(Mode.MULTI_NODE_MULTI_WRITER)}
+    request = pb.CreateVolumeRequest(
+        name="pvc-bad",
+        capacity_range=pb.CapacityRange(required_bytes=1 << 20),
+        volume_capabilities=[caps[capability]],
+        parameters=parameters,
+    )
+    code, message = refused(plugin.controller.CreateVolume, request)
+    assert code == S.INVALID_ARGUMENT, message
+    assert words in message and "\n" not in message
+    assert not list((plugin.state / "csi" / "volumes").glob("*.json"))
+
+
+def test_delete_is_idempotent_and_only_the_volume_s_node_deletes_a_node_local_volume(
+    serve: Any,
+) -> None:
+    plugin = serve()
+    elsewhere = create(
+        plugin,
+        "pvc-far",
+        accessibility_requirements=pb.TopologyRequirement(
+            preferred=[pb.Topology(segments={TOPOLOGY_NODE_KEY: "node-2"})]
+        ),
+    )
+    assert [dict(t.segments) for t in elsewhere.accessible_topology] == [
+        {TOPOLOGY_NODE_KEY: "node-2"}
+    ]
+    code, message = refused(
+        plugin.controller.DeleteVolume, pb.DeleteVolumeRequest(volume_id=elsewhere.volume_id)
+    )
+    assert code == S.FAILED_PRECONDITION and "node-2" in message
+    here = create(plugin, "pvc-here")
+    for _ in range(2):
+        plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=here.volume_id))
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id="never-made-here"))
+    code, _ = refused(plugin.controller.DeleteVolume, pb.DeleteVolumeRequest())
+    assert code == S.INVALID_ARGUMENT
+
+
+def test_validate_confirms_what_is_served_and_not_found_for_an_unknown_volume(
+    serve: Any,
+) -> None:
+    plugin = serve()
+    volume = create(plugin)
+    ok = plugin.controller.ValidateVolumeCapabilities(
+        pb.ValidateVolumeCapabilitiesRequest(
+            volume_id=volume.volume_id, volume_capabilities=[mount()]
+        )
+    )
+    assert list(ok.confirmed.volume_capabilities) == [mount()]
+    no = plugin.controller.ValidateVolumeCapabilities(
+        pb.ValidateVolumeCapabilitiesRequest(
+            volume_id=volume.volume_id, volume_capabilities=[block()]
+        )
+    )
+    assert not no.HasField("confirmed") and "block" in no.message
+    code, _ = refused(
+        plugin.controller.ValidateVolumeCapabilities,
+        pb.ValidateVolumeCapabilitiesRequest(
+            volume_id="loopfile:00000000-0000-5000-8000-000000000000",
+            volume_capabilities=[mount()],
+        ),
+    )
+    assert code == S.NOT_FOUND
+
+
+def test_node_calls_check_their_arguments_before_touching_anything(
+    serve: Any, tmp_path: Path
+) -> None:
+    plugin = serve()
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    context = {"backend": "loopfile", "file": "a.img", "size": "8Mi"}
+    cases = [
+        (plugin.node.NodeStageVolume,
+         pb.NodeStageVolumeRequest(staging_target_path=str(stage), volume_capability=mount(),
+                                   volume_context=context), S.INVALID_ARGUMENT),
+        (plugin.node.NodeStageVolume,
+         pb.NodeStageVolumeRequest(volume_id="v", staging_target_path=str(stage),
+                                   volume_context=context), S.INVALID_ARGUMENT),
+        (plugin.node.NodeStageVolume,
+         pb.NodeStageVolumeRequest(volume_id="v", staging_target_path="relative",
+                                   volume_capability=mount(), volume_context=context),
+         S.INVALID_ARGUMENT),
+        (plugin.node.NodeStageVolume,
+         pb.NodeStageVolumeRequest(volume_id="v", staging_target_path=str(stage),
+                                   volume_capability=block(), volume_context=context),
+         S.INVALID_ARGUMENT),
+        (plugin.node.NodeStageVolume,
+         pb.NodeStageVolumeRequest(volume_id="v", staging_target_path=str(stage),
+                                   volume_capability=mount(), volume_context={"file": "a.img"}),
+         S.INVALID_ARGUMENT),
+        (plugin.node.NodePublishVolume,
+         pb.NodePublishVolumeRequest(volume_id="v", staging_target_path=str(stage),
+                                     target_path=str(tmp_path / "pod"),
+                                     volume_capability=mount()), S.FAILED_PRECONDITION),
+        (plugin.node.NodeUnpublishVolume,
+         pb.NodeUnpublishVolumeRequest(volume_id="v"), S.INVALID_ARGUMENT),
+        (plugin.node.NodeGetVolumeStats,
+         pb.NodeGetVolumeStatsRequest(volume_id="v", volume_path=str(stage)), S.NOT_FOUND),
+    ]  # fmt: skip
+    for call, request, code in cases:
+        assert refused(call, request)[0] == code, request
+    assert not (tmp_path / "pod").exists()
+    assert not list((tmp_path / "loopfiles").rglob("*.img"))
+
+
+def test_a_live_socket_is_refused_and_a_stale_one_replaced(serve: Any, tmp_path: Path) -> None:
+    import socket
+
+    serve("both")
+    with pytest.raises(UsageError, match="another process serves"):
+        build_server(_config(tmp_path), f"unix://{tmp_path / 'both-node-1.sock'}", "both", "n")
+    stale = tmp_path / "stale.sock"
+    left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    left.bind(str(stale))
+    left.close()  # a socket file nobody listens on: a plugin that died
+    server = build_server(_config(tmp_path), f"unix://{stale}", "node", "n")
+    server.stop(0)
+    regular = tmp_path / "file.sock"
+    regular.write_text("not a socket")
+    with pytest.raises(UsageError, match="not a socket"):
+        build_server(_config(tmp_path), f"unix://{regular}", "node", "n")
+    assert regular.read_text() == "not a socket"
+
+
+def test_list_volumes_pages_by_token_and_refuses_a_foreign_token(serve: Any) -> None:
+    plugin = serve()
+    made = sorted(create(plugin, f"pvc-{n}").volume_id for n in range(5))
+    page = plugin.controller.ListVolumes(pb.ListVolumesRequest(max_entries=2))
+    seen = [e.volume.volume_id for e in page.entries]
+    assert len(seen) == 2 and page.next_token
+    # the last volume of the page is deleted before the next page is asked for
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=seen[-1]))
+    while page.next_token:
+        page = plugin.controller.ListVolumes(
+            pb.ListVolumesRequest(max_entries=2, starting_token=page.next_token)
+        )
+        seen += [e.volume.volume_id for e in page.entries]
+    assert sorted(seen) == made  # every volume once, none skipped
+    everything = plugin.controller.ListVolumes(pb.ListVolumesRequest())
+    assert len(everything.entries) == 4 and everything.next_token == ""
+    code, _ = refused(plugin.controller.ListVolumes, pb.ListVolumesRequest(starting_token="zz"))
+    assert code == S.ABORTED
+
+
+def test_a_secret_never_reaches_a_reply_or_the_state_directory(
+    serve: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin = serve()
+    secret = "Sup3r-Secret-Value"
+    code, message = refused(
+        plugin.controller.CreateVolume,
+        pb.CreateVolumeRequest(
+            name="pvc-secret",
+            capacity_range=pb.CapacityRange(required_bytes=1 << 20),
+            volume_capabilities=[mount()],
+            # a parameter that happens to hold the secret is named in the refusal
+            parameters={"backend": "loopfile", "directory": f"a/{secret}/../b"},
+            secrets={"password": secret},
+        ),
+    )
+    assert code == S.INVALID_ARGUMENT and "directory" in message
+    assert secret not in message and "***" in message
+    code, message = refused(
+        plugin.node.NodeStageVolume,
+        pb.NodeStageVolumeRequest(
+            volume_id="v",
+            staging_target_path="/nonexistent",
+            volume_capability=mount(),
+            volume_context={"backend": "loopfile", "file": f"{secret}/../x.img", "size": "1Mi"},
+            secrets={"password": secret},
+        ),
+    )
+    assert code == S.INVALID_ARGUMENT and secret not in message
+    assert secret not in caplog.text
+    for path in plugin.state.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_controller_expansion_records_the_size_and_leaves_the_loop_file_to_the_node(
+    serve: Any,
+) -> None:
+    plugin = serve()
+    volume = create(plugin)
+    grow = pb.ControllerExpandVolumeRequest(
+        volume_id=volume.volume_id, capacity_range=pb.CapacityRange(required_bytes=16 << 20)
+    )
+    reply = plugin.controller.ControllerExpandVolume(grow)
+    assert (reply.capacity_bytes, reply.node_expansion_required) == (16 << 20, True)
+    assert plugin.controller.ControllerExpandVolume(grow) == reply  # idempotent
+    smaller = pb.ControllerExpandVolumeRequest(
+        volume_id=volume.volume_id, capacity_range=pb.CapacityRange(required_bytes=1 << 20)
+    )
+    assert plugin.controller.ControllerExpandVolume(smaller).capacity_bytes == 16 << 20
+    # a retried create of the same name and its original size now finds a larger volume
+    code, _ = refused(
+        plugin.controller.CreateVolume,
+        pb.CreateVolumeRequest(
+            name="pvc-a",
+            capacity_range=pb.CapacityRange(required_bytes=8 << 20, limit_bytes=8 << 20),
+            volume_capabilities=[mount()],
+            parameters={"backend": "loopfile"},
+        ),
+    )
+    assert code == S.ALREADY_EXISTS
+    code, _ = refused(
+        plugin.controller.ControllerExpandVolume,
+        pb.ControllerExpandVolumeRequest(
+            volume_id="loopfile:00000000-0000-5000-8000-000000000000",
+            capacity_range=pb.CapacityRange(required_bytes=1 << 30),
+        ),
+    )
+    assert code == S.NOT_FOUND
+    code, _ = refused(
+        plugin.controller.ControllerExpandVolume,
+        pb.ControllerExpandVolumeRequest(volume_id=volume.volume_id),
+    )
+    assert code == S.INVALID_ARGUMENT
+    assert not list((plugin.state.parent / "loopfiles").rglob("*.img"))

@@ -1,0 +1,125 @@
+"""Unit logic of the CSI front end: status codes, in-flight calls, ids, records, endpoints."""
+
+from __future__ import annotations
+
+import stat
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+
+from flexhub.csi.controller import _uid_of, volume_uid
+from flexhub.csi.records import VolumeRecord, VolumeRecords
+from flexhub.csi.server import socket_path
+from flexhub.csi.status import CsiError, InFlight, code_of
+from flexhub.errors import (
+    BackendError,
+    CallTimeout,
+    CommandError,
+    CommandTimeout,
+    InvalidOptions,
+    LockTimeout,
+    NoRoom,
+    NotSupported,
+    ReleaseDeferred,
+    StateError,
+    UntrustedPath,
+    UsageError,
+    VolumeError,
+)
+
+S = grpc.StatusCode
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (InvalidOptions("x"), S.INVALID_ARGUMENT),
+        (UsageError("x"), S.INVALID_ARGUMENT),
+        (NotSupported("x"), S.INVALID_ARGUMENT),
+        (LockTimeout("x"), S.ABORTED),
+        (NoRoom("x"), S.RESOURCE_EXHAUSTED),
+        (VolumeError("x"), S.FAILED_PRECONDITION),
+        (ReleaseDeferred("x"), S.FAILED_PRECONDITION),
+        (UntrustedPath("x"), S.FAILED_PRECONDITION),
+        (CommandTimeout("x"), S.DEADLINE_EXCEEDED),
+        (CallTimeout("x"), S.DEADLINE_EXCEEDED),
+        (CommandError("x"), S.INTERNAL),
+        (StateError("x"), S.INTERNAL),
+        (BackendError("x"), S.INTERNAL),
+        (CsiError(S.NOT_FOUND, "x"), S.NOT_FOUND),
+    ],
+)
+def test_each_flexhub_error_has_its_csi_status_code(error: BaseException, code: S) -> None:
+    assert code_of(error) == code
+
+
+def test_a_second_call_on_a_volume_in_flight_is_aborted_and_the_volume_freed_after() -> None:
+    flight = InFlight()
+    inside, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with flight.hold("vol-a"):
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert inside.wait(10)
+    with pytest.raises(CsiError) as caught, flight.hold("vol-a"):
+        pass
+    assert caught.value.code == S.ABORTED
+    assert "vol-a" in caught.value.message
+    with flight.hold("vol-b"):  # another volume is not held up
+        pass
+    release.set()
+    thread.join(10)
+    with flight.hold("vol-a"):  # free again once the first call ended
+        pass
+
+
+def test_volume_uids_are_stable_per_name_and_shaped_as_kubernetes_uids() -> None:
+    uid = volume_uid("pvc-1234")
+    assert uid == volume_uid("pvc-1234")
+    assert uid != volume_uid("pvc-1235")
+    assert len(uid) == 36 and uid.count("-") == 4
+    assert _uid_of(f"loopfile:{uid}") == uid
+    assert _uid_of("someone-elses-volume") == ""
+    assert _uid_of(f":{uid}") == ""
+
+
+def test_volume_records_round_trip_privately_and_refuse_a_foreign_key(tmp_path: Path) -> None:
+    records = VolumeRecords(tmp_path / "state")
+    uid = volume_uid("pvc-x")
+    assert records.get(uid) is None
+    record = VolumeRecord(
+        name="pvc-x",
+        volume_id=f"loopfile:{uid}",
+        backend="loopfile",
+        parameters={"backend": "loopfile"},
+        options={"backend": "loopfile", "file": f"provisioned/pvc-{uid}.img", "size": "1"},
+        reclaim={"claimUid": uid, "namespace": "default", "onDelete": "delete"},
+        size=4096,
+        fs_type="",
+        node="node-1",
+        namespace="default",
+    )
+    records.put(uid, record)
+    assert records.get(uid) == record
+    path = records.directory / f"{uid}.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(records.directory.stat().st_mode) == 0o700
+    records.delete(uid)
+    records.delete(uid)  # gone already: fine
+    assert records.get(uid) is None
+    with pytest.raises(StateError):
+        records.get("../../etc/passwd")
+
+
+def test_only_unix_endpoints_with_absolute_paths_are_served() -> None:
+    assert socket_path("unix:///csi/csi.sock") == Path("/csi/csi.sock")
+    assert socket_path("unix:/csi/csi.sock") == Path("/csi/csi.sock")
+    for bad in ("tcp://0.0.0.0:10000", "unix://relative.sock", "/csi/csi.sock", ""):
+        with pytest.raises(UsageError):
+            socket_path(bad)
