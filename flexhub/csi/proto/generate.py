@@ -2,9 +2,10 @@
 
 ``python3 -m flexhub.csi.proto.generate [OUT_DIR]`` fetches the Go module
 ``github.com/container-storage-interface/spec`` at :data:`SPEC_VERSION` through ``go mod download``
-(the Go module proxy), copies its ``csi.proto`` here and runs ``grpc_tools.protoc`` (the pinned
-``grpcio-tools``) with ``--python_out``, ``--grpc_python_out`` and ``--pyi_out``. OUT_DIR
-defaults to this directory; a test generates into a temporary one and compares byte for byte.
+(the Go module proxy) and runs ``grpc_tools.protoc`` (the pinned ``grpcio-tools``) on its
+``csi.proto`` with ``--python_out``, ``--grpc_python_out`` and ``--pyi_out``. OUT_DIR defaults
+to this directory; a test generates into a temporary one and compares byte for byte. The
+proto itself is not kept here: the module is its one source (the stubs embed its descriptor).
 
 The proto is compiled as ``flexhub/csi/proto/csi.proto`` so that the generated
 ``csi_pb2_grpc.py`` imports ``flexhub.csi.proto.csi_pb2`` (the wire names stay ``csi.v1.*``).
@@ -23,8 +24,8 @@ __all__ = ["GENERATED", "SPEC_MODULE", "SPEC_VERSION", "generate", "spec_proto"]
 
 SPEC_MODULE = "github.com/container-storage-interface/spec"
 SPEC_VERSION = "v1.13.0"
-#: The files this script writes (the proto as fetched, and what protoc makes of it).
-GENERATED = ("csi.proto", "csi_pb2.py", "csi_pb2.pyi", "csi_pb2_grpc.py")
+#: The files this script writes (what protoc makes of the spec's proto).
+GENERATED = ("csi_pb2.py", "csi_pb2.pyi", "csi_pb2_grpc.py")
 HERE = Path(__file__).resolve().parent
 _PACKAGE_PATH = Path("flexhub/csi/proto")
 
@@ -80,8 +81,7 @@ def generate(out: Path = HERE) -> list[Path]:
         out.mkdir(parents=True, exist_ok=True)
         written = []
         for name in GENERATED:
-            source = proto if name == "csi.proto" else generated / _PACKAGE_PATH / name
-            shutil.copyfile(source, out / name)
+            shutil.copyfile(generated / _PACKAGE_PATH / name, out / name)
             written.append(out / name)
         return written
 
