@@ -300,6 +300,19 @@ NFS_CLASS = (
 )
 
 
+WITH_AGENT = [
+    "ClusterRole//flexhub-node-agent",
+    "ClusterRoleBinding//flexhub-node-agent",
+    "Role/default/flexhub-node-agent-events",
+    "RoleBinding/default/flexhub-node-agent-events",
+    "ValidatingAdmissionPolicy//flexhub-node-agent",
+    "ValidatingAdmissionPolicyBinding//flexhub-node-agent",
+    "token",
+    "--node-agent",
+    "NODE_NAME",
+]
+
+
 def node_agent_objects(docs: list[dict[str, Any]]) -> list[str]:
     """What of the node agent a rendering holds: its RBAC objects, and in the DaemonSet its
     token (mounted), its flag and its node name."""
@@ -322,15 +335,7 @@ def node_agent_objects(docs: list[dict[str, Any]]) -> list[str]:
 def test_the_node_agent_runs_in_the_daemonset_with_its_own_roles(helm: Path) -> None:
     for values in (("nodeAgent.enabled=true",), LOOPFILE_CLASS):
         docs = render_list(helm, *values)
-        assert node_agent_objects(docs) == [
-            "ClusterRole//flexhub-node-agent",
-            "ClusterRoleBinding//flexhub-node-agent",
-            "Role/default/flexhub-node-agent-events",
-            "RoleBinding/default/flexhub-node-agent-events",
-            "token",
-            "--node-agent",
-            "NODE_NAME",
-        ], values
+        assert node_agent_objects(docs) == WITH_AGENT, values
         (container,) = one(docs, "DaemonSet", "flexhub")["spec"]["template"]["spec"]["containers"]
         assert container["args"][-1] == "--node-agent"
         assert container["env"] == [
@@ -365,10 +370,6 @@ def test_auto_runs_the_node_agent_only_for_loopfile_classes(helm: Path) -> None:
     """The node agent's token may patch and delete every PV: it is on every node only when
     some class needs the nodes to reclaim (loopfile), never for nfs/cifs/iscsi alone, and
     never merely because the provisioner is on."""
-    with_agent = ["ClusterRole//flexhub-node-agent", "ClusterRoleBinding//flexhub-node-agent",
-                  "Role/default/flexhub-node-agent-events",
-                  "RoleBinding/default/flexhub-node-agent-events",
-                  "token", "--node-agent", "NODE_NAME"]  # fmt: skip
     nfs_only = (
         *NFS_CLASS,
         "storageClasses[0].name=smb",
@@ -380,18 +381,41 @@ def test_auto_runs_the_node_agent_only_for_loopfile_classes(helm: Path) -> None:
         ("provisioner.enabled=true", *nfs_only): [],
         ("provisioner.enabled=true", "nodeAgent.enabled=auto", *nfs_only): [],
         ("storageClasses[0].name=bare",): [],  # no parameters at all
-        ("provisioner.enabled=true", *LOOPFILE_CLASS): with_agent,
-        ("provisioner.enabled=true", *LOOPFILE_CLASS, *NFS_CLASS): with_agent,
+        ("provisioner.enabled=true", *LOOPFILE_CLASS): WITH_AGENT,
+        ("provisioner.enabled=true", *LOOPFILE_CLASS, *NFS_CLASS): WITH_AGENT,
         (*NFS_CLASS, "storageClasses[0].name=l", "storageClasses[0].parameters.backend=loopfile"): (
-            with_agent
+            WITH_AGENT
         ),
         # explicit choices win over the classes
         ("provisioner.enabled=true", *LOOPFILE_CLASS, "nodeAgent.enabled=false"): [],
-        ("provisioner.enabled=true", *nfs_only, "nodeAgent.enabled=true"): with_agent,
-        ("nodeAgent.enabled=true",): with_agent,
+        ("provisioner.enabled=true", *nfs_only, "nodeAgent.enabled=true"): WITH_AGENT,
+        ("nodeAgent.enabled=true",): WITH_AGENT,
     }
     for values, expected in cases.items():
         assert node_agent_objects(render_list(helm, *values)) == expected, values
+
+
+def test_the_node_agents_admission_policy_binds_its_account(helm: Path) -> None:
+    """The policy that keeps the agent's token to finishing reclaims matches exactly the
+    DaemonSet's account (the cluster tier proves what it refuses), and can be left out."""
+    for values, account in (((), "flexhub"), (("serviceAccount.name=nodes",), "nodes")):
+        docs = render_list(helm, "nodeAgent.enabled=true", *values)
+        policy = one(docs, "ValidatingAdmissionPolicy", "flexhub-node-agent")
+        assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        (condition,) = policy["spec"]["matchConditions"]
+        user = f"system:serviceaccount:{render_manifest.NAMESPACE}:{account}"
+        assert condition["expression"] == f"request.userInfo.username == '{user}'"
+        (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+        assert rule["operations"] == ["UPDATE", "DELETE"]
+        binding = one(docs, "ValidatingAdmissionPolicyBinding", "flexhub-node-agent")
+        assert binding["spec"] == {
+            "policyName": "flexhub-node-agent",
+            "validationActions": ["Deny"],
+        }
+    docs = render_list(helm, "nodeAgent.enabled=true", "nodeAgent.admissionPolicy=false")
+    assert not {d["kind"] for d in docs} & {"ValidatingAdmissionPolicy"}
+    assert one(docs, "ClusterRole", "flexhub-node-agent")
 
 
 def test_a_node_agent_value_other_than_true_false_or_auto_is_refused(helm: Path) -> None:
