@@ -2,7 +2,7 @@
 ``flexhub provisioner`` processes with the chart's account: the leader renews its Lease, a
 leader that loses the Lease exits at once, one that cannot renew exits within the renew
 deadline, and a waiting instance takes over a dead leader's Lease within the lease time,
-never before it expired."""
+never before it expired; a clock skew acts as the README's known limit says."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.cluster.accounts import NAMESPACE, Accounts, rights_documents
 from tests.cluster.cluster import Cluster, Process
 from tests.cluster.kube import eventually
 from tests.cluster.manifests import apply
-from tests.cluster.processes import provisioner
+from tests.cluster.processes import provisioner, skewed_provisioner
 
 pytestmark = [pytest.mark.cluster, pytest.mark.root]
 LEASE = "flexhub-provisioner"
@@ -160,3 +160,25 @@ def test_a_waiting_instance_takes_over_within_the_lease_time(
     assert lease.spec.acquire_time >= expired_at, (lease.spec.acquire_time, expired_at)
     # and within the lease time of the kill, plus one retry and the poll's slack
     assert (taken_at - killed_at).total_seconds() <= DURATION + RETRY + 3
+
+
+def test_a_clock_ahead_by_more_than_the_lease_duration_takes_over_a_live_lease(
+    cluster: Cluster, fresh: list[Process]
+) -> None:
+    """README, known limits: leader election reads the local clock. A candidate whose clock
+    is ahead by less than the lease duration waits as any other; one ahead by more sees the
+    live Lease as expired and takes it; the leader then finds it taken and exits 1: the
+    work moves, it is never done by two for longer than a retry."""
+    fresh.append(leader := provisioner(cluster, "skew-leader"))
+    eventually("a leader", lambda: _leading(leader), timeout=60)
+    fresh.append(near := skewed_provisioner(cluster, "skew-near", DURATION - 5))
+    eventually("waiting", lambda: "waiting for the lease" in near.log.read_text(), timeout=60)
+    time.sleep(3 * RETRY)
+    assert not _leading(near) and _exit_code(leader) is None
+    near.stop()
+    fresh.append(far := skewed_provisioner(cluster, "skew-far", DURATION + 5))
+    eventually("the skewed one leading", lambda: _leading(far), timeout=30)
+    eventually("the old leader gone", lambda: _exit_code(leader) is not None, timeout=RETRY + 5)
+    assert _exit_code(leader) == 1
+    assert "taken by another instance" in leader.log.read_text()
+    assert _exit_code(far) is None
