@@ -416,6 +416,14 @@ def test_the_node_agents_admission_policy_binds_its_account(helm: Path) -> None:
     docs = render_list(helm, "nodeAgent.enabled=true", "nodeAgent.admissionPolicy=false")
     assert not {d["kind"] for d in docs} & {"ValidatingAdmissionPolicy"}
     assert one(docs, "ClusterRole", "flexhub-node-agent")
+    # a cluster that does not serve admissionregistration.k8s.io/v1 policies (before 1.30)
+    for version, kinds in (("1.29.9", set()), ("1.30.0", {"ValidatingAdmissionPolicy"})):
+        argv = [str(helm), "template", "x", str(CHART), "--set", "nodeAgent.enabled=true"]
+        out = subprocess.run([*argv, "--kube-version", version], capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+        rendered = {d["kind"] for d in yaml.safe_load_all(out) if d}
+        assert rendered & {"ValidatingAdmissionPolicy"} == kinds, version
+        assert "ClusterRole" in rendered
 
 
 def test_a_node_agent_value_other_than_true_false_or_auto_is_refused(helm: Path) -> None:
