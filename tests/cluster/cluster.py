@@ -44,6 +44,18 @@ CONTROLLERS = (
     "validatingadmissionpolicy-status-controller",
 )
 
+#: What the API server's audit log records: every request of a service account of the
+#: namespace flexhub's chart is installed in (metadata only: who, verb, object, answer).
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts:flexhub-system"]},
+        {"level": "None"},
+    ],
+}
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -139,6 +151,12 @@ class Cluster:
         self.state_dir = root / "flexhub-state"
         self.loopfile_root = root / "loopfiles"
         self.driver_log_dir = root / "flexhub-log"
+        #: The API server's audit log: every request of flexhub's service accounts
+        #: (tests/cluster/accounts.py), so that a refused call is seen whoever made it.
+        self.audit_log = self.logs / "audit.log"
+        #: A kubeconfig with the token of each flexhub process's account in the chart, once
+        #: tests/cluster/accounts.py installed them (the ``accounts`` fixture).
+        self.service_kubeconfigs: dict[str, Path] = {}
         self.token = secrets.token_hex(16)
         self.processes: dict[str, Process] = {}
         self.api: Any = None
@@ -255,6 +273,8 @@ class Cluster:
         )
         tokens = pki / "tokens.csv"
         tokens.write_text(f"{self.token},admin,admin-uid,system:masters\n")
+        audit_policy = pki / "audit-policy.json"
+        audit_policy.write_text(json.dumps(AUDIT_POLICY))
         port = self.ports["apiserver"] = free_port()
         self.server = f"https://127.0.0.1:{port}"
         proc = self.processes["kube-apiserver"] = Process(
@@ -274,6 +294,9 @@ class Cluster:
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--allow-privileged=true",
+                f"--audit-policy-file={audit_policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
                 "--v=1",
             ],
             self.logs / "kube-apiserver.log",

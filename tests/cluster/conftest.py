@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster import accounts as chart_accounts
 from tests.cluster import build
 from tests.cluster.cluster import Cluster
 from tests.cluster.manifests import apply_file
@@ -60,6 +61,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             print(f"cluster root kept: {running.root}")
         else:
             running.remove()
+
+
+@pytest.fixture(scope="package")
+def accounts(cluster: Cluster) -> chart_accounts.Accounts:
+    """The Helm chart's accounts and RBAC on the cluster, a kubeconfig with a token of each
+    (tests/cluster/accounts.py): flexhub's processes run with these, never as admin."""
+    return chart_accounts.install(cluster)
 
 
 def _interrupt(_signum: int, _frame: object) -> None:

@@ -62,6 +62,14 @@ def test_the_rendered_chart_is_accepted(cluster: Cluster) -> None:
         (),
         ("namespace.create=true", "serviceAccount.create=true"),
         ("namespace.create=true", "provisioner.enabled=true"),
+        # a loopfile class: the node agent too, its Roles and its admission policy
+        (
+            "namespace.create=true",
+            "provisioner.enabled=true",
+            "storageClasses[0].name=local",
+            "storageClasses[0].parameters.backend=loopfile",
+            "storageClasses[0].volumeBindingMode=WaitForFirstConsumer",
+        ),
     ):
         docs = documents(render_manifest.render(helm, *values))
         assert _apply_all(cluster, docs, f"chart {values}") > 0

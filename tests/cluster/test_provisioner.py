@@ -1,9 +1,11 @@
 """``flexhub provisioner`` and the node agent on the real control plane, with loopfile claims
 mounted by the real kubelet: claim → PV → pod → data → resize → claim deleted → file gone.
 
-The provisioner and the node agent run as processes (``python -m flexhub ...``) with the
-admin kubeconfig; each test starts the instances it needs, so that crashes and a second
-instance are real processes too.
+The provisioner and the node agent run as processes (``python -m flexhub ...``), each with
+a token of its account in the Helm chart and the chart's RBAC (tests/cluster/accounts.py),
+as deployed; every test fails when the API server refused any of their calls (its audit log).
+Each test starts the instances it needs, so that crashes and a second instance are real
+processes too.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
+from tests.cluster.accounts import Accounts, audited, forbidden
 from tests.cluster.cluster import NODE, Cluster, Process
 from tests.cluster.kube import (
     delete_pod,
@@ -32,30 +34,33 @@ from tests.cluster.kube import (
     run_pod,
     volume_dir,
 )
+from tests.cluster.processes import provisioner, start
 
 pytestmark = [pytest.mark.cluster, pytest.mark.root]
 MiB = 1024 * 1024
 
 
-def _start(cluster: Cluster, name: str, *args: str, env: dict[str, str] | None = None) -> Process:
-    argv = [sys.executable, "-m", "flexhub", *args, "--kubeconfig", str(cluster.kubeconfig),
-            "--config", str(cluster.config)]  # fmt: skip
-    return Process(name, argv, cluster.logs / f"{name}.log", env={**os.environ, **(env or {})})
-
-
-def provisioner(cluster: Cluster, name: str, *extra: str, **env: str) -> Process:
-    return _start(cluster, name, "provisioner", "--lease-namespace", "default", *extra, env=env)
+@pytest.fixture(autouse=True)
+def nothing_refused(cluster: Cluster, accounts: Accounts) -> Iterator[None]:
+    """No call of the provisioner or node agent was refused by the chart's RBAC (the API
+    server's audit log), whatever the process did with the 403 (an Event's is only logged)."""
+    before = len(audited(cluster))
+    yield
+    calls = audited(cluster)[before:]
+    assert calls, "no call of the chart's accounts in the audit log: who called the API?"
+    refused = forbidden(calls)
+    assert not refused, f"calls the chart's RBAC or policy refused: {refused}"
 
 
 @pytest.fixture(scope="module")
-def node_agent(cluster: Cluster) -> Iterator[Process]:
-    agent = _start(cluster, "node-agent", "node-agent", "--node", NODE)
+def node_agent(cluster: Cluster, accounts: Accounts) -> Iterator[Process]:
+    agent = start(cluster, "node-agent", "node-agent", "node-agent", "--node", NODE)
     yield agent
     agent.stop()
 
 
 @pytest.fixture
-def leader(cluster: Cluster) -> Iterator[Process]:
+def leader(cluster: Cluster, accounts: Accounts) -> Iterator[Process]:
     proc = provisioner(cluster, "provisioner")
     yield proc
     proc.stop()

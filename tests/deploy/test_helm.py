@@ -233,16 +233,21 @@ def test_the_provisioner_gets_a_deployment_and_exactly_the_rbac_it_calls(helm: P
     cluster_role = one(docs, "ClusterRole", "flexhub-provisioner")
     assert cluster_role["apiVersion"] == "rbac.authorization.k8s.io/v1"
     assert rules(cluster_role) == {
-        ("", "persistentvolumes", ("create", "delete", "get", "list", "patch", "update", "watch")),
+        ("", "persistentvolumes", ("create", "delete", "get", "list", "patch", "watch")),
         ("", "persistentvolumeclaims", ("get", "list", "watch")),
-        ("storage.k8s.io", "storageclasses", ("get", "list", "watch")),
+        ("storage.k8s.io", "storageclasses", ("get",)),
         ("", "nodes", ("get",)),
         ("", "secrets", ("get",)),
-        ("", "events", ("create", "patch")),
+        ("", "events", ("create",)),
     }
     role = one(docs, "Role", "flexhub-provisioner")
     assert role["metadata"]["namespace"] == ns
-    assert rules(role) == {("coordination.k8s.io", "leases", ("create", "get", "update"))}
+    assert [(r["resources"], r.get("resourceNames"), r["verbs"]) for r in role["rules"]] == [
+        (["leases"], None, ["create"]),
+        (["leases"], ["flexhub-provisioner"], ["get", "update"]),  # the election's Lease
+        (["secrets"], None, ["create"]),
+        (["secrets"], ["flexhub-provisioner-key"], ["get"]),  # its signing key
+    ]
     subject = [{"kind": "ServiceAccount", "name": "flexhub-provisioner", "namespace": ns}]
     for kind, ref in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
         binding = one(docs, kind, "flexhub-provisioner")
@@ -287,33 +292,146 @@ def test_the_provisioners_own_values_land_where_they_belong(helm: Path) -> None:
     assert "--config" not in container["args"] and "volumeMounts" not in container
 
 
-def test_the_node_agent_runs_in_the_daemonset_with_its_own_cluster_role(helm: Path) -> None:
-    for values in (("provisioner.enabled=true",), ("nodeAgent.enabled=true",)):
+LOOPFILE_CLASS = ("storageClasses[0].name=local", "storageClasses[0].parameters.backend=loopfile")
+NFS_CLASS = (
+    "storageClasses[1].name=team",
+    "storageClasses[1].parameters.backend=nfs",
+    "storageClasses[1].parameters.server=nfs1.example.com",
+)
+
+
+WITH_AGENT = [
+    "ClusterRole//flexhub-node-agent",
+    "ClusterRoleBinding//flexhub-node-agent",
+    "Role/default/flexhub-node-agent-events",
+    "RoleBinding/default/flexhub-node-agent-events",
+    "ValidatingAdmissionPolicy//flexhub-node-agent",
+    "ValidatingAdmissionPolicyBinding//flexhub-node-agent",
+    "token",
+    "--node-agent",
+    "NODE_NAME",
+]
+
+
+def node_agent_objects(docs: list[dict[str, Any]]) -> list[str]:
+    """What of the node agent a rendering holds: its RBAC objects, and in the DaemonSet its
+    token (mounted), its flag and its node name."""
+    found = [
+        f"{d['kind']}/{d['metadata'].get('namespace', '')}/{d['metadata']['name']}"
+        for d in docs
+        if d["metadata"]["name"].startswith("flexhub-node-agent")
+    ]
+    pod = one(docs, "DaemonSet", "flexhub")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    if pod["automountServiceAccountToken"]:
+        found.append("token")
+    if "--node-agent" in container["args"]:
+        found.append("--node-agent")
+    if "env" in container:
+        found.append("NODE_NAME")
+    return found
+
+
+def test_the_node_agent_runs_in_the_daemonset_with_its_own_roles(helm: Path) -> None:
+    for values in (("nodeAgent.enabled=true",), LOOPFILE_CLASS):
         docs = render_list(helm, *values)
-        daemonset = one(docs, "DaemonSet", "flexhub")
-        pod = daemonset["spec"]["template"]["spec"]
-        assert pod["automountServiceAccountToken"] is True
-        (container,) = pod["containers"]
+        assert node_agent_objects(docs) == WITH_AGENT, values
+        (container,) = one(docs, "DaemonSet", "flexhub")["spec"]["template"]["spec"]["containers"]
         assert container["args"][-1] == "--node-agent"
         assert container["env"] == [
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
         ]
         role = one(docs, "ClusterRole", "flexhub-node-agent")
+        # no update (it patches), no nodes, and no Events anywhere but below
         assert rules(role) == {
-            ("", "persistentvolumes", ("delete", "get", "list", "patch", "update", "watch")),
-            ("", "nodes", ("get",)),
-            ("", "events", ("create", "patch")),
+            ("", "persistentvolumes", ("delete", "get", "list", "patch", "watch")),
         }
-        binding = one(docs, "ClusterRoleBinding", "flexhub-node-agent")
-        assert binding["roleRef"]["name"] == "flexhub-node-agent"
-        assert binding["subjects"] == [
+        events = one(docs, "Role", "flexhub-node-agent-events")
+        # a PV's Events live in `default` (flexhub/provisioner/events.py): only there
+        assert events["metadata"]["namespace"] == "default"
+        assert rules(events) == {("", "events", ("create",))}
+        subjects = [
             {"kind": "ServiceAccount", "name": "flexhub", "namespace": render_manifest.NAMESPACE}
         ]
-    # the provisioner without the node agent, when asked
-    docs = render_list(helm, "provisioner.enabled=true", "nodeAgent.enabled=false")
-    assert not [d for d in docs if d["metadata"]["name"] == "flexhub-node-agent"]
-    (container,) = one(docs, "DaemonSet", "flexhub")["spec"]["template"]["spec"]["containers"]
-    assert "--node-agent" not in container["args"]
+        for kind, ref in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+            (binding,) = [
+                d
+                for d in docs
+                if d["kind"] == kind and d["metadata"]["name"].startswith("flexhub-node-agent")
+            ]
+            assert binding["roleRef"]["kind"] == ref
+            assert binding["roleRef"]["name"] == (
+                "flexhub-node-agent" if ref == "ClusterRole" else "flexhub-node-agent-events"
+            )
+            assert binding["subjects"] == subjects
+
+
+def test_auto_runs_the_node_agent_only_for_loopfile_classes(helm: Path) -> None:
+    """The node agent's token may patch and delete every PV: it is on every node only when
+    some class needs the nodes to reclaim (loopfile), never for nfs/cifs/iscsi alone, and
+    never merely because the provisioner is on."""
+    nfs_only = (
+        *NFS_CLASS,
+        "storageClasses[0].name=smb",
+        "storageClasses[0].parameters.backend=cifs",
+    )
+    cases = {
+        (): [],
+        ("provisioner.enabled=true",): [],
+        ("provisioner.enabled=true", *nfs_only): [],
+        ("provisioner.enabled=true", "nodeAgent.enabled=auto", *nfs_only): [],
+        ("storageClasses[0].name=bare",): [],  # no parameters at all
+        ("provisioner.enabled=true", *LOOPFILE_CLASS): WITH_AGENT,
+        ("provisioner.enabled=true", *LOOPFILE_CLASS, *NFS_CLASS): WITH_AGENT,
+        (*NFS_CLASS, "storageClasses[0].name=l", "storageClasses[0].parameters.backend=loopfile"): (
+            WITH_AGENT
+        ),
+        # explicit choices win over the classes
+        ("provisioner.enabled=true", *LOOPFILE_CLASS, "nodeAgent.enabled=false"): [],
+        ("provisioner.enabled=true", *nfs_only, "nodeAgent.enabled=true"): WITH_AGENT,
+        ("nodeAgent.enabled=true",): WITH_AGENT,
+    }
+    for values, expected in cases.items():
+        assert node_agent_objects(render_list(helm, *values)) == expected, values
+
+
+def test_the_node_agents_admission_policy_binds_its_account(helm: Path) -> None:
+    """The policy that keeps the agent's token to finishing reclaims matches exactly the
+    DaemonSet's account (the cluster tier proves what it refuses), and can be left out."""
+    for values, account in (((), "flexhub"), (("serviceAccount.name=nodes",), "nodes")):
+        docs = render_list(helm, "nodeAgent.enabled=true", *values)
+        policy = one(docs, "ValidatingAdmissionPolicy", "flexhub-node-agent")
+        assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        (condition,) = policy["spec"]["matchConditions"]
+        user = f"system:serviceaccount:{render_manifest.NAMESPACE}:{account}"
+        assert condition["expression"] == f"request.userInfo.username == '{user}'"
+        (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+        assert rule["operations"] == ["UPDATE", "DELETE"]
+        binding = one(docs, "ValidatingAdmissionPolicyBinding", "flexhub-node-agent")
+        assert binding["spec"] == {
+            "policyName": "flexhub-node-agent",
+            "validationActions": ["Deny"],
+        }
+    docs = render_list(helm, "nodeAgent.enabled=true", "nodeAgent.admissionPolicy=false")
+    assert not {d["kind"] for d in docs} & {"ValidatingAdmissionPolicy"}
+    assert one(docs, "ClusterRole", "flexhub-node-agent")
+    # a cluster that does not serve admissionregistration.k8s.io/v1 policies (before 1.30)
+    for version, kinds in (("1.29.9", set()), ("1.30.0", {"ValidatingAdmissionPolicy"})):
+        argv = [str(helm), "template", "x", str(CHART), "--set", "nodeAgent.enabled=true"]
+        out = subprocess.run([*argv, "--kube-version", version], capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+        rendered = {d["kind"] for d in yaml.safe_load_all(out) if d}
+        assert rendered & {"ValidatingAdmissionPolicy"} == kinds, version
+        assert "ClusterRole" in rendered
+
+
+def test_a_node_agent_value_other_than_true_false_or_auto_is_refused(helm: Path) -> None:
+    argv = [str(helm), "template", "x", str(CHART), "--set", "nodeAgent.enabled=yes"]
+    argv += ["--kube-version", render_manifest.KUBE_VERSION]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert proc.returncode != 0
+    assert "nodeAgent.enabled must be true, false or auto, not yes" in proc.stderr
 
 
 def test_storage_classes_render_with_the_given_fields(helm: Path) -> None:
@@ -345,7 +463,11 @@ def test_storage_classes_render_with_the_given_fields(helm: Path) -> None:
     assert "annotations" not in team["metadata"] and "allowVolumeExpansion" not in team
     assert team["parameters"] == {"backend": "nfs", "server": "nfs1.example.com", "gid": "2000"}
     assert (team["reclaimPolicy"], team["volumeBindingMode"]) == ("Retain", "Immediate")
-    assert not {"Deployment", "ClusterRole"} & {d["kind"] for d in docs}
+    assert "Deployment" not in {d["kind"] for d in docs}
+    # a loopfile class: the nodes reclaim its files, so the node agent is on (auto)
+    assert {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"} == {
+        "flexhub-node-agent"
+    }
 
 
 def test_the_values_examples_of_storage_classes_render_and_read_as_the_provisioner_reads(

@@ -39,12 +39,22 @@ app.kubernetes.io/name: {{ .Chart.Name }}-provisioner
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{- /* "true" when the DaemonSet runs the node agent: nodeAgent.enabled when it is a boolean,
-otherwise (auto) whether the provisioner is enabled. */ -}}
+{{- /* "true" when the DaemonSet runs the node agent (and its pods hold a token that may
+patch and delete PersistentVolumes): nodeAgent.enabled when it is a boolean, otherwise (auto)
+whether some storageClasses entry has parameters.backend loopfile, the only backend whose
+storage the nodes reclaim. */ -}}
 {{- define "flexhub.nodeAgent" -}}
 {{- $on := .Values.nodeAgent.enabled -}}
 {{- if not (kindIs "bool" $on) -}}
-{{- $on = .Values.provisioner.enabled -}}
+{{- if ne (toString $on) "auto" -}}
+{{- fail (printf "nodeAgent.enabled must be true, false or auto, not %v" $on) -}}
+{{- end -}}
+{{- $on = false -}}
+{{- range .Values.storageClasses -}}
+{{- if eq (toString (index (.parameters | default dict) "backend" | default "")) "loopfile" -}}
+{{- $on = true -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- if $on -}}true{{- end -}}
 {{- end -}}
