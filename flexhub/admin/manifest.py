@@ -233,7 +233,7 @@ def check_options_object(options: Mapping[str, Any], base: str, *, has_secret: b
     """Every problem of one options object (``base`` names it in the manifest)."""
     from flexhub.driver.loader import installed_backends, load_backend
     from flexhub.driver.validation import schema_problems
-    from flexhub.settings import did_you_mean
+    from flexhub.errors import did_you_mean
     from flexhub.volume import Volume
 
     problems = []

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from flexhub import DRIVER_NAME, __version__
+from flexhub.cli.commands import COMMANDS
 from flexhub.cli.provisioning import register as register_provisioning
 from flexhub.errors import FlexhubError
 
@@ -555,15 +556,13 @@ def fence_cancel(
 def main(args: list[str]) -> int:
     """Run an admin command; returns the exit code. Every error is one line on stderr (with
     ``--debug``, anywhere on the line: the traceback and the log records too)."""
-    from flexhub.cli import COMMANDS
-
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
     _set_up_logging(debug)
     if not args or args[0] == "help":
         args = ["--help", *args[1:]] if args else ["--help"]
     if not args[0].startswith("-") and args[0] not in COMMANDS:
-        from flexhub.settings import did_you_mean
+        from flexhub.errors import did_you_mean
 
         hint = did_you_mean(args[0], COMMANDS - {"help"}).strip(" ()") or "see flexhub --help"
         typer.echo(f"flexhub: unknown command {args[0][:80]!r}, {hint}", err=True)
