@@ -65,7 +65,13 @@ class Doctor:
     # -- the runs -------------------------------------------------------------------------------
 
     def probe(self) -> list[Check]:
-        """The liveness checks: cheap, and each one is a reason to restart the installer."""
+        """The liveness checks: cheap, and each one is a reason to restart the installer.
+
+        :raises FlexhubError: the config file named (``config``) does not exist: a missing
+            file means the defaults only to a driver that was given none by name.
+        """
+        if self.config_path is not None and not self.host(self.config_path).exists():
+            raise FlexhubError(f"--config {self.config_path}: no such file")
         checks = self.check_config()  # first: the plugin directory's record is in state_dir
         plugin = self.check_plugin_dir()
         if plugin.status == "ok" and self._shim_config() not in (None, self._config_used):

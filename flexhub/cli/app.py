@@ -245,6 +245,8 @@ def doctor(
     """Check this node: driver, init, directories, backends and their tools, journal."""
     from flexhub.admin.doctor import Doctor, render
 
+    if config is not None and host_root == Path("/"):
+        config = config.absolute()  # a host path: relative to here, not to host_root
     doc = Doctor(plugin_dir=plugin_dir, config=config, driver=driver, host_root=host_root)
     checks = doc.probe() if probe else doc.run()
     if as_json:

@@ -261,6 +261,23 @@ def test_broken_config(node: dict[str, Path]) -> None:
     assert "absolute path" in status(checks, "config")[0][1]
 
 
+@pytest.mark.parametrize("extra", [(), ("--json",), ("--probe",)])
+def test_a_config_named_that_does_not_exist_is_refused_in_one_line(
+    node: dict[str, Path], tmp_path: Path, extra: tuple[str, ...]
+) -> None:
+    """A mistyped ``--config`` is not a node on defaults: nothing is checked, one line."""
+    install(node["plugins"], config=node["config"])
+    missing = tmp_path / "flexhub.tmol"
+    proc = subprocess.run(
+        [PYTHON, "-m", "flexhub", "doctor", "--plugin-dir", str(node["plugins"]),
+         "--config", str(missing), *extra],
+        env=dict(KUBELET_ENV), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"flexhub: --config {missing}: no such file"]
+
+
 def test_broken_backend_and_missing_node_tools(node: dict[str, Path], tmp_path: Path) -> None:
     install(node["plugins"], config=node["config"])
     host = tmp_path / "host"
