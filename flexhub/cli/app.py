@@ -297,7 +297,8 @@ def demo(
     keep: Annotated[bool, typer.Option(help="keep the temporary tree for inspection")] = False,
     fs_type: Annotated[str, typer.Option(help="filesystem: xfs, ext4 or ext3")] = "xfs",
     verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="show each call's arguments and reply")
+        bool,
+        typer.Option("--verbose", "-v", help="show each call's arguments and reply (whole lines)"),
     ] = False,
 ) -> None:
     """Replay kubelet's calls for a loopfile volume, for real (needs root)."""
