@@ -2,7 +2,8 @@
 every problem of each, in the manifest's own terms (``spec.flexVolume.options.flie``).
 
 A StorageClass whose ``provisioner`` is ``flexhub`` is read as the provisioner reads it
-(``parameters.onDelete: ...``); another provisioner's class is skipped, with a note. A
+(``parameters.onDelete: ...``), and its backend's rules run beside its schema errors; another
+provisioner's class is skipped, with a note. A
 ``driver`` or ``provisioner`` that is almost flexhub's is a problem, with a did-you-mean.
 
 kubelet stops at the first error of a call; a person fixing a manifest wants them all. For
@@ -432,10 +433,15 @@ def _storage_class(doc: Mapping[str, Any], driver: str) -> Report | None:
     from flexhub.driver.loader import load_backend
 
     try:
-        spec, report.problems = class_problems(doc, load_backend)
+        spec, problems = class_problems(doc, load_backend)
     except FlexhubError as exc:
         report.problems.append(f"parameters.backend: {exc.message}")
         return report
+    report.problems = [_parameter_rule(p) for p in problems]
+    if spec is None:
+        for problem in _class_rules(doc, load_backend):
+            if problem not in report.problems:
+                report.problems.append(problem)
     if spec is not None:
         report.note = f"backend {spec.backend}, onDelete {spec.on_delete}"
     return report
@@ -460,6 +466,64 @@ def _near_provisioner(provisioner: str, name: str) -> str:
     if "/" in provisioner and backend in installed_backends():
         text += f" (the backend goes in parameters.backend: {backend})"
     return text
+
+
+def _parameter_path(key: str) -> str:
+    shown = key[:80]
+    if _IDENTIFIER.fullmatch(shown):
+        return f"parameters.{shown}"
+    return f"parameters[{json.dumps(shown)}]"
+
+
+def _parameter_rule(problem: str) -> str:
+    """``parameters: invalid parameter $['x']: why`` (a backend rule in the reply's JSON path
+    form) as ``parameters.x: why``; any other problem as it is."""
+    match = re.match(r"(?:parameters: )?invalid parameters? \$\['([^']+)'\]:?\s*", problem)
+    return f"{_parameter_path(match.group(1))}: {problem[match.end() :]}" if match else problem
+
+
+def _class_rules(doc: Mapping[str, Any], load_backend: Any) -> list[str]:
+    """The backend's ``check_parameters`` problem of a class whose schema refused some
+    parameters (the provisioner's reading stops there): run on the parameters with each
+    refused one set to its schema's example, as for a volume's options."""
+    from flexhub.driver.validation import schema_problems
+    from flexhub.provisioner.storageclass import PASSED_ON, PROVISIONER_KEYS
+    from flexhub.provisioning import Provisioning
+
+    raw = doc.get("parameters")
+    backend = raw.get("backend") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict) or not isinstance(backend, str):
+        return []
+    try:
+        cls = load_backend(backend)
+    except FlexhubError:
+        return []  # reported by the provisioner's reading
+    if not (isinstance(cls, type) and issubclass(cls, Provisioning)):
+        return []
+    schema = cls.parameters_schema()
+    listed = set(schema.get("properties") or {})
+    passed = {k for k in PASSED_ON if k in listed} | {"fsType"}
+    given = {
+        str(k): v
+        for k, v in raw.items()
+        if isinstance(v, str) and (k not in PROVISIONER_KEYS or k in passed)
+    }
+    if not given.get("fsType"):
+        given.pop("fsType", None)
+    found = schema_problems(None, given, schema=schema, noun="parameter")
+    found += [(str(k), "") for k, v in raw.items() if not isinstance(v, str)]
+    if not found:
+        return []  # check_parameters ran in the provisioner's reading
+    checked, changed = _repaired(given, found, schema)
+    try:
+        cls.check_parameters(checked)
+    except FlexhubError as exc:
+        key = _rule_key(exc.message.replace("parameter", "option", 1))
+        if key not in changed:
+            return [_parameter_rule(f"parameters: {exc.message}")]
+    except Exception:  # a rule that trips over a refused parameter: that one is reported
+        return []
+    return []
 
 
 def _items(doc: Any) -> Iterator[Mapping[str, Any]]:

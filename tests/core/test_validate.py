@@ -318,3 +318,23 @@ def test_descriptions_are_not_counted_as_allow_lists(tmp_path: Path) -> None:
     ), lines[0]
     for line in lines:
         assert line.count("(") == line.count(")"), line
+
+
+def test_a_class_schema_error_does_not_hide_its_path_pattern(tmp_path: Path) -> None:
+    """A StorageClass's backend rules (``pathPattern`` among them) run beside its schema
+    errors, and are named ``parameters.pathPattern``, not ``$['pathPattern']``."""
+    manifest = tmp_path / "sc.yaml"
+    manifest.write_text(
+        "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: p}\n"
+        "provisioner: flexhub\nparameters: {backend: nfs, server: nfs1.example.com, "
+        "share: /exports, uid: abc, pathPattern: '${.PVC.name}/x'}\n"
+    )
+    proc = validate(str(manifest))
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines() == [
+        "StorageClass/p: 2 problems",
+        "  parameters.uid: 'abc' is not valid: expected numeric owner of the claim's directory"
+        " (default 0)",
+        "  parameters.pathPattern: its last segment must hold ${uid} or ${pvName}, so that no two"
+        " claims share a directory (and one claim's reclaim never deletes another's data)",
+    ]
