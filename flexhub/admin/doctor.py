@@ -67,13 +67,19 @@ class Doctor:
     def probe(self) -> list[Check]:
         """The liveness checks: cheap, and each one is a reason to restart the installer.
 
-        :raises FlexhubError: the config file named (``config``) does not exist: a missing
-            file means the defaults only to a driver that was given none by name.
+        :raises FlexhubError: the config file named (``config``) does not exist and is not
+            the one the installed driver reads (for that driver a missing file means the
+            defaults, as for the DaemonSet's probe of a node without a config; any other
+            missing file is a mistyped path, not a node on defaults).
         """
-        if self.config_path is not None and not self.host(self.config_path).exists():
-            raise FlexhubError(f"--config {self.config_path}: no such file")
         checks = self.check_config()  # first: the plugin directory's record is in state_dir
         plugin = self.check_plugin_dir()
+        asked = self.config_path
+        if asked is not None and not self.host(asked).exists():
+            used = self._shim_config() if plugin.status == "ok" else None
+            if used != str(asked):
+                reads = f" (the installed driver reads {used})" if used else ""
+                raise FlexhubError(f"--config {asked}: no such file{reads}")
         if plugin.status == "ok" and self._shim_config() not in (None, self._config_used):
             checks = self.check_config()  # the installed driver's own, now that it is known
         checks.append(plugin)
