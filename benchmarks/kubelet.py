@@ -30,187 +30,53 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
-import marshal
 import os
-import resource
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from flexhub.admin.harness import DriverReply, Kubelet, go_json, parse_reply
-from flexhub.admin.install import install, shim_python
+# The node and the profile live beside this file (run as a script, its directory is on the
+# path); their names are re-exported here, where the benchmark's readers found them.
+from kubelet_node import (
+    BASHJQ,
+    HERE,
+    SHELL_MOUNT,
+    SMALL,
+    Bench,
+    Figure,
+    GiB,
+    bench_node,
+    median_ms,
+    must,
+    paired,
+    run_quiet,
+)
+from kubelet_profile import PROFILE_BOOTSTRAP, PROFILE_CALLS, profile_lines
 
-HERE = Path(__file__).resolve().parent
-BASHJQ = HERE / "bashjq-driver.sh"
-SHELL_MOUNT = HERE / "loopfile-mount.sh"
-GiB = 1 << 30
-SMALL = "16Mi"
+from flexhub.admin.harness import Kubelet, go_json
 
-
-def median_ms(func: Callable[[], object], runs: int) -> float:
-    samples = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        func()
-        samples.append((time.perf_counter() - started) * 1000)
-    return statistics.median(samples)
-
-
-def paired(
-    func: Callable[[], object], reference: Callable[[], object], runs: int
-) -> tuple[float, float]:
-    """Medians of ``func`` and ``reference``, run alternately so that load drifts hit both."""
-    mine: list[float] = []
-    theirs: list[float] = []
-    for _ in range(runs):
-        mine.append(median_ms(func, 1))
-        theirs.append(median_ms(reference, 1))
-    return statistics.median(mine), statistics.median(theirs)
-
-
-def run_quiet(argv: list[str]) -> None:
-    subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, check=True, cwd="/")
-
-
-@dataclass
-class Figure:
-    name: str
-    value: float
-    reference_name: str
-    reference: float
-    goal: str
-    met: bool
-    ratio: bool = True
-
-    def line(self) -> str:
-        if self.ratio:
-            rel = f"{self.value / self.reference:5.2f}x"
-        else:
-            rel = f"{self.value - self.reference:+6.1f} ms"
-        verdict = "met" if self.met else "NOT met"
-        return (
-            f"{self.name:<44} {self.value:8.1f} ms | {self.reference_name:<34} "
-            f"{self.reference:8.1f} ms | {rel} | goal {self.goal}: {verdict}"
-        )
-
-
-class Bench:
-    """A temporary node: config, installed driver, kubelet root, loopfile root."""
-
-    def __init__(self, root: Path, runtime: Path | None = None) -> None:
-        self.root = root
-        config = root / "flexhub.toml"
-        config.write_text(
-            f'state_dir = "{root / "state"}"\nlog_dir = "{root / "log"}"\n'
-            f'[loopfile]\nroot = "{root / "loop"}"\n'
-        )
-        self.driver = install(
-            root / "plugins", config=config, runtime=str(runtime) if runtime else None
-        )
-        self.kubelet = Kubelet(driver=self.driver, root=root / "kubelet")
-        self.python = self.driver_python()
-        # the same interpreter started the same way as the shim starts it
-        self.start = [self.python]
-        if runtime is not None:
-            loader, library = runtime / "lib" / "ld-linux-x86-64.so.2", runtime / "lib"
-            self.start = [str(loader), "--library-path", str(library), self.python]
-        self.pods: list[tuple[str, str]] = []  # (pod uid, pv) mounted through the driver
-        self.unmount_failures: list[str] = []  # what the driver answered to failed unmounts
-        self.counter = 0
-
-    def driver_python(self) -> str:
-        return shim_python(self.driver.read_text()) or sys.executable
-
-    def bare_python(self) -> None:
-        run_quiet([*self.start, "-I", "-c", "pass"])
-
-    def new_volume(self, size: str = SMALL) -> tuple[str, dict[str, str]]:
-        self.counter += 1
-        pv = f"pv-{self.counter}"
-        return pv, {"backend": "loopfile", "file": f"bench/{pv}.img", "size": size}
-
-    def mount(
-        self,
-        pv: str,
-        user: dict[str, str],
-        uid: str | None = None,
-        call: Callable[..., DriverReply] | None = None,
-    ) -> DriverReply:
-        """kubelet's mount of ``pv`` into a pod (``uid``, default a new one), through
-        ``call`` (default the installed driver, as kubelet calls it)."""
-        uid = uid or Kubelet.new_pod_uid()
-        options = Kubelet.mount_options(user, pv=pv, pod_uid=uid)
-        target = self.kubelet.pod_dir(uid, pv)
-        target.mkdir(mode=0o750, parents=True, exist_ok=True)
-        reply = (call or self.kubelet.call)("mount", str(target), go_json(options))
-        if reply.ok:
-            self.pods.append((uid, pv))
-        else:
-            with contextlib.suppress(OSError):
-                target.rmdir()
-        return reply
-
-    def unmount_all(self, workers: int = 2) -> int:
-        pods, self.pods = self.pods, []
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            replies = list(pool.map(lambda p: self.kubelet.unmount(*p), pods))
-        failed = [r.message for r in replies if r is not None and not r.ok]
-        self.unmount_failures += failed
-        return len(failed)
-
-    def shell_mount(self, name: str, size: int) -> None:
-        staging = self.root / "shell" / f"{name}.staging"
-        target = self.root / "shell" / f"{name}.pod"
-        target.mkdir(parents=True)
-        run_quiet(
-            [
-                "bash",
-                str(SHELL_MOUNT),
-                str(self.root / "shell" / f"{name}.img"),
-                str(size),
-                str(staging),
-                str(target),
-            ]
-        )
-
-    def cleanup(self) -> None:
-        self.unmount_all()
-        shell = self.root / "shell"
-        if shell.exists():
-            for target in sorted(shell.glob("*.pod")) + sorted(shell.glob("*.staging")):
-                subprocess.run(["umount", str(target)], capture_output=True, check=False)
-            for image in shell.glob("*.img"):
-                listing = subprocess.run(
-                    ["losetup", "-j", str(image), "-O", "NAME", "-n"],
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                )
-                for dev in listing.stdout.split():
-                    subprocess.run(["losetup", "-d", dev], capture_output=True, check=False)
-
-
-@contextlib.contextmanager
-def bench_node(runtime: Path | None = None) -> Iterator[Bench]:
-    tmp = Path(tempfile.mkdtemp(prefix="flexhub-bench-"))
-    bench = Bench(tmp, runtime)
-    try:
-        yield bench
-    finally:
-        bench.cleanup()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def must(reply: DriverReply | None, what: str) -> None:
-    if reply is not None and not reply.ok:
-        raise SystemExit(f"benchmark: {what} failed: {reply.message}")
+__all__ = [
+    "BASHJQ",
+    "HERE",
+    "PROFILE_BOOTSTRAP",
+    "PROFILE_CALLS",
+    "SHELL_MOUNT",
+    "SMALL",
+    "Bench",
+    "Figure",
+    "GiB",
+    "bench_node",
+    "concurrency",
+    "main",
+    "median_ms",
+    "must",
+    "paired",
+    "per_call",
+    "profile_lines",
+    "run_quiet",
+    "with_volumes",
+]
 
 
 def per_call(bench: Bench, runs: int) -> tuple[list[Figure], dict[str, float]]:
@@ -377,196 +243,6 @@ def concurrency(bench: Bench, count: int, pods: int) -> list[str]:
 # --- --profile CALL: where one call kind's time goes --------------------------------------
 
 #: Run in place of the shim's bootstrap (``flexhub.admin.install``): the same ``main()``, under
-#: ``_lsprof`` (nothing else is imported before the profiler starts), after importing first the
-#: modules listed in the file named by its second argument (if not empty). It writes the stats
-#: (pstats' form) to the file named by its first argument, and the modules the call loaded
-#: (those not loaded when the interpreter started) to that name + ``.modules``, and the CPU
-#: time (user and system, s) of the process and of the commands it ran to that name + ``.cpu``.
-PROFILE_BOOTSTRAP = """import sys, _lsprof, resource
-out, preload = sys.argv.pop(1), sys.argv.pop(1)
-started = set(sys.modules)
-if preload:
-    import importlib
-    for name in open(preload).read().split():
-        try:
-            importlib.import_module(name)
-        except BaseException:
-            pass
-def cpu(who):
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
-before = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
-profiler = _lsprof.Profiler()
-profiler.enable()
-try:
-    from flexhub.__main__ import main
-    code = main()
-finally:
-    profiler.disable()
-    spent = cpu(resource.RUSAGE_SELF) - before[0], cpu(resource.RUSAGE_CHILDREN) - before[1]
-    loaded = [name for name in sys.modules if name not in started]
-    import cProfile, marshal, types
-    holder = types.SimpleNamespace(getstats=profiler.getstats)
-    cProfile.Profile.snapshot_stats(holder)
-    with open(out, "wb") as f:
-        marshal.dump(holder.stats, f)
-    with open(out + ".modules", "w") as f:
-        f.write("\\n".join(loaded))
-    with open(out + ".cpu", "w") as f:
-        f.write("%f %f" % spent)
-sys.exit(code)"""
-
-PROFILE_CALLS = {
-    "init": "init",
-    "unmount": "unmount (directory not mounted)",
-    "mounted": "mount of an already-mounted directory",
-    "second": "second pod's mount of a staged volume",
-    "first": "first mount of a new 1 GiB loopfile",
-}
-Call = Callable[..., DriverReply]
-Func = tuple[str, int, str]  # pstats' key: file, line, function
-
-
-def profiled(bench: Bench, out: Path, preload: Path | None) -> Call:
-    """A call like ``Kubelet.call`` (argv, environment, stdin and cwd as the shim gives the
-    driver), run under the profiler: its stats go to ``out``."""
-
-    def call(*args: str) -> DriverReply:
-        argv = [*bench.start, "-I", "-c", PROFILE_BOOTSTRAP, str(out), str(preload or "")]
-        env = dict(bench.kubelet.env, FLEXHUB_CONFIG=str(bench.root / "flexhub.toml"))
-        proc = subprocess.run(
-            [*argv, *args],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            env=env,
-            cwd="/",
-            timeout=600,
-            check=False,
-        )
-        if not out.exists():
-            error = proc.stderr.decode(errors="replace")[-800:]
-            raise SystemExit(f"benchmark: the profiled {args[0]} wrote no profile: {error}")
-        return DriverReply([*argv, *args], proc.returncode, proc.stdout, parse_reply(proc.stdout))
-
-    return call
-
-
-def call_kind(bench: Bench, kind: str) -> Callable[[Call | None], None]:
-    """One call of ``kind`` (a key of :data:`PROFILE_CALLS`) through a given ``call``
-    (``None``: the installed driver), the node set up for it first."""
-    k = bench.kubelet
-    if kind == "init":
-        return lambda call: must((call or k.call)("init"), "init")
-    if kind == "unmount":
-        gone = str(bench.root / "kubelet" / "pods" / "none" / "volumes" / "k8s~flexhub" / "x")
-        return lambda call: must((call or k.call)("unmount", gone), "unmount")
-    if kind == "first":
-        return lambda call: must(bench.mount(*bench.new_volume("1Gi"), call=call), "mount")
-    pv, user = bench.new_volume()
-    uid = Kubelet.new_pod_uid()
-    must(bench.mount(pv, user, uid), "first mount")
-    if kind == "second":
-        return lambda call: must(bench.mount(pv, user, call=call), "second pod's mount")
-    target = str(k.pod_dir(uid, pv))
-    raw = go_json(Kubelet.mount_options(user, pv=pv, pod_uid=uid))
-    return lambda call: must((call or k.call)("mount", target, raw), "idempotent mount")
-
-
-def label(func: Func) -> str:
-    filename, line, name = func
-    if filename == "~":
-        return name  # a built-in: <built-in method posix.fsync>
-    for prefix in ("site-packages/", f"{HERE.parent}/", "/lib/python3.11/"):
-        filename = filename.rsplit(prefix, 1)[-1]
-    return f"{filename}:{line}({name})"
-
-
-Row = tuple[float, float, float]  # calls, own time, cumulative time (s)
-
-
-def children_cpu_ms() -> float:
-    """CPU time (user and system) of every process this one has waited for, and theirs."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (usage.ru_utime + usage.ru_stime) * 1000
-
-
-def read_profile(path: Path) -> dict[Func, Row]:
-    """A profile written by :data:`PROFILE_BOOTSTRAP`: each function's calls, own and
-    cumulative time (the file is the driver's, in the benchmark's own 0700 directory)."""
-    stats: dict[Func, tuple[int, int, float, float, object]]
-    stats = marshal.loads(path.read_bytes())  # noqa: S302
-    return {func: (float(nc), tt, ct) for func, (_cc, nc, tt, ct, _callers) in stats.items()}
-
-
-def medians(profiles: list[dict[Func, Row]]) -> dict[Func, Row]:
-    """Per function, the median over the rounds of each column (0 in a round that did not
-    call it): robust to one round's preemption on a loaded machine, as a sum is not."""
-    funcs = {func for profile in profiles for func in profile}
-    zero = (0.0, 0.0, 0.0)
-    return {
-        func: (
-            statistics.median(p.get(func, zero)[0] for p in profiles),
-            statistics.median(p.get(func, zero)[1] for p in profiles),
-            statistics.median(p.get(func, zero)[2] for p in profiles),
-        )
-        for func in funcs
-    }
-
-
-def profile_lines(bench: Bench, kind: str, rounds: int, top: int = 12) -> list[str]:
-    """Each round: the call as kubelet makes it (timed), then under the profiler twice: as it
-    is, and with the modules that call loaded first (what is left is the call's own work).
-    Every figure is a median over the rounds, in ms per call."""
-    once = call_kind(bench, kind)
-    once(None)  # the page cache and the node's state as on a node that has seen the call
-    walls: list[float] = []
-    cpus: list[float] = []
-    full: list[dict[Func, Row]] = []
-    warm: list[dict[Func, Row]] = []
-    for i in range(rounds):
-        before = children_cpu_ms()
-        walls.append(median_ms(lambda: once(None), 1))
-        cpus.append(children_cpu_ms() - before)
-        cold_out, warm_out = bench.root / f"{kind}-{i}.full", bench.root / f"{kind}-{i}.warm"
-        once(profiled(bench, cold_out, None))
-        once(profiled(bench, warm_out, Path(f"{cold_out}.modules")))
-        full.append(read_profile(cold_out))
-        warm.append(read_profile(warm_out))
-
-    def total(profile: dict[Func, Row]) -> float:
-        return sum(row[1] for row in profile.values()) * 1000
-
-    def imports(profile: dict[Func, Row]) -> float:
-        return 1000 * sum(
-            row[2]
-            for func, row in profile.items()
-            if func[0] == "<frozen importlib._bootstrap>" and func[2] == "_find_and_load"
-        )
-
-    modules = len(Path(f"{bench.root}/{kind}-0.full.modules").read_text().split())
-    commands = [
-        float(Path(f"{bench.root}/{kind}-{i}.warm.cpu").read_text().split()[1]) * 1000
-        for i in range(rounds)
-    ]
-    lines = [
-        f"## {PROFILE_CALLS[kind]}: medians of {rounds} rounds, ms per call",
-        f"wall as kubelet waits (no profiler): {statistics.median(walls):.1f} ms; CPU (the "
-        f"shim, the driver and its commands): {statistics.median(cpus):.1f} ms, of which the "
-        f"commands {statistics.median(commands):.1f} ms",
-        f"under the profiler, main(): {statistics.median(map(total, full)):.1f} ms, of which "
-        f"imports ({modules} modules): {statistics.median(map(imports, full)):.1f} ms; "
-        f"with those modules loaded first: {statistics.median(map(total, warm)):.1f} ms",
-        "  with the modules loaded first, by own time (tottime):",
-    ]
-    work = medians(warm)
-    own = sorted(work.items(), key=lambda item: item[1][1], reverse=True)
-    own = [item for item in own if "_lsprof.Profiler" not in item[0][2]][:top]
-    lines += [f"  {row[1] * 1000:8.2f} ms {row[0]:5.0f}x  {label(f)}" for f, row in own]
-    lines.append("  flexhub's functions, by cumulative time:")
-    mine = [item for item in work.items() if "flexhub" in item[0][0]]
-    mine.sort(key=lambda item: item[1][2], reverse=True)
-    lines += [f"  {row[2] * 1000:8.2f} ms {row[0]:5.0f}x  {label(f)}" for f, row in mine[:top]]
-    return lines
 
 
 def main() -> int:

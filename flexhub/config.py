@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flexhub.errors import FlexhubError
+from flexhub.errors import FlexhubError, did_you_mean
 from flexhub.node.plainconfig import _LEVELS, _NUMBERS  # one list of the settings, both readers
 
 __all__ = ["CONFIG_ENV", "DEFAULT_CONFIG_PATH", "NodeConfig", "load_config", "parse_config"]
@@ -155,8 +155,6 @@ def parse_config(raw: bytes, path: Path) -> NodeConfig:
                 raise FlexhubError(f"node config {path}: log_level must be one of {_LEVELS}")
             kwargs[key] = value
         else:
-            from flexhub.settings import did_you_mean
-
             known = ("state_dir", "log_dir", "log_level", *_NUMBERS)
             raise FlexhubError(
                 f"node config {path}: unknown setting {key[:80]!r}{did_you_mean(key, known)}"

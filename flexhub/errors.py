@@ -45,6 +45,7 @@ __all__ = [
     "UntrustedPath",
     "UsageError",
     "VolumeError",
+    "did_you_mean",
     "forget_secrets",
     "one_line",
     "redact",
@@ -220,3 +221,11 @@ def one_line(text: str, limit: int = 1000) -> str:
     if len(folded) > limit:
         folded = folded[: limit - 3] + "..."
     return folded
+
+
+def did_you_mean(word: str, choices: Iterable[str], *, fmt: str = "{}") -> str:
+    """``" (did you mean X?)"`` for the closest of ``choices``, or ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
+    return f" (did you mean {fmt.format(close[0])}?)" if close else ""

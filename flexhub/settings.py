@@ -9,10 +9,10 @@ checks every table. Only the standard library is imported here (``difflib`` on a
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
-from flexhub.errors import FlexhubError
+from flexhub.errors import FlexhubError, did_you_mean
 
 if TYPE_CHECKING:
     from flexhub.config import NodeConfig
@@ -21,16 +21,8 @@ __all__ = [
     "check_backend_table",
     "check_keys",
     "check_sections",
-    "did_you_mean",
+    "did_you_mean",  # re-exported: it lives in flexhub.errors, beside the other message helpers
 ]
-
-
-def did_you_mean(word: str, choices: Iterable[str], *, fmt: str = "{}") -> str:
-    """``" (did you mean X?)"`` for the closest of ``choices``, or ``""``."""
-    import difflib
-
-    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
-    return f" (did you mean {fmt.format(close[0])}?)" if close else ""
 
 
 def _where(config: NodeConfig) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from flexhub.admin.harness import DriverReply, Kubelet, go_json
 from flexhub.admin.install import install
+from flexhub.node.fs import SUPPORTED_FS_TYPES
 
 __all__ = ["run_demo"]
 
@@ -83,9 +84,9 @@ class _Demo:
         timing = f"{seconds:5.2f}s" if reply is not None else "skipped"
         pad = max(WIDTH - len(head) - len(plain) - len(timing) - 1, 1)
         self.out(f"{head}{' ' * pad}{status} {timing}")
-        if self.verbose and reply is not None:
-            self._wrapped(call.replace(str(self.root), "$T"), "      $ ")
-            self._wrapped(json.dumps(reply.reply, separators=(",", ":")), "      <- ")
+        if self.verbose and reply is not None:  # whole lines: JSON cut at a width is no JSON
+            self.out("      $ " + call.replace(str(self.root), "$T"))
+            self.out("      <- " + json.dumps(reply.reply, separators=(",", ":")))
         if reply is not None and not reply.ok:
             self._wrapped(reply.message, "      ")
             self.failures.append(f"{title}: {reply.message}")
@@ -215,6 +216,11 @@ def run_demo(
     :param colour: ANSI colours; by default when stdout is a terminal and ``NO_COLOR`` unset.
     """
     write = out or (lambda text: print(text, flush=True))
+    if fs_type not in SUPPORTED_FS_TYPES:
+        made = ", ".join(sorted(SUPPORTED_FS_TYPES))
+        made = made[: made.rfind(", ")] + " or" + made[made.rfind(",") + 1 :]
+        write(f"flexhub demo: --fs-type {fs_type[:40]} is not one it makes: use {made}")
+        return 1
     if os.geteuid() != 0:
         write(
             "flexhub demo needs root: it attaches loop devices and mounts filesystems "

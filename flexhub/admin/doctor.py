@@ -14,19 +14,16 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from flexhub import DRIVER_NAME
+from flexhub.admin.check import Check, render  # re-exported: doctor's result and its table
+from flexhub.admin.storagecheck import TOOL_DIRS, check_backends, check_fencing_identity
 from flexhub.config import NodeConfig, load_config
 from flexhub.errors import FlexhubError
 
-__all__ = ["Check", "Doctor", "render"]
+__all__ = ["TOOL_DIRS", "Check", "Doctor", "render"]
 
-#: Where the runner looks for node tools (:data:`flexhub.node.runner.DEFAULT_ENV`).
-TOOL_DIRS = ("usr/sbin", "usr/bin", "sbin", "bin")
 EXPECTED_CAPABILITIES = {
     "attach": False,
     "selinuxRelabel": True,
@@ -34,34 +31,6 @@ EXPECTED_CAPABILITIES = {
     "supportsMetrics": True,
     "requiresFSResize": True,
 }
-
-
-@dataclass(frozen=True)
-class Check:
-    """The result of one check."""
-
-    name: str
-    status: str  # "ok", "warn" or "fail"
-    detail: str
-    fix: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def render(checks: Iterable[Check]) -> list[str]:
-    """A table for people: status, check, detail, and the fix under each problem."""
-    rows = list(checks)
-    width = max((len(c.name) for c in rows), default=0)
-    lines = []
-    for check in rows:
-        lines.append(f"{check.status.upper():<4}  {check.name:<{width}}  {check.detail}")
-        if check.fix:
-            lines.append(f"{'':<4}  {'':<{width}}  fix: {check.fix}")
-    failed = sum(1 for c in rows if c.status == "fail")
-    warned = sum(1 for c in rows if c.status == "warn")
-    lines.append(f"{len(rows)} checks: {failed} failed, {warned} warnings")
-    return lines
 
 
 class Doctor:
@@ -96,9 +65,21 @@ class Doctor:
     # -- the runs -------------------------------------------------------------------------------
 
     def probe(self) -> list[Check]:
-        """The liveness checks: cheap, and each one is a reason to restart the installer."""
+        """The liveness checks: cheap, and each one is a reason to restart the installer.
+
+        :raises FlexhubError: the config file named (``config``) does not exist and is not
+            the one the installed driver reads (for that driver a missing file means the
+            defaults, as for the DaemonSet's probe of a node without a config; any other
+            missing file is a mistyped path, not a node on defaults).
+        """
         checks = self.check_config()  # first: the plugin directory's record is in state_dir
         plugin = self.check_plugin_dir()
+        asked = self.config_path
+        if asked is not None and not self.host(asked).exists():
+            used = self._shim_config() if plugin.status == "ok" else None
+            if used != str(asked):
+                reads = f" (the installed driver reads {used})" if used else ""
+                raise FlexhubError(f"--config {asked}: no such file{reads}")
         if plugin.status == "ok" and self._shim_config() not in (None, self._config_used):
             checks = self.check_config()  # the installed driver's own, now that it is known
         checks.append(plugin)
@@ -370,195 +351,12 @@ class Doctor:
         return Check("runtime", "ok", f"the driver runs {python}")
 
     def check_backends(self) -> list[Check]:
-        """Every backend imports and finds its node tools. The doctor writes nothing on the
-        node: stevedore's cache goes to a temporary directory, and no memo is used."""
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="flexhub-doctor-") as cache:
-            previous = os.environ.get("XDG_CACHE_HOME")
-            os.environ["XDG_CACHE_HOME"] = cache
-            try:
-                return self._check_backends()
-            finally:
-                if previous is None:
-                    del os.environ["XDG_CACHE_HOME"]
-                else:
-                    os.environ["XDG_CACHE_HOME"] = previous
-
-    def _check_backends(self) -> list[Check]:
-        from flexhub.driver.loader import describe_backends, load_backend
-
-        infos = describe_backends()
-        if not infos:
-            return [Check("backends", "fail", "no backend installed", "install flexhub's backends")]
-        checks = []
-        for info in infos:
-            name = f"backend {info.name}"
-            if info.error:
-                checks.append(Check(name, "fail", info.error, f"reinstall {info.distribution}"))
-                continue
-            backend = load_backend(info.name)
-            settings = self._check_settings(info.name, backend)
-            if settings is not None:
-                checks.append(settings)
-            needs = backend.node_requirements
-            missing = [c for c in needs.commands if not self._has_command(c)]
-            modules = [m for m in needs.kernel_modules if not self._has_module(m)]
-            daemons = [d for d in needs.daemons if not self._running(d)]
-            problems = [f"command {c} not found" for c in missing]
-            problems += [f"the running kernel has no {m} module" for m in modules]
-            problems += [f"{d} is not running" for d in daemons]
-            if problems:
-                fixes = [needs.hint or "install the backend's node packages"] if missing else []
-                fixes += [
-                    f"modprobe {m} (or install the modules of kernel {os.uname().release})"
-                    for m in modules
-                ]
-                if daemons or not fixes:
-                    fixes.append(needs.hint or f"start {', '.join(daemons)}")
-                checks.append(Check(name, "fail", "; ".join(problems), "; ".join(fixes)))
-            else:
-                checks.append(
-                    Check(name, "ok", f"{info.distribution} {info.version}, node tools present")
-                )
-        return checks
-
-    def _check_settings(self, name: str, backend: Any) -> Check | None:
-        """The backend's table of the node config, as its volume calls check it."""
-        if self.config is None:
-            return None
-        from flexhub.settings import check_backend_table
-
-        table = self.config.backend_table(name)
-        where = f"[{name}] of {self.config.source}"
-        try:
-            check_backend_table(self.config, name, backend)
-        except FlexhubError as exc:
-            return Check(f"settings {name}", "fail", exc.message, f"fix {where}")
-        if backend.settings_keys is None and table:
-            return Check(
-                f"settings {name}",
-                "warn",
-                f"backend {name} declares no settings keys: the keys of {where} are not checked",
-                "check them against the backend's documentation",
-            )
-        if table:
-            return Check(f"settings {name}", "ok", f"{where}: {', '.join(sorted(table))}")
-        return None
+        """Every backend imports, finds its node tools and accepts its settings."""
+        return check_backends(self.config, self.host_root, self.proc_root)
 
     def check_fencing_identity(self) -> list[Check]:
-        """iSCSI fencing tells nodes apart by their reservation key, derived from
-        ``/etc/machine-id`` and the initiator name unless configured: a machine id that is
-        a placeholder (an image prepared for cloning, never booted as itself) derives none.
-        (A key that another machine also holds is caught at every read-write attach, which
-        reads the holder's initiator back from the target.)"""
-        try:
-            from flexhub_iscsi import _reservation as reservation
-        except ImportError:
-            return []  # no iscsi backend here
-        name = "iscsi fencing identity"
-        table = self.config.backend_table("iscsi") if self.config is not None else {}
-        if table.get("reservation_key"):
-            return [Check(name, "ok", "[iscsi] reservation_key is set in the node config")]
-        machine_id = self.host(reservation.MACHINE_ID)
-        problem = reservation.machine_id_problem(machine_id)
-        if problem:
-            return [
-                Check(
-                    name,
-                    "warn",
-                    f"{problem}: read-write iSCSI mounts are refused (no reservation key), "
-                    "and clones of this image would share one",
-                    "give this machine its own id (systemd-machine-id-setup), or set "
-                    "[iscsi] reservation_key",
-                )
-            ]
-        initiator = reservation.initiator_name(self.host(reservation.INITIATOR_FILE))
-        return self._check_registrants(reservation) or [
-            Check(
-                name,
-                "ok",
-                f"key derived from {reservation.MACHINE_ID}, the initiator name "
-                f"{initiator or '(none)'} and the state directory",
-            )
-        ]
-
-    def _check_registrants(self, reservation: Any) -> list[Check]:
-        """Each LUN this node holds for writing (journalled with its key): is the key also
-        registered through an initiator that is not the one of the LUN's sessions here?
-        Then another machine has this node's key. One ``sg_persist`` per such LUN."""
-        if self.config is None:
-            return []
-        from flexhub_iscsi._sysfs import Sysfs
-
-        from flexhub.node.journal import Journal
-        from flexhub.node.runner import SubprocessRunner
-
-        sysfs = Sysfs(self.host("/sys"), self.host("/dev"))
-        checks = []
-        try:
-            records = Journal(self.config.state_dir).volumes()
-        except FlexhubError:
-            return []  # check_journal reports an unreadable journal
-        for record in records:
-            key_text = record.details.get("reservation", "")
-            disks = [d for d in record.details.get("devices", "").split(",") if d]
-            paths = [str(sysfs.dev / d) for d in disks if sysfs.node_exists(d)]
-            if record.backend != "iscsi" or not key_text or not paths:
-                continue
-            iqn, iface = record.details.get("iqn", ""), record.details.get("iface", "default")
-            mine = [s.initiator for s in sysfs.sessions_of(iqn, iface) if s.initiator]
-            key = reservation.parse_key(key_text)
-            fence = reservation.Fence(SubprocessRunner(timeout=10.0), 10.0, key, paths)
-            try:
-                registrations = fence.full_status() or []
-            except FlexhubError as exc:
-                checks.append(
-                    Check(
-                        "iscsi fencing identity",
-                        "warn",
-                        f"{record.volume_id}: {exc.message}",
-                        "check the target and the node's sessions",
-                    )
-                )
-                continue
-            foreign = reservation.foreign_registrations(registrations, key, mine)
-            if foreign and mine:
-                others = ", ".join(sorted({r.initiator for r in foreign}))
-                checks.append(
-                    Check(
-                        "iscsi fencing identity",
-                        "fail",
-                        f"{record.volume_id}: this node's key {key_text} is also registered "
-                        f"through initiator {others}, not this node's ({', '.join(mine)}): "
-                        "another machine has this node's key and may write to the LUN",
-                        "give that machine its own /etc/machine-id and initiator name (or "
-                        "[iscsi] reservation_key), and check the LUN's data",
-                    )
-                )
-        return checks
-
-    def _has_command(self, command: str) -> bool:
-        return any(os.access(self.host(f"/{d}/{command}"), os.X_OK) for d in TOOL_DIRS)
-
-    def _has_module(self, module: str) -> bool:
-        """Loaded, built in, or loadable from the running kernel's module tree."""
-        from flexhub.node.kernel import has_module
-
-        return has_module(module, self.host_root)
-
-    def _running(self, name: str) -> bool:
-        try:
-            pids = [p for p in os.listdir(self.proc_root) if p.isdigit()]
-        except OSError:
-            return False
-        for pid in pids:
-            try:
-                if (self.proc_root / pid / "comm").read_text().strip() == name:
-                    return True
-            except OSError:
-                continue
-        return False
+        """iSCSI fencing's reservation key is this machine's own."""
+        return check_fencing_identity(self.config, self.host_root)
 
     def check_journal(self) -> list[Check]:
         if self.config is None:

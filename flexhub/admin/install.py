@@ -14,19 +14,16 @@ import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from flexhub import DRIVER_NAME
+from flexhub.admin.plugindir import Detection, detect_plugin_dir, driver_dir_name, write_record
 from flexhub.errors import FlexhubError, UsageError
-
-if TYPE_CHECKING:
-    from flexhub.admin.plugindir import Detection
 
 __all__ = [
     "RUNTIME_MARKER",
     "check_runnable",
     "current_runtime",
-    "driver_dir_name",
+    "driver_dir_name",  # re-exported from flexhub.admin.plugindir (kubelet's layout of it)
     "driver_path",
     "install",
     "install_on_node",
@@ -47,18 +44,6 @@ except BaseException as exc:
     print(json.dumps({"status": "Failure", "message": "flexhub cannot start: " + reason}))
     sys.exit(1)
 sys.exit(main())"""
-
-
-def driver_dir_name(driver: str) -> tuple[str, str]:
-    """``vendor/name`` → (``vendor~name``, ``name``), checked like kubelet's IsQualifiedName."""
-    import re
-
-    match = re.fullmatch(
-        r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?)/([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)", driver
-    )
-    if not match or len(match.group(3)) > 63:
-        raise UsageError(f"driver name {driver!r} must look like vendor/name (e.g. {DRIVER_NAME})")
-    return driver.replace("/", "~"), match.group(3)
 
 
 #: The file that marks a relocatable runtime (``deploy/build_runtime.py``), at its top.
@@ -238,7 +223,6 @@ def install_on_node(
 
     :returns: the driver's path and the plugin directory found (with the rule that chose it).
     """
-    from flexhub.admin.plugindir import detect_plugin_dir, write_record
     from flexhub.config import DEFAULT_CONFIG_PATH, load_config
 
     driver_dir_name(driver)  # a bad name is refused before anything else

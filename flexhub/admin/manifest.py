@@ -2,12 +2,15 @@
 every problem of each, in the manifest's own terms (``spec.flexVolume.options.flie``).
 
 A StorageClass whose ``provisioner`` is ``flexhub`` is read as the provisioner reads it
-(``parameters.onDelete: ...``); another provisioner's class is skipped, with a note.
+(``parameters.onDelete: ...``), and its backend's rules run beside its schema errors; another
+provisioner's class is skipped, with a note. A
+``driver`` or ``provisioner`` that is almost flexhub's is a problem, with a did-you-mean.
 
 kubelet stops at the first error of a call; a person fixing a manifest wants them all. For
-each flexVolume of the driver: the keys a manifest must not set, every schema error, then
-(when the schema passes) the backend's own option rules, and a ``secretRef`` the options
-need. Files with no flexhub volume are fine (exit 0): ``validate`` runs over whole trees.
+each flexVolume of the driver: the keys a manifest must not set, every schema error, the
+backend's own option rules (on the options with each one the schema refused set to its
+example), and a ``secretRef`` the options need. Files with no flexhub volume are fine
+(exit 0): ``validate`` runs over whole trees; a directory without manifests is refused.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from flexhub.errors import FlexhubError
 
@@ -28,6 +31,7 @@ __all__ = [
     "flex_volumes",
     "kubelet_key_error",
     "manifest_files",
+    "near_volumes",
     "options_as_kubelet_sends",
     "validate_file",
     "validate_paths",
@@ -70,7 +74,7 @@ def manifest_files(paths: list[Path]) -> list[Path]:
     """The files to read: each file as given, each directory's ``*.yaml|yml|json`` (sorted,
     recursively, dot-names skipped).
 
-    :raises FlexhubError: a path that does not exist.
+    :raises FlexhubError: a path that does not exist, or a directory without manifests.
     """
     files: list[Path] = []
     for path in paths:
@@ -85,7 +89,13 @@ def manifest_files(paths: list[Path]) -> list[Path]:
                     for n in names
                     if not n.startswith(".") and Path(n).suffix in SUFFIXES
                 ]
-            files.extend(p for p in sorted(found) if p.is_file())
+            listed = [p for p in sorted(found) if p.is_file()]
+            if not listed:
+                raise FlexhubError(
+                    f"{path}: no manifests ({', '.join('*' + s for s in SUFFIXES)}) "
+                    "in this directory"
+                )
+            files.extend(listed)
         elif path.exists():
             raise FlexhubError(f"{path}: not a file or directory")
         else:
@@ -125,7 +135,33 @@ def flex_volumes(doc: Any, driver: str) -> Iterator[tuple[str, str, Mapping[str,
     yield from _flex_volumes(doc, driver, "")
 
 
-def _flex_volumes(doc: Any, driver: str, base: str) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+def near_volumes(doc: Any, driver: str) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """Like :func:`flex_volumes`, for the flexVolumes whose driver is almost ``driver`` (its
+    directory form ``vendor~name/name``, its bare name, a near spelling): a volume kubelet
+    would never give flexhub, which ``validate`` must not pass over in silence."""
+    yield from _flex_volumes(doc, driver, "", near=True)
+
+
+def _is_near(value: Any, driver: str) -> bool:
+    if not isinstance(value, str) or value == driver:
+        return False
+    import difflib
+
+    wanted, given = driver.lower(), value.lower()
+    name, directory = wanted.rsplit("/", 1)[-1], wanted.replace("/", "~")
+    if given in (wanted, name, directory, f"{directory}/{name}") or given.startswith(name + "/"):
+        return True
+    return bool(difflib.get_close_matches(given, [wanted], cutoff=0.8))
+
+
+def _flex_volumes(
+    doc: Any, driver: str, base: str, *, near: bool = False
+) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    def wanted(flex: Any) -> TypeGuard[dict[str, Any]]:
+        if not isinstance(flex, dict):
+            return False
+        return _is_near(flex.get("driver"), driver) if near else flex.get("driver") == driver
+
     if not isinstance(doc, dict):
         return
     kind = doc.get("kind", "") or "object"
@@ -133,13 +169,13 @@ def _flex_volumes(doc: Any, driver: str, base: str) -> Iterator[tuple[str, str, 
     name = metadata.get("name", "?") if isinstance(metadata, dict) else "?"
     if kind == "List" or kind.endswith("List"):
         for i, item in enumerate(doc.get("items") or []):
-            yield from _flex_volumes(item, driver, f"{base}items[{i}].")
+            yield from _flex_volumes(item, driver, f"{base}items[{i}].", near=near)
         return
     spec = doc.get("spec")
     if not isinstance(spec, dict):
         return
     flex = spec.get("flexVolume")
-    if isinstance(flex, dict) and flex.get("driver") == driver:
+    if wanted(flex):
         yield f"{kind}/{name}", f"{base}spec.flexVolume", flex
     pod_specs = [("spec", spec)]
     template = spec.get("template")
@@ -155,7 +191,7 @@ def _flex_volumes(doc: Any, driver: str, base: str) -> Iterator[tuple[str, str, 
             if not isinstance(volume, dict):
                 continue
             flex = volume.get("flexVolume")
-            if isinstance(flex, dict) and flex.get("driver") == driver:
+            if wanted(flex):
                 path = f"{base}{where}.volumes[{i}].flexVolume"
                 yield f"{kind}/{name} volume {volume.get('name', '?')}", path, flex
 
@@ -226,14 +262,45 @@ def _option_rule(message: str, base: str) -> str:
         match = re.match(pattern + r"options? '([^']+)'[: ]\s*", message)
         if match:
             return f"{option_path(base, match.group(1))}: {message[match.end() :]}"
+    match = re.match(r"invalid options? \$\['([^']+)'\]:?\s*", message)  # the reply's JSON path
+    if match:
+        return f"{option_path(base, match.group(1))}: {message[match.end() :]}"
     return f"{base}.options: {message.removeprefix('invalid options: ')}"
+
+
+def _rule_key(message: str) -> str | None:
+    """The option a backend rule's message names first, if any."""
+    match = re.match(r"(?:invalid options?: )?options? '([^']+)'", message) or re.match(
+        r"invalid options? \$\['([^']+)'\]", message
+    )
+    return match.group(1) if match else None
+
+
+def _repaired(
+    strings: Mapping[str, str], found: list[tuple[str, str]], schema: Mapping[str, Any]
+) -> tuple[dict[str, str], set[str]]:
+    """``strings`` with every option the schema refused set to its schema's first example (an
+    unknown one dropped, a missing one added), so that the backend's own rules can run on the
+    rest; and the keys so changed (a rule about one of those is not the manifest's problem)."""
+    properties = schema.get("properties") or {}
+    repaired = dict(strings)
+    changed: set[str] = set()
+    for key, _text in found:
+        changed.add(key)
+        prop = properties.get(key)
+        examples = prop.get("examples") if isinstance(prop, dict) else None
+        if isinstance(examples, list) and examples and isinstance(examples[0], str):
+            repaired[key] = examples[0]
+        else:
+            repaired.pop(key, None)
+    return repaired, changed
 
 
 def check_options_object(options: Mapping[str, Any], base: str, *, has_secret: bool) -> list[str]:
     """Every problem of one options object (``base`` names it in the manifest)."""
     from flexhub.driver.loader import installed_backends, load_backend
     from flexhub.driver.validation import schema_problems
-    from flexhub.settings import did_you_mean
+    from flexhub.errors import did_you_mean
     from flexhub.volume import Volume
 
     problems = []
@@ -269,11 +336,20 @@ def check_options_object(options: Mapping[str, Any], base: str, *, has_secret: b
         return [*problems, f"{option_path(base, 'backend')}: {exc.message}"]
     found = [(k, t) for k, t in found if not (t == "required" and k in options)]  # not a string
     problems += [f"{option_path(base, key)}: {text}" for key, text in found]
-    if not problems:
-        try:
-            backend.check_options(Volume.from_options(strings))
-        except FlexhubError as exc:
+    # The backend's own rules (cross-option, addresses, paths) run even when the schema
+    # refused something: on the options with each refused one set to its schema's example,
+    # so that one run shows every problem. Their first problem is reported unless it is
+    # about an option already reported (or one set here), or a rule that needed one.
+    refused = [(k, t) for k, t in found if k] + [(k, "") for k in options if k not in strings]
+    checked, changed = _repaired(strings, refused, backend.schema())
+    try:
+        backend.check_options(Volume.from_options(checked))
+    except FlexhubError as exc:
+        if _rule_key(exc.message) not in changed:
             problems.append(_option_rule(exc.message, base))
+    except Exception:
+        if not problems:
+            raise
     reason = backend.secret_needed(strings)
     if reason and not has_secret:
         problems.append(f"{base}.secretRef: required: {reason}")
@@ -347,6 +423,9 @@ def _storage_class(doc: Mapping[str, Any], driver: str) -> Report | None:
             f"is {PROVISIONER_NAME!r}"
         )
         return report
+    if provisioner != PROVISIONER_NAME and _is_near(provisioner, PROVISIONER_NAME):
+        report.problems.append(_near_provisioner(str(provisioner), PROVISIONER_NAME))
+        return report
     if provisioner != PROVISIONER_NAME:
         report.skipped = True
         report.note = f"provisioner {str(provisioner)[:80]!r} is not flexhub's"
@@ -354,13 +433,97 @@ def _storage_class(doc: Mapping[str, Any], driver: str) -> Report | None:
     from flexhub.driver.loader import load_backend
 
     try:
-        spec, report.problems = class_problems(doc, load_backend)
+        spec, problems = class_problems(doc, load_backend)
     except FlexhubError as exc:
         report.problems.append(f"parameters.backend: {exc.message}")
         return report
+    report.problems = [_parameter_rule(p) for p in problems]
+    if spec is None:
+        for problem in _class_rules(doc, load_backend):
+            if problem not in report.problems:
+                report.problems.append(problem)
     if spec is not None:
         report.note = f"backend {spec.backend}, onDelete {spec.on_delete}"
     return report
+
+
+def _near_driver(base: str, flex: Mapping[str, Any], driver: str) -> str:
+    value = str(flex.get("driver"))
+    text = f"{base}.driver: {value[:80]!r} is not flexhub's driver name, did you mean {driver}?"
+    directory = driver.replace("/", "~")
+    if value.startswith(directory + "/"):
+        text += f" ({directory} is its directory)"
+    return text
+
+
+def _near_provisioner(provisioner: str, name: str) -> str:
+    """The problem of a StorageClass provisioner that is almost flexhub's."""
+    from flexhub.driver.loader import installed_backends
+
+    text = f"provisioner: {provisioner[:80]!r} is not flexhub's provisioner name"
+    text += f", did you mean {name}?"
+    backend = provisioner.rpartition("/")[2]
+    if "/" in provisioner and backend in installed_backends():
+        text += f" (the backend goes in parameters.backend: {backend})"
+    return text
+
+
+def _parameter_path(key: str) -> str:
+    shown = key[:80]
+    if _IDENTIFIER.fullmatch(shown):
+        return f"parameters.{shown}"
+    return f"parameters[{json.dumps(shown)}]"
+
+
+def _parameter_rule(problem: str) -> str:
+    """``parameters: invalid parameter $['x']: why`` (a backend rule in the reply's JSON path
+    form) as ``parameters.x: why``; any other problem as it is."""
+    match = re.match(r"(?:parameters: )?invalid parameters? \$\['([^']+)'\]:?\s*", problem)
+    return f"{_parameter_path(match.group(1))}: {problem[match.end() :]}" if match else problem
+
+
+def _class_rules(doc: Mapping[str, Any], load_backend: Any) -> list[str]:
+    """The backend's ``check_parameters`` problem of a class whose schema refused some
+    parameters (the provisioner's reading stops there): run on the parameters with each
+    refused one set to its schema's example, as for a volume's options."""
+    from flexhub.driver.validation import schema_problems
+    from flexhub.provisioner.storageclass import PASSED_ON, PROVISIONER_KEYS
+    from flexhub.provisioning import Provisioning
+
+    raw = doc.get("parameters")
+    backend = raw.get("backend") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict) or not isinstance(backend, str):
+        return []
+    try:
+        cls = load_backend(backend)
+    except FlexhubError:
+        return []  # reported by the provisioner's reading
+    if not (isinstance(cls, type) and issubclass(cls, Provisioning)):
+        return []
+    schema = cls.parameters_schema()
+    listed = set(schema.get("properties") or {})
+    passed = {k for k in PASSED_ON if k in listed} | {"fsType"}
+    given = {
+        str(k): v
+        for k, v in raw.items()
+        if isinstance(v, str) and (k not in PROVISIONER_KEYS or k in passed)
+    }
+    if not given.get("fsType"):
+        given.pop("fsType", None)
+    found = schema_problems(None, given, schema=schema, noun="parameter")
+    found += [(str(k), "") for k, v in raw.items() if not isinstance(v, str)]
+    if not found:
+        return []  # check_parameters ran in the provisioner's reading
+    checked, changed = _repaired(given, found, schema)
+    try:
+        cls.check_parameters(checked)
+    except FlexhubError as exc:
+        key = _rule_key(exc.message.replace("parameter", "option", 1))
+        if key not in changed:
+            return [_parameter_rule(f"parameters: {exc.message}")]
+    except Exception:  # a rule that trips over a refused parameter: that one is reported
+        return []
+    return []
 
 
 def _items(doc: Any) -> Iterator[Mapping[str, Any]]:
@@ -396,6 +559,8 @@ def validate_documents(path: Path, driver: str, *, named: bool = False) -> list[
             if sc is not None:
                 sc.where = prefix + sc.where
                 reports.append(sc)
+        for where, base, flex in near_volumes(doc, driver):
+            reports.append(Report(prefix + where, [_near_driver(base, flex, driver)]))
         for where, base, flex in flex_volumes(doc, driver):
             report = Report(prefix + where)
             keys = _kubelet_keys(flex)

@@ -48,14 +48,16 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from flexhub import DRIVER_NAME
 from flexhub.admin.trust import check_owner_and_mode, trusted_path
-from flexhub.errors import StateError, UntrustedPath
+from flexhub.errors import StateError, UntrustedPath, UsageError
 
 __all__ = [
     "DEFAULT_PLUGIN_DIR",
     "DISTRIBUTION_DIRS",
     "Detection",
     "detect_plugin_dir",
+    "driver_dir_name",
     "kubelet_processes",
     "read_record",
     "record_path",
@@ -348,13 +350,24 @@ def detect_plugin_dir(
     return found
 
 
+def driver_dir_name(driver: str) -> tuple[str, str]:
+    """``vendor/name`` → (``vendor~name``, ``name``), checked like kubelet's IsQualifiedName:
+    kubelet runs the driver ``vendor/name`` as ``<plugin dir>/vendor~name/name``."""
+    import re
+
+    match = re.fullmatch(
+        r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?)/([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)", driver
+    )
+    if not match or len(match.group(3)) > 63:
+        raise UsageError(f"driver name {driver!r} must look like vendor/name (e.g. {DRIVER_NAME})")
+    return driver.replace("/", "~"), match.group(3)
+
+
 # -- the install record ---------------------------------------------------------------------------
 
 
 def record_path(state_dir: Path | str, driver: str) -> Path:
     """``<state_dir>/installed-<vendor~name>.json``."""
-    from flexhub.admin.install import driver_dir_name
-
     return Path(state_dir) / f"installed-{driver_dir_name(driver)[0]}.json"
 
 

@@ -2,30 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["COMMANDS", "run"]
+from flexhub.cli.commands import COMMANDS
 
-#: Admin commands; any other first word is treated as a kubelet operation.
-COMMANDS = frozenset(
-    {
-        "backends",
-        "schema",
-        "validate",
-        "version",
-        "state",
-        "install",
-        "uninstall",
-        "demo",
-        "doctor",
-        "daemonset",
-        "fence",
-        "new-backend",
-        "provisioner",
-        "node-agent",
-        "reclaim-volume",
-        "csi",
-        "help",
-    }
-)
+__all__ = ["COMMANDS", "run"]
 
 
 def run(args: list[str]) -> int:

@@ -2,16 +2,39 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from flexhub.errors import FlexhubError, one_line
+
 __all__ = ["register"]
 
 _KUBECONFIG = typer.Option(help="kubeconfig file (default: the pod's service account)")
 _CONFIG = typer.Option(help="flexhub config for the backends' settings (default: FLEXHUB_CONFIG)")
+
+
+@contextlib.contextmanager
+def _api_config(kubeconfig: Path | None) -> Iterator[None]:
+    """The API client's config problems as one line that says what to pass (the client
+    raises its ``ConfigException`` before anything else is done)."""
+    from kubernetes.config import ConfigException
+
+    if kubeconfig is not None and not kubeconfig.is_file():
+        raise FlexhubError(f"--kubeconfig {kubeconfig}: no such file")
+    try:
+        yield
+    except ConfigException as exc:
+        if kubeconfig is not None:
+            raise FlexhubError(f"--kubeconfig {kubeconfig}: {one_line(str(exc), 300)}") from None
+        raise FlexhubError(
+            f"no in-cluster config ({one_line(str(exc), 200).rstrip('.')}: not in a pod with a "
+            "service account) and no --kubeconfig: pass --kubeconfig FILE (e.g. ~/.kube/config)"
+        ) from None
 
 
 def provisioner(
@@ -30,8 +53,9 @@ def provisioner(
     its storage when the PV is released (logs to stderr; runs until SIGTERM)."""
     from flexhub.provisioner.service import run_provisioner
 
-    return run_provisioner(kubeconfig, config, leader_elect, lease_namespace,
-                           log_level=log_level, workers=workers)  # fmt: skip
+    with _api_config(kubeconfig):
+        return run_provisioner(kubeconfig, config, leader_elect, lease_namespace,
+                               log_level=log_level, workers=workers)  # fmt: skip
 
 
 def provisioner_seal(
@@ -48,7 +72,9 @@ def provisioner_seal(
     from flexhub.provisioner.service import seal_volumes
 
     try:
-        for line in seal_volumes(kubeconfig, volumes, namespace):
+        with _api_config(kubeconfig):
+            lines = seal_volumes(kubeconfig, volumes, namespace)
+        for line in lines:
             typer.echo(line)
     except FlexhubError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -64,8 +90,9 @@ def node_agent(
     """Reclaim the storage of released PVs that lives on this node (loop files)."""
     from flexhub.provisioner.service import run_node_agent
 
-    return run_node_agent(kubeconfig, config, node or os.environ.get("NODE_NAME", ""),
-                          log_level=log_level)  # fmt: skip
+    with _api_config(kubeconfig):
+        return run_node_agent(kubeconfig, config, node or os.environ.get("NODE_NAME", ""),
+                              log_level=log_level)  # fmt: skip
 
 
 def reclaim_volume() -> None:

@@ -307,11 +307,14 @@ def _summary(items: list[str], name: str, limit: int = 8) -> str:
 
 
 def _short(description: str, name: str) -> str:
-    """A schema description, its long list (after ``: ``) cut to a count."""
-    if len(description) <= 120 or ": " not in description:
-        return description
+    """A schema description, an allow-list (``...allow-list: a, b, c (note)``) cut to the
+    count of its items; any other description whole (its commas are no list of values)."""
     head, _, rest = description.partition(": ")
-    count = rest.count(",") + 1
+    if len(description) <= 120 or not rest or "allow-list" not in head:
+        return description
+    if rest.endswith(")") and " (" in rest:  # a closing note is not one of the items
+        rest = rest[: rest.rindex(" (")]
+    count = len([item for item in rest.split(",") if item.strip()])
     where = f"flexhub schema {name}" if name else "flexhub schema BACKEND"
     return f"{head} ({count} allowed; {where} lists them)"
 

@@ -136,3 +136,38 @@ def test_usage_error_is_short() -> None:
     proc = cli("schema")
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
+
+
+def test_the_api_clients_outside_a_pod_say_what_to_pass(tmp_path: Path) -> None:
+    """Without a pod's service account and without --kubeconfig, ``provisioner`` and
+    ``node-agent`` say so in one line (it was ``internal error: ConfigException``); a
+    --kubeconfig that cannot be used is named with the reason."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(TEST_SITE),
+        "FLEXHUB_CONFIG": os.environ["FLEXHUB_CONFIG"],
+    }
+    broken = tmp_path / "kubeconfig"
+    broken.write_text("apiVersion: v1\n")
+    cases = {
+        ("provisioner",): "no in-cluster config",
+        ("node-agent", "--node", "n1"): "no in-cluster config",
+        (
+            "provisioner",
+            "--kubeconfig",
+            str(tmp_path / "nosuch"),
+        ): f"--kubeconfig {tmp_path / 'nosuch'}: no such file",
+        ("node-agent", "--node", "n1", "--kubeconfig", str(broken)): f"--kubeconfig {broken}: ",
+    }
+    for args, start in cases.items():
+        proc = subprocess.run(
+            [PYTHON, "-m", "flexhub", *args], env=env, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        lines = proc.stderr.splitlines()
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert len(lines) == 1, (args, proc.stderr)
+        assert lines[0].startswith(f"flexhub: {start}"), (args, lines)
+        assert "internal error" not in lines[0] and "ConfigException" not in lines[0]
+        if "--kubeconfig" not in args:
+            assert "pass --kubeconfig" in lines[0], lines

@@ -13,6 +13,15 @@ the tree, and the arrows between the packages point one way.
 
 Imports are read from the source (every ``import``/``from`` statement, also those inside
 functions), so a lazy import breaks the rule as much as a top-level one.
+
+No two modules inside ``flexhub/`` import each other, directly or round a longer loop. Every
+import counts here too: one inside a function and one under ``if TYPE_CHECKING:``. A lazy or
+type-only import keeps the interpreter from tripping over a circle, not the reader: the two
+modules are still one tangle that cannot be read, tested or moved apart (``config`` and
+``settings`` were tied exactly so). An arrow goes to the module an import names
+(``from flexhub.admin import install`` names ``flexhub.admin.install``, ``from flexhub import
+DRIVER_NAME`` names ``flexhub``); the parent packages a dotted import loads on the way are not
+arrows, so a package's ``__init__`` that hands names on ties nothing by itself.
 """
 
 from __future__ import annotations
@@ -36,8 +45,8 @@ PUBLIC_API = (
 )
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
+def _module_name(path: Path, top: Path = REPO) -> str:
+    parts = path.relative_to(top).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -51,6 +60,75 @@ def _imports(path: Path) -> set[str]:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
     return {name for name in found if name == "flexhub" or name.startswith("flexhub")}
+
+
+def _import_graph(root: Path) -> dict[str, set[str]]:
+    """Module name -> the modules of the package at ``root`` that it imports."""
+    paths = sorted(root.rglob("*.py"))
+    modules = {_module_name(path, root.parent) for path in paths}
+    return {_module_name(path, root.parent): _arrows(path, root.parent, modules) for path in paths}
+
+
+def _arrows(path: Path, top: Path, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports, wherever the import stands."""
+    here = _module_name(path, top)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text("utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                anchor = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{anchor}.{base}" if base else anchor
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in modules else base)
+    return {name for name in found if name in modules}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each set of modules that reach one another (Tarjan's strongly connected components of
+    more than one module, or a module importing itself), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        on_stack.add(name)
+        for other in sorted(graph.get(name, ())):
+            if other not in index:
+                visit(other)
+                low[name] = min(low[name], low[other])
+            elif other in on_stack:
+                low[name] = min(low[name], index[other])
+        if low[name] == index[name]:
+            part = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                part.append(top)
+                if top == name:
+                    break
+            if len(part) > 1 or name in graph.get(name, ()):
+                out.append(sorted(part))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return sorted(out)
+
+
+def _describe(graph: dict[str, set[str]], circle: list[str]) -> str:
+    members = set(circle)
+    ties = [f"{a} -> {b}" for a in circle for b in sorted(graph[a] & members)]
+    return "circle: " + "; ".join(ties)
 
 
 def _within(name: str, prefixes: tuple[str, ...]) -> bool:
@@ -143,4 +221,32 @@ def test_the_top_level_holds_only_the_public_api_and_the_entry_point() -> None:
         "provisioning.py",
         "settings.py",
         "volume.py",
+    ]
+
+
+def test_no_import_circle_inside_flexhub() -> None:
+    graph = _import_graph(PACKAGE)
+    assert [_describe(graph, circle) for circle in _circles(graph)] == []
+
+
+def test_the_circle_rule_sees_lazy_and_type_only_imports(tmp_path: Path) -> None:
+    """The two circles that came back were tied by a function-level import one way and a
+    ``TYPE_CHECKING`` import (``config``/``settings``) or a second lazy one
+    (``admin.install``/``admin.plugindir``) the other: both kinds are arrows."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "config.py").write_text("def load():\n    from pkg.settings import hint\n")
+    (pkg / "settings.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.config import load\n"
+    )
+    (pkg / "sub" / "install.py").write_text("def f():\n    from pkg.sub import record\n")
+    (pkg / "sub" / "record.py").write_text("def g():\n    from . import install\n")
+    (pkg / "sub" / "face.py").write_text("from pkg import config\nfrom .. import settings\n")
+    graph = _import_graph(pkg)
+    assert graph["pkg.sub.face"] == {"pkg.config", "pkg.settings"}
+    assert _circles(graph) == [
+        ["pkg.config", "pkg.settings"],
+        ["pkg.sub.install", "pkg.sub.record"],
     ]

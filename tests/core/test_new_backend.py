@@ -8,6 +8,7 @@ import contextlib
 import errno
 import importlib
 import os
+import re
 import site
 import subprocess
 import sys
@@ -300,3 +301,31 @@ def test_new_backend_demo_passes_every_kit_check(installed_demo: tuple[Path, Pat
     python, package = installed_demo
     out = run(python, "-m", "pytest", "-p", "no:cacheprovider", cwd=package)
     assert " passed" in out and "failed" not in out and "skipped" not in out, out
+
+
+def test_the_provisioning_mixed_in_as_the_readme_says_passes_the_static_kit_checks(
+    installed_demo: tuple[Path, Path],
+) -> None:
+    """The README's step for dynamic provisioning, taken as written: the backend class line it
+    gives replaces the generated one, and the kit's static checks (provisioning's too) pass.
+    (The stub class stood after the backend class: a NameError in most kit checks.) A second
+    backend, ``mixed``, is installed beside ``demo`` in the same venv."""
+    python, package = installed_demo
+    proc = new_backend("mixed", cwd=package.parent)
+    assert proc.returncode == 0, proc.stderr
+    mixed = package.parent / "flexhub-backend-mixed"
+    module = mixed / "flexhub_mixed" / "__init__.py"
+    text = module.read_text("utf-8")
+    readme = (mixed / "README.md").read_text("utf-8")
+    said = re.findall(r"`(class MixedBackend\([^)]*\))`", readme)
+    assert said == re.findall(r"`(class MixedBackend\([^)]*\))`", text)  # the docstring too
+    assert said == ["class MixedBackend(FilesystemBackend, MixedProvisioning)"], readme
+    assert text.count("class MixedBackend(FilesystemBackend):") == 1
+    module.write_text(text.replace("class MixedBackend(FilesystemBackend):", said[0] + ":"))
+    run(python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", mixed, cwd=mixed)
+    out = run(python, "-m", "pytest", "-m", "flexhub_static", "-p", "no:cacheprovider", cwd=mixed)
+    assert " passed" in out and "failed" not in out and "skipped" not in out, out
+    assert "provision" in run(
+        python, "-m", "pytest", "-m", "flexhub_static", "--collect-only", "-q",
+        "-p", "no:cacheprovider", cwd=mixed,
+    )  # fmt: skip

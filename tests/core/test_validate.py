@@ -176,7 +176,7 @@ def test_a_long_allow_list_is_summarised(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stdout == (
         'PersistentVolume/n: spec.flexVolume.options.mountOptions: "foo=1" not allowed: expected '
-        "comma-separated NFS mount options from the allow-list (49 allowed; flexhub schema nfs "
+        "comma-separated NFS mount options from the allow-list (44 allowed; flexhub schema nfs "
         "lists them)\n"
     )
 
@@ -216,4 +216,125 @@ def test_a_secret_ref_when_the_options_need_credentials(tmp_path: Path) -> None:
         "PersistentVolume/smb: spec.flexVolume.secretRef: required: cifs takes the username and "
         "password only from a Secret",
         "PersistentVolume/smb-ok: ok",
+    ]
+
+
+def test_a_schema_error_does_not_hide_the_backends_own_rules(tmp_path: Path) -> None:
+    """One run shows every problem: the schema's (a bad server, a typo) and the backend's
+    cross-option rule (hard and soft), which ran only once the schema passed."""
+    manifest = tmp_path / "nfs.yaml"
+    manifest.write_text(
+        pv(
+            "n",
+            "{backend: nfs, server: 'bad_host!', share: /x, mountOptions: 'hard,soft', sever: y}",
+        )
+    )
+    proc = validate(str(manifest))
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "PersistentVolume/n: 3 problems", proc.stdout
+    assert lines[1].startswith("  spec.flexVolume.options.server: 'bad_host!' is not valid")
+    assert lines[2] == "  spec.flexVolume.options.sever: unknown option, did you mean server?"
+    assert lines[3] == (
+        "  spec.flexVolume.options: mount options 'hard' and 'soft' contradict each other"
+    )
+
+
+def test_a_backend_rule_is_named_by_its_path_not_json_path(tmp_path: Path) -> None:
+    """``invalid option $['x']`` (the kubelet reply's form) reads ``spec....options.x``."""
+    manifest = tmp_path / "cifs.yaml"
+    manifest.write_text(
+        pv("n", "{backend: cifs, server: srv1, share: data, vers: '1.0'}",
+           "    secretRef: {name: creds}\n")
+    )  # fmt: skip
+    proc = validate(str(manifest))
+    assert proc.returncode == 1
+    assert proc.stdout.startswith(
+        "PersistentVolume/n: spec.flexVolume.options.vers: SMB1 (vers 1.0) is refused"
+    ), proc.stdout
+    assert "$[" not in proc.stdout
+
+
+def test_almost_our_driver_or_provisioner_gets_a_did_you_mean(tmp_path: Path) -> None:
+    """Not skipped in silence with exit 0: a flexVolume driver or a StorageClass provisioner
+    that is almost flexhub's is a problem with the name it meant."""
+    manifest = tmp_path / "near.yaml"
+    sc = "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {{name: {}}}\n"
+    manifest.write_text(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: dir-form}\nspec:\n"
+        "  flexVolume: {driver: k8s~flexhub/flexhub, options: {backend: echo, tag: x}}\n---\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec:\n"
+        "  containers: [{name: c, image: x}]\n"
+        "  volumes: [{name: data, flexVolume: {driver: flexhub, options: {backend: echo}}}]\n"
+        "---\n"
+        + sc.format("by-backend")
+        + "provisioner: flexhub/nfs\nparameters: {server: s, share: /x}\n---\n"
+        + sc.format("other")
+        + "provisioner: ebs.csi.aws.com\n"
+    )
+    proc = validate(str(manifest))
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines() == [
+        "PersistentVolume/dir-form: spec.flexVolume.driver: 'k8s~flexhub/flexhub' is not"
+        " flexhub's driver name, did you mean k8s/flexhub? (k8s~flexhub is its directory)",
+        "Pod/web volume data: spec.volumes[0].flexVolume.driver: 'flexhub' is not flexhub's"
+        " driver name, did you mean k8s/flexhub?",
+        "StorageClass/by-backend: provisioner: 'flexhub/nfs' is not flexhub's provisioner name,"
+        " did you mean flexhub? (the backend goes in parameters.backend: nfs)",
+        "StorageClass/other: skipped (provisioner 'ebs.csi.aws.com' is not flexhub's)",
+    ]
+
+
+def test_a_directory_without_manifests_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    tree = tmp_path / "manifests"
+    tree.mkdir()
+    (tree / "README.md").write_text("not a manifest\n")
+    proc = validate(str(tree))
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr == (
+        f"flexhub: {tree}: no manifests (*.yaml, *.yml, *.json) in this directory\n"
+    )
+
+
+def test_descriptions_are_not_counted_as_allow_lists(tmp_path: Path) -> None:
+    """Only an allow-list is summarised as "N allowed" (its items counted, not the commas of
+    its note); any other description is shown whole, its parentheses balanced."""
+    manifest = tmp_path / "pv.yaml"
+    manifest.write_text(
+        pv("sub", "{backend: nfs, server: srv1, share: /x, subPath: '../x'}")
+        + "---\n"
+        + pv("mode", "{backend: cifs, server: srv1, share: data, file_mode: '999'}",
+             "    secretRef: {name: creds}\n")
+    )  # fmt: skip
+    proc = validate(str(manifest))
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2, proc.stdout
+    assert "allowed" not in proc.stdout, proc.stdout
+    assert lines[0].startswith(
+        "PersistentVolume/sub: spec.flexVolume.options.subPath: '../x' is not valid: expected a"
+        " sub-directory of the export to mount instead of its root: relative, letters"
+    ), lines[0]
+    for line in lines:
+        assert line.count("(") == line.count(")"), line
+
+
+def test_a_class_schema_error_does_not_hide_its_path_pattern(tmp_path: Path) -> None:
+    """A StorageClass's backend rules (``pathPattern`` among them) run beside its schema
+    errors, and are named ``parameters.pathPattern``, not ``$['pathPattern']``."""
+    manifest = tmp_path / "sc.yaml"
+    manifest.write_text(
+        "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: p}\n"
+        "provisioner: flexhub\nparameters: {backend: nfs, server: nfs1.example.com, "
+        "share: /exports, uid: abc, pathPattern: '${.PVC.name}/x'}\n"
+    )
+    proc = validate(str(manifest))
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines() == [
+        "StorageClass/p: 2 problems",
+        "  parameters.uid: 'abc' is not valid: expected numeric owner of the claim's directory"
+        " (default 0)",
+        "  parameters.pathPattern: its last segment must hold ${uid} or ${pvName}, so that no two"
+        " claims share a directory (and one claim's reclaim never deletes another's data)",
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import subprocess
@@ -112,3 +113,47 @@ def test_demo_without_root_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) 
     assert demo.run_demo(out=lines.append) == 1
     monkeypatch.setattr(demo.tempfile, "mkdtemp", made)
     assert len(lines) == 1 and "needs root" in lines[0]
+
+
+def test_an_fs_type_the_demo_cannot_make_is_refused_before_anything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--fs-type btrfs``: one line naming the ones it makes, exit 1, no tree, no driver (it
+    used to install, replay and fail at the first mount)."""
+    from flexhub.admin import demo
+
+    made = demo.tempfile.mkdtemp
+    monkeypatch.setattr(demo.tempfile, "mkdtemp", lambda **kw: pytest.fail("created a tree"))
+    lines: list[str] = []
+    assert demo.run_demo(fs_type="btrfs", out=lines.append) == 1
+    monkeypatch.setattr(demo.tempfile, "mkdtemp", made)
+    assert lines == ["flexhub demo: --fs-type btrfs is not one it makes: use ext3, ext4 or xfs"]
+    proc = subprocess.run(
+        [PYTHON, "-m", "flexhub", "demo", "--fs-type", "btrfs"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert (proc.stdout + proc.stderr).splitlines() == lines
+
+
+@needs_root
+def test_verbose_shows_each_json_whole(tmp_path: Path) -> None:
+    """``--verbose``: every call's options and every reply are one JSON document on one line
+    (they were hard-wrapped at 78 columns, mid-token); the progress lines stay within 80."""
+    proc = subprocess.run(
+        [PYTHON, "-m", "flexhub", "demo", "--verbose"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    replies = [line.removeprefix("      <- ") for line in lines if line.startswith("      <- ")]
+    calls = [line.removeprefix("      $ ") for line in lines if line.startswith("      $ ")]
+    assert len(replies) == len(calls) == len(STEPS), proc.stdout
+    for reply in replies:
+        assert json.loads(reply)["status"] == "Success", reply
+    options = [call.split(" '", 1)[1].split("'", 1)[0] for call in calls if " '" in call]
+    assert len(options) == 4, calls  # the three mounts' options and expandfs's
+    for text in options:
+        assert json.loads(text)["backend"] == "loopfile", text
+    others = [line for line in lines if not line.startswith(("      <- ", "      $ "))]
+    assert max(len(line) for line in others) <= 80, proc.stdout

@@ -30,6 +30,11 @@ def doctor(
     if plugin_dir is not None or "--no-plugin-dir" not in extra:
         argv += ["--plugin-dir", str(plugin_dir or node["plugins"])]
     extra = tuple(e for e in extra if e != "--no-plugin-dir")
+    if "--host-root" in extra:  # --config is a host path: the node's config is in that host
+        seen = Path(extra[extra.index("--host-root") + 1]) / str(node["config"]).lstrip("/")
+        if not seen.exists():
+            seen.parent.mkdir(parents=True, exist_ok=True)
+            seen.write_text(node["config"].read_text())
     proc = subprocess.run(
         [*argv, "--config", str(node["config"]), *extra],
         env=env,
@@ -259,6 +264,30 @@ def test_broken_config(node: dict[str, Path]) -> None:
     assert code == 1
     assert status(checks, "config")[0][0] == "fail"
     assert "absolute path" in status(checks, "config")[0][1]
+
+
+@pytest.mark.parametrize("extra", [(), ("--json",), ("--probe",)])
+def test_a_config_named_that_does_not_exist_is_refused_in_one_line(
+    node: dict[str, Path], tmp_path: Path, extra: tuple[str, ...]
+) -> None:
+    """A mistyped ``--config`` is not a node on defaults: no check is shown, one line. (The
+    installed driver's own config may be missing: the DaemonSet's probe names it, and the
+    defaults are what that driver uses.)"""
+    install(node["plugins"], config=node["config"])
+    missing = tmp_path / "flexhub.tmol"
+    proc = subprocess.run(
+        [PYTHON, "-m", "flexhub", "doctor", "--plugin-dir", str(node["plugins"]),
+         "--config", str(missing), *extra],
+        env=dict(KUBELET_ENV), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"flexhub: --config {missing}: no such file (the installed driver reads {node['config']})"
+    ]
+    node["config"].unlink()  # the driver's own config, missing: the defaults, checked
+    _, checks = doctor(node, "--probe")
+    assert status(checks, "config") == [("ok", f"{node['config']}: no file, defaults")]
 
 
 def test_broken_backend_and_missing_node_tools(node: dict[str, Path], tmp_path: Path) -> None:
@@ -505,7 +534,6 @@ def test_a_placeholder_machine_id_is_flagged_for_iscsi_fencing(
     assert state == "ok" and "iqn.2004-10.com.x:w1" in detail, detail
 
     seen = host / str(node["config"]).lstrip("/")  # the doctor reads the host's file
-    seen.parent.mkdir(parents=True)
     seen.write_text(node["config"].read_text() + '[iscsi]\nreservation_key = "0xabc"\n')
     (host / "etc/machine-id").write_text("uninitialized\n")
     _, checks = doctor(node, "--host-root", str(host))
