@@ -11,8 +11,8 @@ from typing import Annotated
 import typer
 
 from flexhub import DRIVER_NAME, __version__
-from flexhub.cli.csi import register as register_csi
 from flexhub.cli.commands import COMMANDS
+from flexhub.cli.csi import register as register_csi
 from flexhub.cli.fence import fence_app  # re-exported: the fence commands live there
 from flexhub.cli.fence import register as register_fence
 from flexhub.cli.provisioning import register as register_provisioning
