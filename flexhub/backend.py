@@ -48,6 +48,7 @@ from flexhub.node.frozen import Frozen
 from flexhub.node.kernel import missing_filesystem as kernel_lacks
 from flexhub.node.mounts import MountEntry
 from flexhub.node.runner import CommandRunner, Result
+from flexhub.node.statedir import remove_dead_temporaries
 from flexhub.settings import check_keys
 from flexhub.volume import PodInfo, Secret, Secrets, Volume, has_control_character
 
@@ -80,6 +81,7 @@ __all__ = [
     "has_control_character",
     "kernel_lacks",
     "redact",
+    "remove_dead_temporaries",
 ]
 
 

@@ -34,12 +34,16 @@ PAUSE_ENV = "FLEXHUB_TEST_PAUSE_AT"
 #: Test hook: the file each checkpoint reached is appended to.
 TRACE_ENV = "FLEXHUB_TEST_TRACE"
 
-#: The steps of a block mount, in order, at which :func:`checkpoint` may crash the process.
+#: The steps of a block mount, in order, at which :func:`checkpoint` may crash the process
+#: (``format-intent``, right before ``mkfs``, and ``formatted``, right after it, only when the
+#: mount formats the device).
 CHECKPOINTS = (
     "pod-record",
     "volume-intent",
     "attached",
     "volume-record",
+    "format-intent",
+    "formatted",
     "staged",
     "bound",
     "done",

@@ -6,10 +6,15 @@ import logging
 import os
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from flexhub.errors import CommandError, InvalidOptions, VolumeError
+from flexhub.node.checkpoints import checkpoint
 from flexhub.node.mounts import check_block_mount_options, mount
 from flexhub.node.runner import CommandRunner
+
+if TYPE_CHECKING:
+    from flexhub.node.formatintent import FormatIntent
 
 __all__ = [
     "GROW_TOLERANCE",
@@ -137,6 +142,7 @@ def format_and_mount(
     blank_hint: bool | None = None,
     label: str = "",
     internal_options: Sequence[str] = (),
+    intent: FormatIntent | None = None,
 ) -> bool:
     """Mount ``device`` on ``target`` as ``fs_type``, creating the filesystem only if blank.
 
@@ -150,6 +156,13 @@ def format_and_mount(
     ``internal_options`` are flexhub's own choice (``norecovery`` for a read-only mount of a
     shared device) and are not checked against it.
 
+    ``intent`` (the volume's :class:`~flexhub.node.formatintent.FormatIntent`) is journalled
+    before ``mkfs`` runs and cleared once it returns, before the mount. When it names this
+    very device on entry (a format flexhub began and never saw finish) and blkid finds nothing
+    or only the filesystem that format was making, the device is formatted again; anything
+    else blkid finds (another type, a partition table) is not that format's: the intent is
+    dropped and the rules above stand. A read-only mount of such a device is refused.
+
     :returns: whether the device was formatted by this call.
     :raises InvalidOptions: ``fs_type`` is not supported, or a mount option is forbidden.
     :raises VolumeError: the device's content forbids the mount.
@@ -162,12 +175,31 @@ def format_and_mount(
     opts = check_block_mount_options(o for o in options if o not in ("ro", "rw"))
     existing, table = probe(runner, device)
     formatted = False
-    if table is not None:
+    begun = intent.unfinished() if intent is not None else None
+    if begun is not None and (table, existing) not in ((None, None), (None, begun)):
+        LOG.warning("%s holds what no format of flexhub made: forgetting its intent", device)
+        assert intent is not None
+        intent.finish()
+        begun = None
+    if begun is not None:
+        assert intent is not None
+        if read_only:
+            raise VolumeError(
+                f"{label or device} holds a format flexhub began and never finished, and the "
+                "volume is read-only: mount it read-write once to finish it"
+            )
+        LOG.warning(
+            "%s holds a format flexhub began and never finished: formatting it again",
+            label or device,
+        )
+        _mkfs(runner, device, fs_type, intent)
+        formatted = True
+    elif table is not None:
         raise VolumeError(
             f"{device} holds a {table} partition table; flexhub neither formats nor mounts "
             "partitioned devices"
         )
-    if existing is None:
+    elif existing is None:
         if read_only:
             raise VolumeError(
                 f"{device} has no filesystem and the volume is read-only: refusing to format it"
@@ -176,7 +208,7 @@ def format_and_mount(
         if probe(runner, device) != (None, None):
             raise VolumeError(f"{label or device} changed while flexhub checked it: not formatting")
         LOG.info("formatting blank device %s as %s", device, fs_type)
-        runner([*MKFS[fs_type], "--", device])
+        _mkfs(runner, device, fs_type, intent)
         formatted = True
     elif existing != fs_type:
         raise VolumeError(
@@ -205,6 +237,18 @@ def format_and_mount(
         final.append("ro")
     mount(runner, device, target, fs_type=fs_type, options=final, timeout=mount_timeout)
     return formatted
+
+
+def _mkfs(runner: CommandRunner, device: str, fs_type: str, intent: FormatIntent | None) -> None:
+    """``mkfs`` under a journalled intent: begun before it runs, cleared once it returned
+    (a failed ``mkfs`` keeps it: what it wrote is flexhub's to redo)."""
+    if intent is not None:
+        intent.begin(fs_type)
+    checkpoint("format-intent")
+    runner([*MKFS[fs_type], "--", device])
+    checkpoint("formatted")
+    if intent is not None:
+        intent.finish()
 
 
 def device_size(runner: CommandRunner, device: str) -> int:

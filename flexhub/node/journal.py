@@ -5,9 +5,14 @@ Layout under ``state_dir``::
     pods/<sha256(target)>.json        PodRecord: a pod directory flexhub mounted
     volumes/<sha256(volume_id)>.json  VolumeRecord: a block device attached and staged once
     deferred/<sha256(volume_id)>      a volume whose release waits for its storage (its id)
+    formats/<sha256(volume_id)>.json  a format flexhub began on the volume's device and has
+                                      not seen finish (see :mod:`flexhub.node.formatintent`)
 
 Every file is written atomically (temporary file in the same directory, ``fsync``, rename,
 ``fsync`` of the directory), mode 0600, and carries ``"version"``: :data:`SCHEMA_VERSION`.
+The temporary is named ``.<name>.<pid>.tmp``; one that a killed writer left is removed by the
+next call that writes or deletes a record in that directory, once that pid is gone
+(:func:`~flexhub.node.statedir.remove_dead_temporaries`).
 Records hold only what is needed to undo a mount, **never a secret**. A record that cannot be
 read (corrupt, half-written, unknown version, wrong shape) is logged and treated as missing;
 callers then fall back to the mount table. Unknown extra fields are ignored, so a later
@@ -20,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -28,13 +34,16 @@ from typing import Any, TypeVar
 from flexhub.errors import StateError
 from flexhub.node.fastpath import pod_record_path, sha256
 from flexhub.node.frozen import Frozen
-from flexhub.node.statedir import private_dir
+from flexhub.node.statedir import private_dir, remove_dead_temporaries
 
 __all__ = ["SCHEMA_VERSION", "DeferredRelease", "Journal", "PodRecord", "VolumeRecord"]
 
 LOG = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
+
+#: The temporaries of :meth:`Journal._write_bytes`: ``.<record file name>.<pid>.tmp``.
+TEMPORARY = re.compile(r"\.[0-9a-f]{64}(?:\.json)?\.(?P<pid>[0-9]{1,10})\.tmp")
 
 
 class PodRecord(Frozen):
@@ -232,6 +241,8 @@ class Journal:
         self.pods_dir = self.state_dir / "pods"
         self.volumes_dir = self.state_dir / "volumes"
         self.deferred_dir = self.state_dir / "deferred"
+        self.formats_dir = self.state_dir / "formats"
+        self._tidied: set[Path] = set()
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -246,11 +257,18 @@ class Journal:
         data.update(record.as_dict())
         self._write_bytes(path, json.dumps(data, sort_keys=True, indent=1).encode("utf-8"))
 
+    def _tidy(self, directory: Path) -> None:
+        """Remove what killed writers left in ``directory`` (once per directory and call)."""
+        if directory not in self._tidied:
+            self._tidied.add(directory)
+            remove_dead_temporaries(directory, TEMPORARY)
+
     def _write_bytes(self, path: Path, payload: bytes) -> None:
         directory = path.parent
         tmp = directory / f".{path.name}.{os.getpid()}.tmp"
         try:
             private_dir(self.state_dir, *directory.relative_to(self.state_dir).parts)
+            self._tidy(directory)
             fd = os.open(
                 tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
             )
@@ -296,6 +314,7 @@ class Journal:
             return None
 
     def _delete(self, path: Path) -> None:
+        self._tidy(path.parent)
         try:
             path.unlink()
         except FileNotFoundError:
@@ -391,6 +410,55 @@ class Journal:
     def volumes(self) -> list[VolumeRecord]:
         """Every readable volume record."""
         return list(self._all(self.volumes_dir, VolumeRecord))
+
+    # -- formats begun -------------------------------------------------------------------------
+
+    def _format_path(self, volume_id: str) -> Path:
+        return self.formats_dir / f"{_digest(volume_id)}.json"
+
+    def put_format(self, volume_id: str, identity: Mapping[str, str], fs_type: str) -> None:
+        """Record, durably, that a format of the device ``identity`` names as ``fs_type``
+        begins for ``volume_id`` (written and synced before ``mkfs`` runs)."""
+        data = {
+            "version": SCHEMA_VERSION,
+            "kind": "format",
+            "volume_id": volume_id,
+            "identity": dict(identity),
+            "fs_type": fs_type,
+            "created": time.time(),
+        }
+        payload = json.dumps(data, sort_keys=True, indent=1).encode("utf-8")
+        self._write_bytes(self._format_path(volume_id), payload)
+
+    def get_format(self, volume_id: str) -> tuple[dict[str, str], str] | None:
+        """``(device identity, fs type)`` of the unfinished format of ``volume_id``; ``None``
+        when there is none or it cannot be read."""
+        path = self._format_path(volume_id)
+        try:
+            data = json.loads(path.read_bytes().decode("utf-8"))
+            identity, fs_type = data["identity"], data["fs_type"]
+            valid = (
+                data.get("version") == SCHEMA_VERSION
+                and data.get("kind") == "format"
+                and data.get("volume_id") == volume_id
+                and isinstance(fs_type, str)
+                and isinstance(identity, dict)
+                and identity
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in identity.items())
+            )
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            LOG.warning("ignoring the unreadable format record %s (%s)", path, exc)
+            return None
+        if not valid:
+            LOG.warning("ignoring the format record %s (wrong shape or volume)", path)
+            return None
+        return identity, fs_type
+
+    def clear_format(self, volume_id: str) -> None:
+        """Forget the format of ``volume_id`` (it finished); no-op when there is none."""
+        self._delete(self._format_path(volume_id))
 
     # -- releases deferred ---------------------------------------------------------------------
 

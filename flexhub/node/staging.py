@@ -156,6 +156,7 @@ def _do_mount_block(
         staged = None
     if staged is None:
         # (imported here: a mount that finds the volume staged formats nothing)
+        from flexhub.node.formatintent import FormatIntent
         from flexhub.node.fs import format_and_mount
 
         staging.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -170,6 +171,7 @@ def _do_mount_block(
             blank_hint=progress.attachment.blank if progress.attachment else None,
             label=_device_label(vrecord),
             internal_options=_internal_options(backend, volume),
+            intent=FormatIntent(node.journal, volume_id, vrecord.device),
         )
         progress.staged = True
         LOG.info(

@@ -19,14 +19,17 @@ the state directory).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
+import re
 import stat
 from pathlib import Path
 
 from flexhub.errors import StateError
 
-__all__ = ["PRIVATE_DIRS", "private_dir", "secure_state_dir"]
+__all__ = ["PRIVATE_DIRS", "private_dir", "remove_dead_temporaries", "secure_state_dir"]
 
 LOG = logging.getLogger(__name__)
 
@@ -78,3 +81,49 @@ def secure_state_dir(state_dir: Path) -> None:
         raise StateError(
             f"cannot make the state directory {state_dir} private: {exc.strerror or exc}"
         ) from None
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a zombie counts: its writes may not be over)."""
+    if pid <= 0:
+        return True  # never a writer's pid: treat as unknown, keep its file
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError as exc:
+        return exc.errno != errno.ESRCH  # EPERM: it exists
+    return True
+
+
+def remove_dead_temporaries(directory: str | os.PathLike[str], pattern: re.Pattern[str]) -> None:
+    """Remove the temporaries that writers killed between write and rename left in ``directory``.
+
+    Only names that ``pattern`` matches whole (its group ``pid`` the writer's process id),
+    only regular files (a symlink or anything else is left alone, and nothing is followed:
+    the directory is opened without following a symlink, the files are looked at and removed
+    relative to it), and only when that process is gone; never this process's own. Errors are
+    logged, never raised: this is tidying.
+    """
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # missing (nothing written yet), or not a directory: nothing of ours there
+    try:
+        for name in os.listdir(fd):
+            match = pattern.fullmatch(name)
+            if match is None:
+                continue
+            pid = int(match.group("pid"))
+            if pid == os.getpid() or _alive(pid):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                info = os.lstat(name, dir_fd=fd)
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                os.unlink(name, dir_fd=fd)
+                LOG.info("removed %s/%s, left by a killed writer (pid %d)", directory, name, pid)
+    except OSError as exc:
+        LOG.warning("cannot tidy %s: %s", directory, exc.strerror or exc)
+    finally:
+        os.close(fd)

@@ -449,10 +449,18 @@ class Conformance(ProvisioningChecks):
 
     def _traced(self, env: KitEnv, sample: Sample) -> dict[str, list[str]]:
         """The checkpoints (flexhub/node/volumes.py) a mount and an unmount of the sample
-        reach, from one traced mount and unmount (once per run)."""
+        reach, from one traced mount and unmount (once per run), after one untraced mount and
+        unmount: the steps of every later mount (a block volume's first mount also formats
+        it, at ``format-intent`` and ``formatted``, which no later mount reaches)."""
         __tracebackhide__ = True
         if env.traced is None:
             check = "crash-trace"
+            first = env.new_pod()
+            call = env.mount(first, self._options(env, first, sample))
+            if call is None or not call.ok:
+                env.cleanup()
+                fail(check, f"the first mount failed: {call and call.describe()}", "see above")
+            self._unmount(env, check, first)
             target = env.new_pod()
             files = {
                 phase: f"{env.base}/trace-{phase}-{target.split('/')[-4]}"

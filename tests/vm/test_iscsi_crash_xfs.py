@@ -1,6 +1,7 @@
 """iSCSI with CHAP in the VM, through the installed driver: a mount SIGKILLed at each step and
 then only unmounted (the pod deleted; kubelet gives unmount no secret) converges (no session,
-node record, disk or mount left), and xfs grows online on expandfs.
+node record, disk or mount left); a new LUN's first mount killed in its format converges on the
+retry; and xfs grows online on expandfs.
 
 A crash followed by a retried mount, and a crash during unmount, are the conformance kit's
 crash-mount and crash-unmount checks with CHAP (tests/vm/test_kit_iscsi.py: each step a traced
@@ -105,6 +106,35 @@ def test_sigkill_at_each_mount_step_with_chap_then_unmount(
         assert "was interrupted during attach: releasing what it reported" in text
         assert "re-attaching" not in text
     assert_no_chap_shown(vm, since)
+
+
+def test_first_mount_killed_in_its_format_converges_on_retry(
+    vm: VM,
+    kubelet: Kubelet,  # noqa: F811
+    clean: None,  # noqa: F811
+) -> None:
+    """A new LUN's first mount SIGKILLed once its format intent is journalled, then bytes
+    without a signature written where mkfs writes first (what a kill in the middle of mkfs
+    leaves): the retry, on the same attachment (its wwid and diskseq), formats the LUN again
+    and mounts it, where without the intent it was refused on every retry as holding data
+    flexhub cannot identify (issue 32)."""
+    target = services.iscsi_target(
+        vm, session_chap=SESSION_CHAP, initiators=[services.GUEST_INITIATOR]
+    )
+    directory = kubelet.pod_dir("pv-crash")
+    killed(vm, kubelet.driver, ["mount", directory, options(target, directory)], "format-intent")
+    (disk,) = services.session_disks(vm, target.iqn)
+    vm.write_file("/tmp/partial-mkfs", b"half-made by mkfs " * 4096)
+    vm.run(["dd", "if=/tmp/partial-mkfs", f"of={disk}", "bs=4096", "seek=16", "conv=fsync"])
+    assert kubelet.call("mount", ["mount", directory, options(target, directory)]) == OK
+    vm.write_file(f"{directory}/data", "ok")
+    assert kubelet.unmount(directory) == OK
+    assert_clean(vm, target, directory)
+    again = kubelet.pod_dir("pv-crash")
+    assert kubelet.call("mount", ["mount", again, options(target, again)]) == OK
+    assert vm.read_file(f"{again}/data") == b"ok"
+    assert kubelet.unmount(again) == OK
+    assert_clean(vm, target, again)
 
 
 def test_xfs_grows_online(vm: VM, kubelet: Kubelet, clean: None) -> None:  # noqa: F811

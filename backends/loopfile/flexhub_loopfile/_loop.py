@@ -15,7 +15,9 @@ device it attaches: ``<state_dir>/loopfile/created/loopN``, a small JSON object:
      "boot_id": "49178216-...", "diskseq": "17"}
 
 The marker is written *before* ``losetup`` runs (without ``diskseq``: "pending") and completed
-right after it succeeds, so a crash between the two still leaves a marker. A device is ours iff
+right after it succeeds, so a crash between the two still leaves a marker. It is written
+atomically through ``.loopN.<pid>.tmp``; such a temporary that a killed writer left is removed
+by the next marker write, once that pid is gone. A device is ours iff
 its marker exists, was written during the current boot, and
 
 * the marker's ``diskseq`` equals the device's current ``/sys/block/loopN/diskseq`` (the kernel
@@ -37,7 +39,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from flexhub.backend import VolumeError
+from flexhub.backend import VolumeError, remove_dead_temporaries
 
 __all__ = [
     "LOOP_CTL_ADD",
@@ -69,6 +71,8 @@ LOOP_CONTROL = DEV / "loop-control"
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 _NAME = re.compile(r"^loop([0-9]{1,7})$")
+#: The temporaries of :meth:`Markers.write`.
+_TEMPORARY = re.compile(r"\.loop[0-9]{1,7}\.(?P<pid>[0-9]{1,10})\.tmp")
 _DELETED = " (deleted)"
 
 
@@ -298,15 +302,22 @@ class Markers:
             "diskseq": diskseq,
         }
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        remove_dead_temporaries(self.directory, _TEMPORARY)
         target = self._path(dev)
         tmp = target.with_name(f".{dev.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            os.write(fd, json.dumps(data, sort_keys=True).encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
+            fd = os.open(tmp, flags, 0o600)
+            try:
+                os.write(fd, json.dumps(data, sort_keys=True).encode("utf-8"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
 
     def remove(self, dev: LoopDevice) -> None:
         """Forget ``dev`` (no error when there is no marker; a read-only or broken state
