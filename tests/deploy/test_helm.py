@@ -238,7 +238,7 @@ def test_the_provisioner_gets_a_deployment_and_exactly_the_rbac_it_calls(helm: P
         ("storage.k8s.io", "storageclasses", ("get",)),
         ("", "nodes", ("get",)),
         ("", "secrets", ("get",)),
-        ("", "events", ("create",)),
+        ("", "events", ("create", "patch")),
     }
     role = one(docs, "Role", "flexhub-provisioner")
     assert role["metadata"]["namespace"] == ns
@@ -349,7 +349,7 @@ def test_the_node_agent_runs_in_the_daemonset_with_its_own_roles(helm: Path) -> 
         events = one(docs, "Role", "flexhub-node-agent-events")
         # a PV's Events live in `default` (flexhub/provisioner/events.py): only there
         assert events["metadata"]["namespace"] == "default"
-        assert rules(events) == {("", "events", ("create",))}
+        assert rules(events) == {("", "events", ("create", "patch"))}
         subjects = [
             {"kind": "ServiceAccount", "name": "flexhub", "namespace": render_manifest.NAMESPACE}
         ]
