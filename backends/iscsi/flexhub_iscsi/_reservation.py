@@ -46,21 +46,41 @@ for its volumes: flexhub keeps two nodes from writing one LUN itself.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import logging
-import os
 import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flexhub.backend import CommandError, CommandRunner, FlexhubError, Result, VolumeError
+from flexhub.backend import CommandError, CommandRunner, Result, VolumeError
+from flexhub_iscsi._keys import (
+    INITIATOR_FILE,
+    MACHINE_ID,
+    format_key,
+    initiator_name,
+    machine_id_problem,
+    node_key,
+    parse_key,
+)
+from flexhub_iscsi._preempt import (
+    DEFAULT_TTL,
+    MAX_TTL,
+    Authorization,
+    authorize_preempt,
+    cancel_preempt,
+    forget_preempt,
+    parse_generation,
+    pending_preempt,
+    pending_preempts,
+    preempt_refusal,
+)
 
 __all__ = [
     "DEFAULT_TTL",
+    "INITIATOR_FILE",
+    "MACHINE_ID",
+    "MAX_TTL",
     "PR_TYPE",
     "Authorization",
     "Fence",
@@ -71,8 +91,10 @@ __all__ = [
     "cancel_preempt",
     "foreign_registrations",
     "format_key",
+    "initiator_name",
     "machine_id_problem",
     "node_key",
+    "parse_generation",
     "parse_key",
     "pending_preempt",
     "pending_preempts",
@@ -82,12 +104,6 @@ LOG = logging.getLogger(__name__)
 
 #: Write Exclusive - Registrants Only.
 PR_TYPE = 5
-MACHINE_ID = Path("/etc/machine-id")
-#: open-iscsi's default initiator name (``InitiatorName=...``).
-INITIATOR_FILE = Path("/etc/iscsi/initiatorname.iscsi")
-#: How long a ``fence preempt`` authorization lasts unless told (seconds), and at most.
-DEFAULT_TTL = 15 * 60
-MAX_TTL = 24 * 3600
 #: sg3_utils exit codes (sg3_utils(8)).
 _SG_NOT_READY = 2
 _SG_ILLEGAL_REQUEST = 5
@@ -97,13 +113,11 @@ _SG_RES_CONFLICT = 24
 _UNSUPPORTED = (_SG_ILLEGAL_REQUEST, _SG_INVALID_OP)
 #: Unit attentions (after a login, a preemption) are reported once per nexus: retry.
 _ATTEMPTS = 3
-_KEY_RE = re.compile(r"^(0x)?[0-9a-fA-F]{1,16}$")
 _HOLDER_RE = re.compile(r"^\s*Key\s*=\s*(0x[0-9a-fA-F]+)", re.M)
 _GENERATION_RE = re.compile(r"PR generation\s*=\s*(0x[0-9a-fA-F]+)")
 #: An iSCSI TransportID in ``--read-full-status``: the initiator name, then ``,i,0x<ISID>``
 #: (format 1) or nothing (format 0).
 _TRANSPORT_RE = re.compile(r"iSCSI (?:world wide unique port id|name(?: and session id)?):\s*(\S+)")
-_PREEMPT_DIR = "fence"
 
 
 class NoReservations(VolumeError):
@@ -112,270 +126,6 @@ class NoReservations(VolumeError):
 
 class FenceConflict(VolumeError):
     """Another node's key holds the LUN."""
-
-
-def parse_key(text: str) -> int:
-    """A reservation key written as hex (``0x`` optional, 1-16 digits, not zero).
-
-    :raises FlexhubError: it is not one.
-    """
-    value = text.strip()
-    if not _KEY_RE.fullmatch(value) or int(value, 16) == 0:
-        raise FlexhubError(
-            f"reservation key {text!r} is not 1 to 16 hex digits (0x optional), or is zero"
-        )
-    return int(value, 16)
-
-
-def format_key(key: int) -> str:
-    return f"0x{key:016x}"
-
-
-#: ``/etc/machine-id`` values that tell no machine apart: systemd's placeholder of an image
-#: prepared for its first boot, and an id of zeros; an empty file is refused as well.
-_PLACEHOLDER_IDS = frozenset({"uninitialized", "0" * 32})
-
-
-def machine_id_problem(machine_id: Path = MACHINE_ID) -> str:
-    """Why ``machine_id`` cannot tell this machine apart from its clones ("" when it can)."""
-    try:
-        ident = machine_id.read_text("ascii").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        return f"cannot read {machine_id} ({exc})"
-    if not ident:
-        return f"{machine_id} is empty"
-    if ident.lower() in _PLACEHOLDER_IDS:
-        return f"{machine_id} is {ident!r}, the placeholder of an image not yet booted"
-    return ""
-
-
-def initiator_name(path: Path = INITIATOR_FILE) -> str:
-    """The node's default iSCSI initiator name (``InitiatorName=`` of ``path``; "" if none)."""
-    try:
-        text = path.read_text("utf-8", "replace")
-    except OSError:
-        return ""
-    for line in text.split("\n"):
-        name, sep, value = line.strip().partition("=")
-        if sep and name.strip() == "InitiatorName":
-            return value.strip()
-    return ""
-
-
-def node_key(
-    state_dir: Path,
-    override: str = "",
-    machine_id: Path = MACHINE_ID,
-    initiator_file: Path = INITIATOR_FILE,
-) -> int:
-    """This node's reservation key: ``override`` if set, else derived from the machine id,
-    the node's initiator name and the state directory (stable across reboots, different for
-    two installations, and for clones of one image once their initiator names differ).
-
-    :raises FlexhubError: the override is invalid, or the machine id cannot tell this
-        machine apart (unreadable, empty, a placeholder).
-    """
-    if override:
-        return parse_key(override)
-    problem = machine_id_problem(machine_id)
-    if problem:
-        raise FlexhubError(
-            f"{problem}: it cannot derive a reservation key of this node; "
-            "set [iscsi] reservation_key in the node config"
-        )
-    ident = machine_id.read_text("ascii").strip()
-    initiator = initiator_name(initiator_file)
-    seed = f"flexhub\0{ident}\0{initiator}\0{os.path.realpath(state_dir)}".encode()
-    key = int.from_bytes(hashlib.sha256(seed).digest()[:8], "big")
-    return key or 1
-
-
-# -- the operator's one-shot preemption --------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Authorization:
-    """An operator's permission for this node to preempt ``key`` on ``volume`` once, while
-    the reservation is still at ``generation`` and before ``expires`` (a Unix time)."""
-
-    volume: str
-    key: int
-    generation: int
-    granted: float
-    expires: float
-
-    def expired(self, now: float | None = None) -> bool:
-        return (time.time() if now is None else now) >= self.expires
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "volume": self.volume,
-            "key": format_key(self.key),
-            "generation": f"{self.generation:#x}",
-            "granted": self.granted,
-            "expires": self.expires,
-        }
-
-    @classmethod
-    def from_json(cls, data: object) -> Authorization:
-        """:raises ValueError: not an authorization record."""
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        try:
-            return cls(
-                volume=str(data["volume"]),
-                key=parse_key(str(data["key"])),
-                generation=parse_generation(str(data["generation"])),
-                granted=float(data["granted"]),
-                expires=float(data["expires"]),
-            )
-        except (KeyError, TypeError, FlexhubError) as exc:
-            raise ValueError(f"not an authorization record ({exc})") from None
-
-
-def parse_generation(text: str) -> int:
-    """A PR generation as ``sg_persist`` prints it (``0x1c``) or as a decimal number.
-
-    :raises FlexhubError: it is not one.
-    """
-    value = text.strip().lower()
-    try:
-        number = int(value, 16) if value.startswith("0x") else int(value, 10)
-    except ValueError:
-        number = -1
-    if not 0 <= number < 2**32:
-        raise FlexhubError(f"PR generation {text!r} is not a number from 0 to 0xffffffff")
-    return number
-
-
-def _preempt_dir(state_dir: Path) -> Path:
-    return Path(state_dir) / _PREEMPT_DIR
-
-
-def _preempt_file(state_dir: Path, volume_id: str) -> Path:
-    digest = hashlib.sha256(volume_id.encode()).hexdigest()[:32]
-    return _preempt_dir(state_dir) / digest
-
-
-def authorize_preempt(
-    state_dir: Path,
-    volume_id: str,
-    key: int,
-    generation: int,
-    ttl: float = DEFAULT_TTL,
-    now: float | None = None,
-) -> Authorization:
-    """Let the next read-write attach of ``volume_id`` on this node preempt ``key``, while
-    the reservation is at ``generation`` and for ``ttl`` seconds; replaces an earlier one."""
-    granted = time.time() if now is None else now
-    grant = Authorization(volume_id, key, generation, granted, granted + ttl)
-    path = _preempt_file(state_dir, volume_id)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(tmp, flags, 0o600)
-        try:
-            os.write(fd, (json.dumps(grant.to_json(), sort_keys=True) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise FlexhubError(
-            f"cannot record the permission in {path.parent}: {exc.strerror}"
-        ) from None
-    return grant
-
-
-def _read_grant(path: Path) -> Authorization | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as handle:
-            return Authorization.from_json(json.loads(handle.read(64 * 1024)))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        LOG.warning("iscsi: ignoring the unreadable preemption record %s: %s", path, exc)
-        return None
-
-
-def pending_preempt(state_dir: Path, volume_id: str) -> Authorization | None:
-    """The operator's permission to preempt a key of ``volume_id`` here, expired or not."""
-    grant = _read_grant(_preempt_file(state_dir, volume_id))
-    return grant if grant is not None and grant.volume == volume_id else None
-
-
-def pending_preempts(state_dir: Path) -> list[Authorization]:
-    """Every permission recorded on this node (expired ones too), by volume."""
-    try:
-        names = sorted(os.listdir(_preempt_dir(state_dir)))
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise FlexhubError(f"cannot read {_preempt_dir(state_dir)}: {exc.strerror}") from None
-    found = []
-    for name in names:
-        if name.startswith("."):
-            continue
-        grant = _read_grant(_preempt_dir(state_dir) / name)
-        if grant is not None and _preempt_file(state_dir, grant.volume).name == name:
-            found.append(grant)
-    return sorted(found, key=lambda g: g.volume)
-
-
-def cancel_preempt(state_dir: Path, volume_id: str) -> Authorization | None:
-    """Remove the permission of ``volume_id``; returns what it was (``None``: there was none)."""
-    grant = pending_preempt(state_dir, volume_id)
-    _consume_preempt(state_dir, volume_id)
-    return grant
-
-
-def _consume_preempt(state_dir: Path, volume_id: str) -> None:
-    path = _preempt_file(state_dir, volume_id)
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise FlexhubError(f"cannot remove the permission {path}: {exc.strerror}") from None
-
-
-def _forget_preempt(state_dir: Path, volume_id: str, why: str) -> None:
-    """Delete a permission that is used up or void; one that cannot be deleted stays void
-    anyway (the preemption, or the change it missed, moved the generation on)."""
-    try:
-        _consume_preempt(state_dir, volume_id)
-    except FlexhubError as exc:
-        LOG.error("iscsi: %s: the preemption permission (%s) stays: %s", volume_id, why, exc)
-    else:
-        LOG.warning("iscsi: %s: preemption permission deleted (%s)", volume_id, why)
-
-
-def _when(moment: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(moment))
-
-
-def _refusal(grant: Authorization | None, holder: int, generation: int, now: float) -> str:
-    """Why ``grant`` does not allow preempting ``holder`` at ``generation`` ("" if it does)."""
-    if grant is None:
-        return "no preemption allowed on this node"
-    if grant.key != holder:
-        return f"the preemption allowed on this node is for key {format_key(grant.key)}"
-    if grant.expired(now):
-        return (
-            f"the preemption of key {format_key(holder)} allowed on this node expired at "
-            f"{_when(grant.expires)}"
-        )
-    if grant.generation != generation:
-        return (
-            f"the reservation changed since the preemption was allowed (PR generation "
-            f"{grant.generation:#x} then, {generation:#x} now: the holder registered again, "
-            "so it may be alive)"
-        )
-    return ""
 
 
 # -- sg_persist ------------------------------------------------------------------------------
@@ -521,10 +271,10 @@ class Fence:
         preempting = holder is not None and holder != self.key
         if holder is not None and holder != self.key:
             grant = pending_preempt(state_dir, volume_id)
-            refusal = _refusal(grant, holder, generation, time.time())
+            refusal = preempt_refusal(grant, holder, generation, time.time())
             if refusal:
                 if grant is not None and grant.key == holder:
-                    _forget_preempt(state_dir, volume_id, refusal)  # void: expired or stale
+                    forget_preempt(state_dir, volume_id, refusal)  # void: expired or stale
                 raise self._conflict(volume_id, holder, generation, refusal)
         try:
             self._register(self.key)
@@ -544,7 +294,7 @@ class Fence:
         if preempting:
             # Consumed only once this node is verified to hold the LUN: a preemption that
             # fails leaves the operator's permission (void anyway if the generation moved).
-            _forget_preempt(state_dir, volume_id, "used")
+            forget_preempt(state_dir, volume_id, "used")
             LOG.warning(
                 "iscsi: %s: preempted the reservation of key %s (PR generation %#x) as the "
                 "operator allowed; this node (key %s) holds it now",
