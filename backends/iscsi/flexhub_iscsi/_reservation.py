@@ -25,7 +25,11 @@ for its volumes: flexhub keeps two nodes from writing one LUN itself.
 * A read-write attach that finds the LUN reserved by another key fails with a one-line
   message naming the holder's key, the reservation's generation and the way to release it.
 * The last release on the node (``detach``) unregisters the key on every path, which also
-  releases the reservation.
+  releases the reservation. It is judged by reading the keys back (``--read-keys``), not by
+  the commands' answers: the key gone is a release, the key still listed a failure.
+* A PR OUT answered NOT READY is not retried: a Linux LIO target whose ``<dbroot>/pr`` is
+  missing carries the command out and answers so (each repetition would move the PR
+  generation); the error names that cause and its fix.
 * A holder that died: ``flexhub fence preempt --volume iscsi:<iqn>:<lun> --key <holder>
   --generation <G>`` on the node that should take over writes a one-shot authorization under
   ``<state_dir>/fence/`` (0600, no secret in it). It is bound to the **PR generation** (the
@@ -111,8 +115,17 @@ _SG_UNIT_ATTENTION = 6
 _SG_INVALID_OP = 9
 _SG_RES_CONFLICT = 24
 _UNSUPPORTED = (_SG_ILLEGAL_REQUEST, _SG_INVALID_OP)
-#: Unit attentions (after a login, a preemption) are reported once per nexus: retry.
+#: Unit attentions (after a login, a preemption) are reported once per nexus: retry. Nothing
+#: else is retried: a PR OUT answered NOT READY by LIO took effect all the same, and each
+#: repetition would move the PR generation again.
 _ATTEMPTS = 3
+#: What a PR OUT answered NOT READY most likely means, and its fix (one line, in the error).
+NOT_READY_HINT = (
+    "the target answered NOT READY (not retried): a Linux LIO target does so when it cannot "
+    "save its reservation state, most often because the directory <dbroot>/pr is missing; "
+    'create it on the target (mkdir -p "$(cat /sys/kernel/config/target/dbroot)/pr")'
+)
+_KEY_LINE_RE = re.compile(r"^\s+(0x[0-9a-fA-F]+)\s*$", re.M)
 _HOLDER_RE = re.compile(r"^\s*Key\s*=\s*(0x[0-9a-fA-F]+)", re.M)
 _GENERATION_RE = re.compile(r"PR generation\s*=\s*(0x[0-9a-fA-F]+)")
 #: An iSCSI TransportID in ``--read-full-status``: the initiator name, then ``,i,0x<ISID>``
@@ -206,6 +219,8 @@ class Fence:
         assert result is not None
         if result.returncode not in ok:
             detail = " ".join((result.stderr or result.stdout).split())[:200]
+            if result.returncode == _SG_NOT_READY and "--out" in args:
+                detail = f"{NOT_READY_HINT} ({detail})"
             raise _SgError(result.returncode, f"cannot {what} on {device}: {detail}")
         return result
 
@@ -234,6 +249,28 @@ class Fence:
         """The key holding the reservation (``None``: no reservation)."""
         return self.reservation(device)[0]
 
+    def registered_keys(self) -> list[int]:
+        """Every key registered on the LUN (through any nexus), from the first path that
+        answers ``--read-keys``.
+
+        :raises VolumeError: no path answered.
+        """
+        problem = ""
+        for device in self.devices:
+            try:
+                out = self._sg(device, ["--in", "--read-keys"], "read the registered keys")
+            except _SgError as exc:
+                problem = exc.message
+                continue
+            if _GENERATION_RE.search(out.stdout) is None:
+                problem = (
+                    f"cannot read the registered keys of {device}: sg_persist printed "
+                    f"{' '.join(out.stdout.split())[:200]!r}"
+                )
+                continue
+            return [int(k, 16) for k in _KEY_LINE_RE.findall(out.stdout)]
+        raise VolumeError(f"iscsi: {problem or 'no path to read the registered keys from'}")
+
     def full_status(self) -> list[Registration] | None:
         """Every registration with its nexus's initiator (``None``: the target does not
         answer READ FULL STATUS, an optional command)."""
@@ -247,13 +284,13 @@ class Fence:
         return parse_full_status(out.stdout)[1]
 
     def _register(self, sark: int) -> None:
-        """REGISTER AND IGNORE EXISTING KEY on every path (``sark`` 0: unregister)."""
+        """REGISTER AND IGNORE EXISTING KEY on every path (unregistering: :meth:`_unregister`)."""
         for device in self.devices:
             try:
                 self._sg(
                     device,
                     ["--out", "--register-ignore", f"--param-sark={sark:#x}"],
-                    "register the reservation key" if sark else "unregister the reservation key",
+                    "register the reservation key",
                 )
             except _SgError as exc:
                 raise VolumeError(f"iscsi: {exc.message}") from None
@@ -382,23 +419,58 @@ class Fence:
     def release(self, volume_id: str) -> None:
         """Unregister this node's key on every path; that also ends its reservation.
 
-        :raises VolumeError: a path refused (the caller decides whether that is fatal).
+        :raises VolumeError: the target still lists the key (see :meth:`_unregister`).
         """
-        self._register(0)
-        if self.holder() == self.key:
-            # The holding nexus is not among the paths left (one that is gone): only the
-            # target (or a preemption by another node) can end it now.
+        self._unregister()
+        LOG.info("iscsi: %s: released key %s", volume_id, format_key(self.key))
+
+    def _unregister(self) -> None:
+        """Unregister this node's key on every path, judged by reading the keys back: LIO
+        without ``<dbroot>/pr`` answers NOT READY to an unregistration it did carry out, and a
+        target may answer success to one that left the key registered.
+
+        :raises VolumeError: the key is still registered (through a path that is gone, or
+            the target did not apply it), or nothing could be unregistered nor read back.
+        """
+        failures: list[str] = []
+        for device in self.devices:
+            try:
+                self._sg(
+                    device,
+                    ["--out", "--register-ignore", "--param-sark=0x0"],
+                    "unregister the reservation key",
+                )
+            except _SgError as exc:
+                failures.append(exc.message)
+        try:
+            keys = self.registered_keys()
+        except VolumeError as exc:
+            if failures:
+                raise VolumeError(f"iscsi: {failures[0]}") from None
             LOG.warning(
-                "iscsi: %s stays reserved by this node's key %s through a path that is gone",
-                volume_id,
+                "iscsi: key %s unregistered, but the keys could not be read back: %s",
                 format_key(self.key),
+                exc,
             )
-        else:
-            LOG.info("iscsi: %s: released key %s", volume_id, format_key(self.key))
+            return
+        if self.key in keys:
+            answered = failures[0] if failures else "the target answered success"
+            raise VolumeError(
+                f"iscsi: key {format_key(self.key)} is still registered after unregistering "
+                f"it on {len(self.devices)} path(s) ({answered}): a path that is gone still "
+                "holds it, or the target did not apply the unregistration"
+            )
+        if failures:
+            LOG.warning(
+                "iscsi: unregistering key %s answered an error, but the target no longer lists "
+                "it: unregistered (%s)",
+                format_key(self.key),
+                failures[0],
+            )
 
     def _unregister_quietly(self) -> None:
         try:
-            self._register(0)
+            self._unregister()
         except VolumeError as exc:
             LOG.warning("iscsi: could not unregister key %s: %s", format_key(self.key), exc)
 
