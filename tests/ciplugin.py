@@ -6,9 +6,11 @@
   ``pytest.importorskip`` or ``pytest.skip(allow_module_level=True)``: the module's collection
   fails), and for ``xfail``: an expected failure is a known defect, and CI does not go green
   around one (an unexpected pass of a non-strict xfail fails as well).
-- Every test is counted per tier: ``go`` (marker ``goharness``), ``vm`` (marker ``vm``) or
-  ``host``; the counts are printed at the end and, when ``FLEXHUB_TIER_REPORT`` names a file,
-  written there as JSON for ``.ci/run``.
+- Every test is counted per tier: ``go`` (marker ``goharness``), ``vm`` (marker ``vm``),
+  ``cluster`` (marker ``cluster``: the control-plane tier) or ``host``; the counts are printed
+  at the end and, when ``FLEXHUB_TIER_REPORT`` names a file, written there as JSON for
+  ``.ci/run``, which fails unless every tier some test is marked for ran
+  (:func:`required_tiers`, :func:`tier_problems`).
 - When ``FLEXHUB_FILE_DURATIONS`` names a file, the seconds each test file took (setup, call
   and teardown of its tests, summed) and the 50 slowest tests are written there as JSON:
   ``.ci/run`` balances its VM groups with the files' (``.ci/durations.json``) and merges the
@@ -24,16 +26,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
 NODE_PATHS = (Path("/etc/flexhub"), Path("/var/lib/flexhub"), Path("/var/log/flexhub"))
-TIERS = ("host", "vm", "go")
+TIERS = ("host", "vm", "go", "cluster")
+#: The marker that puts a test in each tier but ``host`` (every other test).
+TIER_MARKERS = {"vm": "vm", "go": "goharness", "cluster": "cluster"}
 REPORT_ENV = "FLEXHUB_TIER_REPORT"
 DURATIONS_ENV = "FLEXHUB_FILE_DURATIONS"
 PATHS_ENV = "FLEXHUB_TEST_NODE_PATHS"  # the guard's own tests point it elsewhere (colon-separated)
@@ -46,11 +51,38 @@ def on_ci() -> bool:
 
 
 def tier_of(item: pytest.Item) -> str:
-    if item.get_closest_marker("goharness"):
-        return "go"
-    if item.get_closest_marker("vm"):
-        return "vm"
+    for tier in ("go", "vm", "cluster"):
+        if item.get_closest_marker(TIER_MARKERS[tier]):
+            return tier
     return "host"
+
+
+def required_tiers(tests: Path) -> list[str]:
+    """The tiers a CI run must have run: host and vm always, go and cluster once a test file
+    under ``tests`` carries their marker (``mark.goharness``, ``mark.cluster``)."""
+    needed = ["host", "vm"]
+    sources = [
+        p.read_text(errors="replace")
+        for p in sorted(tests.rglob("*.py"))
+        if p.name not in ("test_ci_guard.py", "ciplugin.py")
+    ]
+    for tier in ("go", "cluster"):
+        pattern = re.compile(rf"\bmark\.{TIER_MARKERS[tier]}\b")
+        if any(pattern.search(text) for text in sources):
+            needed.append(tier)
+    return needed
+
+
+def tier_problems(tiers: Mapping[str, Mapping[str, int]], required: Sequence[str]) -> list[str]:
+    """Why CI fails on the merged tier counts of its sessions: a tier that skipped tests, a
+    required tier that ran none ([] when neither)."""
+    bad = [
+        f"{counts['skipped']} {tier} test(s) skipped"
+        for tier, counts in tiers.items()
+        if counts.get("skipped")
+    ]
+    bad += [f"no {tier} test ran" for tier in required if not sum(tiers.get(tier, {}).values())]
+    return bad
 
 
 def snapshot(paths: tuple[Path, ...]) -> Snapshot:

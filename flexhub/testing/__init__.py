@@ -45,4 +45,4 @@ __all__ = [
 ]
 
 #: The version of the kit's API (see the module).
-KIT_VERSION = "3"
+KIT_VERSION = "4"

@@ -6,7 +6,6 @@ backend package's subclass. Each check drives the installed driver the way kubel
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import time
 from collections.abc import Iterator, Mapping
@@ -16,8 +15,11 @@ from typing import Any, ClassVar
 import pytest
 
 from flexhub.admin.harness import KUBELET_ENV, Kubelet, go_json
+from flexhub.testing.crash import CrashChecks
+from flexhub.testing.devices import block_devices, default_attached, detach_loops
 from flexhub.testing.env import Call, KitEnv, fail_line
 from flexhub.testing.provisioning import ProvisioningChecks, ProvisionSample
+from flexhub.testing.secretscan import scan
 
 
 def lint_schema(schema: Mapping[str, Any]) -> list[str]:
@@ -34,6 +36,7 @@ __all__ = [
     "Sample",
     "block_devices",
     "default_attached",
+    "detach_loops",
 ]
 
 static = pytest.mark.flexhub_static
@@ -61,7 +64,7 @@ def fail(check: str, what: str, fix: str) -> None:
     pytest.fail(fail_line(check, what, fix), pytrace=False)
 
 
-class Conformance(ProvisioningChecks):
+class Conformance(CrashChecks, ProvisioningChecks):
     """Subclass it, set :attr:`backend`, implement :meth:`sample` and :meth:`unreachable`;
     for a backend that mixes in Provisioning, :meth:`provision_sample` and :meth:`assets`
     too (:mod:`flexhub.testing.provisioning`).
@@ -92,6 +95,9 @@ class Conformance(ProvisioningChecks):
     fs_group_mode: ClassVar[int] = 0o2070
     #: xfs of 600 MiB keeps about 11% for its log and metadata reserves.
     fs_overhead: ClassVar[float] = 0.15
+    #: Why the backend's calls never carry a secret ("": they can, and the sample's must):
+    #: the only way a sample without secrets passes the secret scan (``secrets``).
+    secrets_not_applicable: ClassVar[str] = ""
 
     #: The run's installed driver and directories, while a check runs.
     env: KitEnv
@@ -447,96 +453,6 @@ class Conformance(ProvisioningChecks):
         self._assert_clean(env, check, "mount, init, mount, unmount, unmount")
         self._no_secret_shown(env, check, sample, since)
 
-    def _traced(self, env: KitEnv, sample: Sample) -> dict[str, list[str]]:
-        """The checkpoints (flexhub/node/volumes.py) a mount and an unmount of the sample
-        reach, from one traced mount and unmount (once per run), after one untraced mount and
-        unmount: the steps of every later mount (a block volume's first mount also formats
-        it, at ``format-intent`` and ``formatted``, which no later mount reaches)."""
-        __tracebackhide__ = True
-        if env.traced is None:
-            check = "crash-trace"
-            first = env.new_pod()
-            call = env.mount(first, self._options(env, first, sample))
-            if call is None or not call.ok:
-                env.cleanup()
-                fail(check, f"the first mount failed: {call and call.describe()}", "see above")
-            self._unmount(env, check, first)
-            target = env.new_pod()
-            files = {
-                phase: f"{env.base}/trace-{phase}-{target.split('/')[-4]}"
-                for phase in ("mount", "unmount")
-            }
-            call = env.mount(target, self._options(env, target, sample), trace=files["mount"])
-            if call is None or not call.ok or not env.is_mounted(target):
-                env.cleanup()
-                fail(check, f"the traced mount failed: {call and call.describe()}", "see above")
-            unmount = env.unmount(target, trace=files["unmount"])
-            if unmount is None or not unmount.ok:
-                env.cleanup()
-                fail(check, f"the traced unmount failed: {unmount and unmount.describe()}", "")
-            env.traced = {}
-            for phase, path in files.items():
-                text = (env.host.read_file(path) or b"").decode()
-                env.host.run(["rm", "-f", "--", path], env=KUBELET_ENV, timeout=60)
-                env.traced[phase] = list(dict.fromkeys(text.split()))
-        for phase, points in env.traced.items():
-            if not points:
-                fail(
-                    f"crash-{phase}",
-                    f"a {phase} of the sample reached no checkpoint",
-                    "the driver must run flexhub.node.volumes (FLEXHUB_TEST_TRACE unset?)",
-                )
-        return env.traced
-
-    def _killed(self, check: str, point: str, call: Call | None) -> None:
-        __tracebackhide__ = True
-        if call is None or not call.killed:
-            fail(
-                check,
-                f"the call was not killed at {point}: {call and call.describe()}",
-                f"the driver must SIGKILL itself at checkpoint {point} (FLEXHUB_TEST_CRASH_AT)",
-            )
-
-    @storage
-    def test_crash_during_mount(self, flexhub_env: KitEnv) -> None:
-        """For each checkpoint a mount of the sample reaches (from a traced run): SIGKILL
-        there (the mount must really be killed), the mount again (kubelet retries), a write,
-        then unmount: nothing left mounted, attached or recorded."""
-        env, sample = flexhub_env, self._sample()
-        since = len(env.calls)
-        for point in self._traced(env, sample)["mount"]:
-            check = f"crash-mount[{point}]"
-            target = env.new_pod()
-            options = self._options(env, target, sample)
-            self._killed(check, point, env.mount(target, options, crash_at=point))
-            retry = env.call("mount", target, options)
-            if not retry.ok:
-                env.cleanup()
-                fail(
-                    check,
-                    f"the retry after a SIGKILL at {point} failed: {retry.describe()}",
-                    "a mount must finish (or redo) what a killed mount left",
-                )
-            self._write(env, target, "kit-crash")
-            self._unmount(env, check, target)
-            self._assert_clean(env, check, f"a SIGKILL at {point}, a retry and an unmount")
-        self._no_secret_shown(env, "crash-mount", sample, since)
-
-    @storage
-    def test_crash_during_unmount(self, flexhub_env: KitEnv) -> None:
-        """For each checkpoint an unmount of the sample reaches (from a traced run): SIGKILL
-        there (the unmount must really be killed), then unmount again: nothing left."""
-        env, sample = flexhub_env, self._sample()
-        since = len(env.calls)
-        for point in self._traced(env, sample)["unmount"]:
-            check = f"crash-unmount[{point}]"
-            target = env.new_pod()
-            self._mount(env, check, target, sample)
-            self._killed(check, point, env.call("unmount", target, crash_at=point))
-            self._unmount(env, check, target)
-            self._assert_clean(env, check, f"a SIGKILL at {point} and a retried unmount")
-        self._no_secret_shown(env, "crash-unmount", sample, since)
-
     @storage
     def test_bounded_when_unreachable(self, flexhub_env: KitEnv) -> None:
         """With the storage unreachable, the unmount of a volume mounted before succeeds and
@@ -630,103 +546,12 @@ class Conformance(ProvisioningChecks):
             time.sleep(2)
 
     def _no_secret_shown(self, env: KitEnv, check: str, sample: Sample, since: int) -> None:
-        """Every reply of the check's calls (from ``env.calls[since]``) and every file under
-        the state, log and plugin directories scanned for each of the sample's secret values,
-        raw and base64, after the check's calls; nothing to look for without secrets."""
+        """The kit's secret scan after ``check`` (:func:`~flexhub.testing.secretscan.scan`)."""
         __tracebackhide__ = True
-        needles = _needles(sample.secrets)
-        if not needles:
-            return
-        calls = env.calls[since:]
-        given = [c for c in calls if any(n in "\0".join(c.argv).encode() for n in needles.values())]
-        if not given:
-            fail(
-                "secrets",
-                f"{check} made no call with the sample's secrets to scan after",
-                "a secret scan must follow calls that carry the secrets",
-            )
-        written = env.files_written()
-        if not any(path.startswith(env.log_dir + "/") for path in written):
-            fail(
-                "secrets",
-                f"no log file under {env.log_dir} to scan after {check}",
-                "the kit's Host must list the files it writes (Host.list_files)",
-            )
-        found = []
-        for call in calls:
-            for name, needle in needles.items():
-                if needle in call.output:
-                    found.append(f"{name} in the reply to {call.argv[1]}")
-        for path in written:
-            data = env.host.read_file(path) or b""
-            for name, needle in needles.items():
-                if needle in data:
-                    found.append(f"{name} in {path}")
-        if found:
-            fail(
-                "secrets",
-                f"after {check}, secret values shown: {', '.join(sorted(set(found)))}",
-                "never put a secret in a message, log or state file (mask with secrets=[...])",
-            )
-
-
-def _needles(secrets: Mapping[str, str]) -> dict[str, bytes]:
-    needles = {}
-    for key, value in secrets.items():
-        raw = value.encode()
-        needles[f"secret {key!r}"] = raw
-        needles[f"secret {key!r} (base64)"] = base64.b64encode(raw)
-    return needles
+        scan(env, check, sample.secrets, since, self.secrets_not_applicable)
 
 
 def _fs_size(env: KitEnv, target: str) -> int:
     out = env.host.run(["stat", "-f", "-c", "%b %S", target], env=KUBELET_ENV, timeout=60)
     blocks, size = out.output.decode().split()
     return int(blocks) * int(size)
-
-
-def _loops(env: KitEnv) -> list[tuple[str, str]]:
-    """Loop devices backed by a file under the run's directory: (device, file)."""
-    listed = env.host.run(
-        ["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
-        env=KUBELET_ENV,
-        timeout=60,
-    )
-    found = []
-    for line in listed.output.decode(errors="replace").splitlines():
-        parts = line.split(None, 1)
-        if len(parts) == 2 and parts[1].strip().startswith(env.base + "/"):
-            found.append((parts[0], parts[1].strip()))
-    return found
-
-
-def detach_loops(env: KitEnv) -> None:
-    """Detach the loop devices of the run's own files (after a failed check)."""
-    for device, _ in _loops(env):
-        env.host.run(["losetup", "--detach", device], env=KUBELET_ENV, timeout=60)
-
-
-def default_attached(env: KitEnv) -> list[str]:
-    """Loop devices backed by a file under the run's directory and, on a host where only the
-    kit makes block devices (``Host.isolated``: a dedicated VM), block devices that appeared
-    since the run started (``KitEnv.devices_at_start``). On a shared machine other processes
-    make devices too: extend :meth:`Conformance.attached` with what the backend attaches."""
-    found = [f"{device} ({path})" for device, path in _loops(env)]
-    if getattr(env.host, "isolated", False):
-        found += [f"/dev/{name}" for name in sorted(block_devices(env) - env.devices_at_start)]
-    return found
-
-
-def block_devices(env: KitEnv) -> set[str]:
-    """Whole block devices other than loop devices, by name."""
-    out = env.host.run(
-        ["lsblk", "--nodeps", "--noheadings", "--output", "NAME,TYPE"],
-        env=KUBELET_ENV,
-        timeout=60,
-    )
-    names = set()
-    for line in out.output.decode(errors="replace").splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1] != "loop":
-            names.add(parts[0])
-    return names

@@ -45,7 +45,8 @@ def flexhub_python() -> str | None:
 def flexhub_env(
     request: pytest.FixtureRequest, flexhub_host: Host, flexhub_python: str | None
 ) -> Iterator[KitEnv]:
-    from flexhub.testing.conformance import Conformance, block_devices
+    from flexhub.testing.conformance import Conformance
+    from flexhub.testing.devices import block_devices
 
     cls = request.cls
     if cls is None or not issubclass(cls, Conformance) or not cls.backend:
@@ -65,7 +66,7 @@ def flexhub_env(
     if getattr(flexhub_host, "isolated", False):
         env.devices_at_start = block_devices(env)
     yield env
-    from flexhub.testing.conformance import detach_loops
+    from flexhub.testing.devices import detach_loops
 
     env.cleanup()
     for target in reversed(env.mounts_left()):  # left by a check that failed (and said so)

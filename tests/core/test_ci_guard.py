@@ -50,6 +50,10 @@ def test_in_vm():
 @pytest.mark.goharness
 def test_from_go():
     pass
+
+@pytest.mark.cluster
+def test_on_a_cluster():
+    pass
 """
 
 
@@ -62,7 +66,7 @@ def run_inner(
         monkeypatch.setenv("CI", ci)
     report = pytester.path / "tiers.json"
     monkeypatch.setenv(ciplugin.REPORT_ENV, str(report))
-    pytester.makeini("[pytest]\nmarkers =\n    vm: the VM tier\n")
+    pytester.makeini("[pytest]\nmarkers =\n    vm: the VM tier\n    cluster: the cluster tier\n")
     pytester.makepyfile(test_inner=SKIPPING)
     result = pytester.runpytest_subprocess("-p", "tests.ciplugin", "-p", "no:cacheprovider")
     return result, json.loads(report.read_text())
@@ -84,14 +88,15 @@ def test_every_kind_of_skip_fails_under_ci(
     # the strict xfail that failed and the non-strict one that passed in the call (failures)
     assert outcomes["failed"] == 4 and outcomes["errors"] == 2, outcomes
     assert "xfailed" not in outcomes and "xpassed" not in outcomes, outcomes
-    assert outcomes["passed"] == 3, outcomes
+    assert outcomes["passed"] == 4, outcomes
     result.stdout.fnmatch_lines(["*CI=true, so a test may not skip: *no /dev/thing*"])
     result.stdout.fnmatch_lines(["*CI=true, so a test may not be an expected failure: known*"])
     result.stdout.fnmatch_lines(["*CI=true, so a test may not pass while marked xfail: flaky*"])
     assert result.ret == 1
     assert tiers["host"] == {"failed": 6, "passed": 1}
     assert tiers["vm"] == {"passed": 1} and tiers["go"] == {"passed": 1}
-    result.stdout.fnmatch_lines(["*tests per tier*", "host *7*", "vm *1*", "go *1*"])
+    assert tiers["cluster"] == {"passed": 1}  # a tier of its own, not counted as host
+    result.stdout.fnmatch_lines(["*tests per tier*", "host *7*", "vm *1*", "go *1*", "cluster *1*"])
 
 
 def test_without_ci_skips_stay_skips_and_are_counted(
@@ -200,3 +205,33 @@ def test_session_config_is_a_throwaway_tree() -> None:
     for key in ("state_dir", "log_dir"):
         assert Path(data[key]).parent == config.parent, data
     assert Path(data["loopfile"]["root"]).parent == config.parent
+
+
+def test_ci_requires_every_tier_that_has_tests_to_have_run(tmp_path: Path) -> None:
+    """.ci/run's verdict over the sessions' tier reports: a tier whose marker some test
+    carries must have run (the cluster tier too, now a tier of its own), and a skip fails."""
+    tests = tmp_path / "tests"
+    (tests / "cluster").mkdir(parents=True)
+    (tests / "test_host.py").write_text("def test_x():\n    pass\n")
+    assert ciplugin.required_tiers(tests) == ["host", "vm"]
+    (tests / "cluster" / "test_pods.py").write_text(
+        "import pytest\n\npytestmark = [pytest.mark.cluster]\n"
+    )
+    (tests / "test_go.py").write_text(
+        "import pytest\n\n@pytest.mark.goharness\ndef test_g(): ...\n"
+    )
+    assert ciplugin.required_tiers(tests) == ["host", "vm", "go", "cluster"]
+
+    ran = {"host": {"passed": 900}, "vm": {"passed": 300}, "go": {"passed": 20}}
+    required = ["host", "vm", "go", "cluster"]
+    assert ciplugin.tier_problems({**ran, "cluster": {"passed": 80}}, required) == []
+    assert ciplugin.tier_problems(ran, required) == ["no cluster test ran"]
+    assert ciplugin.tier_problems({**ran, "cluster": {}}, required) == ["no cluster test ran"]
+    skipped = {**ran, "cluster": {"passed": 79, "skipped": 1}}
+    assert ciplugin.tier_problems(skipped, required) == ["1 cluster test(s) skipped"]
+
+
+def test_ci_run_uses_the_tier_verdict() -> None:
+    """.ci/run decides with these functions (not a copy of them that could drift)."""
+    script = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
+    assert "ciplugin.required_tiers(" in script and "ciplugin.tier_problems(" in script

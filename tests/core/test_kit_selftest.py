@@ -39,13 +39,13 @@ class TestKit(Conformance):
     overhead = 5
     recovery = 6
     node_settings = {{"release_retry_interval": 1}}
-
+{extra}
     def settings(self, base):
         return {{"root": base + "/storage"}}
 
     def sample(self):
         return Sample(
-            options={options!r}, secrets={{"token": "kit-Secret-Token-42"}}, fs_group={fs_group!r}
+            options={options!r}, secrets={secrets!r}, fs_group={fs_group!r}
         )
 
     def provision_sample(self):
@@ -76,6 +76,8 @@ def run_kit(
     select: str = "",
     options: dict[str, str] | None = None,
     fs_group: int | None = None,
+    secrets: dict[str, str] | None = None,
+    extra: str = "",
 ) -> pytest.RunResult:
     """Run the kit against ``backend`` (with the driver's ``flaw``), only the checks
     ``select`` (a ``-k`` expression) if given."""
@@ -93,6 +95,8 @@ def run_kit(
             backend=backend,
             options=options or {"dir": "vol-1"},
             fs_group=fs_group,
+            secrets={"token": "kit-Secret-Token-42"} if secrets is None else secrets,
+            extra=extra,
         )
     )
     monkeypatch.setenv("PYTHONPATH", str(KITSITE))
@@ -329,3 +333,28 @@ def test_sequence_fails_when_the_fs_group_pod_does_not_get_the_group(
         ["flexhub-kit sequence: in a pod with fsGroup 4242, the volume's root is group 0, *"]
     )
     assert result.parseoutcomes().get("failed") == 1, result.stdout.str()
+
+
+def test_a_secret_scan_that_saw_no_secret_fails(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sample without secrets gives the scan nothing to look for: that fails (before, the
+    scan passed having scanned nothing, as the NFS kit's did)."""
+    result = run_kit(pytester, monkeypatch, "kitgood", select="sequence", secrets={})
+    result.stdout.fnmatch_lines(
+        [
+            "flexhub-kit secrets: sequence made no call carrying a secret, so nothing was"
+            " scanned; give Sample.secrets *secrets_not_applicable*"
+        ]
+    )
+    assert result.parseoutcomes().get("failed") == 1, result.stdout.str()
+
+
+def test_a_secret_scan_declared_not_applicable_passes(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backend's kit class that says why its calls carry no secret passes without one."""
+    extra = '    secrets_not_applicable = "kitgood reads no Secret"\n'
+    result = run_kit(pytester, monkeypatch, "kitgood", select="sequence", secrets={}, extra=extra)
+    assert failed_checks(result) == [], result.stdout.str()
+    assert result.parseoutcomes().get("passed") == 1, result.stdout.str()

@@ -166,6 +166,9 @@ class FakePR:
     supported: bool = True
     generation: int = 0
     full_status: bool = True  # whether READ FULL STATUS is implemented
+    #: plays a Linux LIO target whose ``<dbroot>/pr`` is missing: every PR OUT takes effect,
+    #: then is answered NOT READY (LIO cannot write its reservation state file)
+    no_pr_dir: bool = False
 
     @staticmethod
     def initiator(device: str) -> str:
@@ -188,6 +191,12 @@ class FakePR:
                 "    scope: LU_SCOPE,  type: Write Exclusive, registrants only\n",
                 "",
             )
+        if "--read-keys" in args:
+            keys = [f"    {k:#x}" for _, k in sorted(self.registered.items())]
+            if not keys:
+                return Result(args, 0, f"{gen}, there are NO registered reservation keys\n", "")
+            head = f"{gen}, {len(keys)} registered reservation keys follow:"
+            return Result(args, 0, "\n".join([head, *keys]) + "\n", "")
         if "--read-full-status" in args:
             if not self.full_status:
                 return Result(args, 5, "", "PR in (Read full status): Illegal request")
@@ -230,6 +239,8 @@ class FakePR:
             if self.holder and self.holder[1] == victim:
                 self.holder = (device, mine)
             self.generation += 1
+        if self.no_pr_dir:
+            return Result(args, 2, "", "PR out: device not ready\nsg_persist failed: Not ready")
         return Result(args, 0, "", "")
 
 

@@ -387,6 +387,71 @@ def test_release_failure_does_not_block_the_unmount(a: IscsiBackend, pr: FakePR)
     assert a.sysfs.sessions() == []
 
 
+# ------------------------------------------------- an LIO target that cannot save its PR state
+
+
+def _pr_out(backend: IscsiBackend) -> list[list[str]]:
+    return [c for c in runner(backend).calls if c[0] == "sg_persist" and "--out" in c]
+
+
+def test_not_ready_names_the_missing_lio_pr_directory(a: IscsiBackend, pr: FakePR) -> None:
+    """LIO without ``<dbroot>/pr`` registers the key, then answers NOT READY: the read-write
+    mount is refused in one line that names the likely cause and the fix (before the fix it
+    said only "Device not ready sg_persist failed"), and the key is unregistered again."""
+    pr.no_pr_dir = True
+    with pytest.raises(VolumeError) as info:
+        a.attach(volume())
+    message = info.value.message
+    assert "\n" not in message, message
+    assert "NOT READY" in message and "cannot register the reservation key" in message
+    assert "Linux LIO" in message and "<dbroot>/pr" in message, message
+    assert 'mkdir -p "$(cat /sys/kernel/config/target/dbroot)/pr"' in message, message
+    assert pr.registered == {} and pr.holder is None, (pr.registered, pr.holder)
+    assert a.sysfs.sessions() == []
+
+
+def test_not_ready_is_not_retried(a: IscsiBackend, pr: FakePR) -> None:
+    """Each PR OUT that LIO answers NOT READY still took effect and moved the PR generation:
+    one REGISTER and one unregistration of the rollback, nothing more."""
+    pr.no_pr_dir = True
+    with pytest.raises(VolumeError, match="NOT READY"):
+        a.attach(volume())
+    sarks = [next(w for w in c if w.startswith("--param-sark=")) for c in _pr_out(a)]
+    assert sarks == [f"--param-sark={key(a):#x}", "--param-sark=0x0"], _pr_out(a)
+    assert pr.generation == 1
+
+
+def test_an_unregistration_answered_not_ready_that_took_effect_is_a_release(
+    a: IscsiBackend, pr: FakePR, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The release is judged by reading the keys back: LIO answered NOT READY but no longer
+    lists this node's key, so the LUN is released (before the fix: "releasing the
+    reservation failed", with the LUN free)."""
+    first = a.attach(volume())
+    pr.no_pr_dir = True
+    with caplog.at_level("INFO"):
+        a.detach(first)
+    assert pr.registered == {} and pr.holder is None
+    assert "releasing the reservation failed" not in caplog.text, caplog.text
+    assert f"released key {format_key(key(a))}" in caplog.text, caplog.text
+    assert a.sysfs.sessions() == []
+
+
+def test_an_unregistration_answered_success_but_still_listed_is_a_failure(
+    a: IscsiBackend, pr: FakePR, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The target answers the unregistration with success but still lists this node's key:
+    the release failed, and says so (before the fix it was taken at its word)."""
+    first = a.attach(volume())
+    runner(a).answer("sg_persist", "--register-ignore", "--param-sark=0x0", rc=0)
+    with caplog.at_level("INFO"):
+        a.detach(first)  # logged, not raised: the device is still removed
+    assert set(pr.registered.values()) == {key(a)}
+    assert "releasing the reservation failed" in caplog.text, caplog.text
+    assert f"key {format_key(key(a))} is still registered" in caplog.text, caplog.text
+    assert a.sysfs.sessions() == []
+
+
 # --------------------------------------------------------------------------- admin command
 
 

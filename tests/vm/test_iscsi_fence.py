@@ -398,3 +398,28 @@ def test_a_clone_with_the_same_key_is_refused_by_its_initiator(
         vm.run([*rig, "-o", "delete"], check=False)
     a.unmount(a_dir)
     assert no_pr(vm, target)
+
+
+def test_an_lio_target_without_its_pr_directory_is_named_in_the_refusal(
+    vm: VM, nodes: tuple[FakeNode, FakeNode], clean: None
+) -> None:
+    """LIO whose ``<dbroot>/pr`` is missing registers the key, then answers NOT READY: the
+    read-write mount is refused in one line naming that cause and its fix, and the key the
+    target registered anyway is unregistered (judged by reading the keys back)."""
+    a, _ = nodes
+    target = services.iscsi_target(vm)
+    dbroot = vm.run(["cat", "/sys/kernel/config/target/dbroot"]).stdout.strip()
+    assert dbroot.startswith("/"), dbroot
+    pr_dir, aside = f"{dbroot}/pr", f"{dbroot}/pr.flexhub-test-aside"
+    vm.run(["mv", "-T", pr_dir, aside])
+    try:
+        directory, reply = a.mount(target)
+    finally:
+        vm.run(["mv", "-T", aside, pr_dir])
+    message = str(reply["message"])
+    assert reply["status"] == "Failure" and "\n" not in message, reply
+    assert "NOT READY" in message and "<dbroot>/pr" in message, message
+    assert 'mkdir -p "$(cat /sys/kernel/config/target/dbroot)/pr"' in message, message
+    assert vm.run(["mountpoint", "-q", directory], check=False).rc != 0
+    assert sessions_of(vm, a) == 0
+    assert no_pr(vm, target)

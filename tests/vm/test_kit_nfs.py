@@ -42,7 +42,12 @@ class TestNfsConformance(VMConformance):
         }
 
     def sample(self) -> Sample:
-        return Sample(options={"server": "127.0.0.1", "share": "/export", "nfsVersion": "4.2"})
+        # NFS reads no Secret, but kubelet hands a PV's secretRef to any backend's mount: the
+        # secret scan follows calls that carry this one (without it, it scanned nothing)
+        return Sample(
+            options={"server": "127.0.0.1", "share": "/export", "nfsVersion": "4.2"},
+            secrets={"token": "nfs-kit-Secret-3b7c"},
+        )
 
     def provision_sample(self) -> ProvisionSample:
         return ProvisionSample(

@@ -53,7 +53,8 @@ expand); its helpers are private modules beside it, each one job, mixed into the
 :mod:`~flexhub_iscsi._ifaces` (ifaces, the dedicated one of ``initiatorName``),
 :mod:`~flexhub_iscsi._devices` (LUN scan, multipath, flush, removal, an unreachable target)
 and :mod:`~flexhub_iscsi._fencing` (the reservation glue around
-:mod:`~flexhub_iscsi._reservation`); below them :mod:`~flexhub_iscsi._options`,
+:mod:`~flexhub_iscsi._reservation`, which uses :mod:`~flexhub_iscsi._keys` and
+:mod:`~flexhub_iscsi._preempt`); below them :mod:`~flexhub_iscsi._options`,
 :mod:`~flexhub_iscsi._chap`, :mod:`~flexhub_iscsi._records`, :mod:`~flexhub_iscsi._iscsiadm`
 and :mod:`~flexhub_iscsi._sysfs`.
 """

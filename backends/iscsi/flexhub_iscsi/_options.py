@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flexhub.backend import FlexhubError, InvalidOptions, Volume
-from flexhub_iscsi._reservation import parse_key
+from flexhub_iscsi._keys import parse_key
 
 __all__ = [
     "DEFAULT_IFACE",

@@ -25,7 +25,11 @@ for its volumes: flexhub keeps two nodes from writing one LUN itself.
 * A read-write attach that finds the LUN reserved by another key fails with a one-line
   message naming the holder's key, the reservation's generation and the way to release it.
 * The last release on the node (``detach``) unregisters the key on every path, which also
-  releases the reservation.
+  releases the reservation. It is judged by reading the keys back (``--read-keys``), not by
+  the commands' answers: the key gone is a release, the key still listed a failure.
+* A PR OUT answered NOT READY is not retried: a Linux LIO target whose ``<dbroot>/pr`` is
+  missing carries the command out and answers so (each repetition would move the PR
+  generation); the error names that cause and its fix.
 * A holder that died: ``flexhub fence preempt --volume iscsi:<iqn>:<lun> --key <holder>
   --generation <G>`` on the node that should take over writes a one-shot authorization under
   ``<state_dir>/fence/`` (0600, no secret in it). It is bound to the **PR generation** (the
@@ -46,21 +50,41 @@ for its volumes: flexhub keeps two nodes from writing one LUN itself.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import logging
-import os
 import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flexhub.backend import CommandError, CommandRunner, FlexhubError, Result, VolumeError
+from flexhub.backend import CommandError, CommandRunner, Result, VolumeError
+from flexhub_iscsi._keys import (
+    INITIATOR_FILE,
+    MACHINE_ID,
+    format_key,
+    initiator_name,
+    machine_id_problem,
+    node_key,
+    parse_key,
+)
+from flexhub_iscsi._preempt import (
+    DEFAULT_TTL,
+    MAX_TTL,
+    Authorization,
+    authorize_preempt,
+    cancel_preempt,
+    forget_preempt,
+    parse_generation,
+    pending_preempt,
+    pending_preempts,
+    preempt_refusal,
+)
 
 __all__ = [
     "DEFAULT_TTL",
+    "INITIATOR_FILE",
+    "MACHINE_ID",
+    "MAX_TTL",
     "PR_TYPE",
     "Authorization",
     "Fence",
@@ -71,8 +95,10 @@ __all__ = [
     "cancel_preempt",
     "foreign_registrations",
     "format_key",
+    "initiator_name",
     "machine_id_problem",
     "node_key",
+    "parse_generation",
     "parse_key",
     "pending_preempt",
     "pending_preempts",
@@ -82,12 +108,6 @@ LOG = logging.getLogger(__name__)
 
 #: Write Exclusive - Registrants Only.
 PR_TYPE = 5
-MACHINE_ID = Path("/etc/machine-id")
-#: open-iscsi's default initiator name (``InitiatorName=...``).
-INITIATOR_FILE = Path("/etc/iscsi/initiatorname.iscsi")
-#: How long a ``fence preempt`` authorization lasts unless told (seconds), and at most.
-DEFAULT_TTL = 15 * 60
-MAX_TTL = 24 * 3600
 #: sg3_utils exit codes (sg3_utils(8)).
 _SG_NOT_READY = 2
 _SG_ILLEGAL_REQUEST = 5
@@ -95,15 +115,22 @@ _SG_UNIT_ATTENTION = 6
 _SG_INVALID_OP = 9
 _SG_RES_CONFLICT = 24
 _UNSUPPORTED = (_SG_ILLEGAL_REQUEST, _SG_INVALID_OP)
-#: Unit attentions (after a login, a preemption) are reported once per nexus: retry.
+#: Unit attentions (after a login, a preemption) are reported once per nexus: retry. Nothing
+#: else is retried: a PR OUT answered NOT READY by LIO took effect all the same, and each
+#: repetition would move the PR generation again.
 _ATTEMPTS = 3
-_KEY_RE = re.compile(r"^(0x)?[0-9a-fA-F]{1,16}$")
+#: What a PR OUT answered NOT READY most likely means, and its fix (one line, in the error).
+NOT_READY_HINT = (
+    "the target answered NOT READY (not retried): a Linux LIO target does so when it cannot "
+    "save its reservation state, most often because the directory <dbroot>/pr is missing; "
+    'create it on the target (mkdir -p "$(cat /sys/kernel/config/target/dbroot)/pr")'
+)
+_KEY_LINE_RE = re.compile(r"^\s+(0x[0-9a-fA-F]+)\s*$", re.M)
 _HOLDER_RE = re.compile(r"^\s*Key\s*=\s*(0x[0-9a-fA-F]+)", re.M)
 _GENERATION_RE = re.compile(r"PR generation\s*=\s*(0x[0-9a-fA-F]+)")
 #: An iSCSI TransportID in ``--read-full-status``: the initiator name, then ``,i,0x<ISID>``
 #: (format 1) or nothing (format 0).
 _TRANSPORT_RE = re.compile(r"iSCSI (?:world wide unique port id|name(?: and session id)?):\s*(\S+)")
-_PREEMPT_DIR = "fence"
 
 
 class NoReservations(VolumeError):
@@ -112,270 +139,6 @@ class NoReservations(VolumeError):
 
 class FenceConflict(VolumeError):
     """Another node's key holds the LUN."""
-
-
-def parse_key(text: str) -> int:
-    """A reservation key written as hex (``0x`` optional, 1-16 digits, not zero).
-
-    :raises FlexhubError: it is not one.
-    """
-    value = text.strip()
-    if not _KEY_RE.fullmatch(value) or int(value, 16) == 0:
-        raise FlexhubError(
-            f"reservation key {text!r} is not 1 to 16 hex digits (0x optional), or is zero"
-        )
-    return int(value, 16)
-
-
-def format_key(key: int) -> str:
-    return f"0x{key:016x}"
-
-
-#: ``/etc/machine-id`` values that tell no machine apart: systemd's placeholder of an image
-#: prepared for its first boot, and an id of zeros; an empty file is refused as well.
-_PLACEHOLDER_IDS = frozenset({"uninitialized", "0" * 32})
-
-
-def machine_id_problem(machine_id: Path = MACHINE_ID) -> str:
-    """Why ``machine_id`` cannot tell this machine apart from its clones ("" when it can)."""
-    try:
-        ident = machine_id.read_text("ascii").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        return f"cannot read {machine_id} ({exc})"
-    if not ident:
-        return f"{machine_id} is empty"
-    if ident.lower() in _PLACEHOLDER_IDS:
-        return f"{machine_id} is {ident!r}, the placeholder of an image not yet booted"
-    return ""
-
-
-def initiator_name(path: Path = INITIATOR_FILE) -> str:
-    """The node's default iSCSI initiator name (``InitiatorName=`` of ``path``; "" if none)."""
-    try:
-        text = path.read_text("utf-8", "replace")
-    except OSError:
-        return ""
-    for line in text.split("\n"):
-        name, sep, value = line.strip().partition("=")
-        if sep and name.strip() == "InitiatorName":
-            return value.strip()
-    return ""
-
-
-def node_key(
-    state_dir: Path,
-    override: str = "",
-    machine_id: Path = MACHINE_ID,
-    initiator_file: Path = INITIATOR_FILE,
-) -> int:
-    """This node's reservation key: ``override`` if set, else derived from the machine id,
-    the node's initiator name and the state directory (stable across reboots, different for
-    two installations, and for clones of one image once their initiator names differ).
-
-    :raises FlexhubError: the override is invalid, or the machine id cannot tell this
-        machine apart (unreadable, empty, a placeholder).
-    """
-    if override:
-        return parse_key(override)
-    problem = machine_id_problem(machine_id)
-    if problem:
-        raise FlexhubError(
-            f"{problem}: it cannot derive a reservation key of this node; "
-            "set [iscsi] reservation_key in the node config"
-        )
-    ident = machine_id.read_text("ascii").strip()
-    initiator = initiator_name(initiator_file)
-    seed = f"flexhub\0{ident}\0{initiator}\0{os.path.realpath(state_dir)}".encode()
-    key = int.from_bytes(hashlib.sha256(seed).digest()[:8], "big")
-    return key or 1
-
-
-# -- the operator's one-shot preemption --------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Authorization:
-    """An operator's permission for this node to preempt ``key`` on ``volume`` once, while
-    the reservation is still at ``generation`` and before ``expires`` (a Unix time)."""
-
-    volume: str
-    key: int
-    generation: int
-    granted: float
-    expires: float
-
-    def expired(self, now: float | None = None) -> bool:
-        return (time.time() if now is None else now) >= self.expires
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "volume": self.volume,
-            "key": format_key(self.key),
-            "generation": f"{self.generation:#x}",
-            "granted": self.granted,
-            "expires": self.expires,
-        }
-
-    @classmethod
-    def from_json(cls, data: object) -> Authorization:
-        """:raises ValueError: not an authorization record."""
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        try:
-            return cls(
-                volume=str(data["volume"]),
-                key=parse_key(str(data["key"])),
-                generation=parse_generation(str(data["generation"])),
-                granted=float(data["granted"]),
-                expires=float(data["expires"]),
-            )
-        except (KeyError, TypeError, FlexhubError) as exc:
-            raise ValueError(f"not an authorization record ({exc})") from None
-
-
-def parse_generation(text: str) -> int:
-    """A PR generation as ``sg_persist`` prints it (``0x1c``) or as a decimal number.
-
-    :raises FlexhubError: it is not one.
-    """
-    value = text.strip().lower()
-    try:
-        number = int(value, 16) if value.startswith("0x") else int(value, 10)
-    except ValueError:
-        number = -1
-    if not 0 <= number < 2**32:
-        raise FlexhubError(f"PR generation {text!r} is not a number from 0 to 0xffffffff")
-    return number
-
-
-def _preempt_dir(state_dir: Path) -> Path:
-    return Path(state_dir) / _PREEMPT_DIR
-
-
-def _preempt_file(state_dir: Path, volume_id: str) -> Path:
-    digest = hashlib.sha256(volume_id.encode()).hexdigest()[:32]
-    return _preempt_dir(state_dir) / digest
-
-
-def authorize_preempt(
-    state_dir: Path,
-    volume_id: str,
-    key: int,
-    generation: int,
-    ttl: float = DEFAULT_TTL,
-    now: float | None = None,
-) -> Authorization:
-    """Let the next read-write attach of ``volume_id`` on this node preempt ``key``, while
-    the reservation is at ``generation`` and for ``ttl`` seconds; replaces an earlier one."""
-    granted = time.time() if now is None else now
-    grant = Authorization(volume_id, key, generation, granted, granted + ttl)
-    path = _preempt_file(state_dir, volume_id)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(tmp, flags, 0o600)
-        try:
-            os.write(fd, (json.dumps(grant.to_json(), sort_keys=True) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise FlexhubError(
-            f"cannot record the permission in {path.parent}: {exc.strerror}"
-        ) from None
-    return grant
-
-
-def _read_grant(path: Path) -> Authorization | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as handle:
-            return Authorization.from_json(json.loads(handle.read(64 * 1024)))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        LOG.warning("iscsi: ignoring the unreadable preemption record %s: %s", path, exc)
-        return None
-
-
-def pending_preempt(state_dir: Path, volume_id: str) -> Authorization | None:
-    """The operator's permission to preempt a key of ``volume_id`` here, expired or not."""
-    grant = _read_grant(_preempt_file(state_dir, volume_id))
-    return grant if grant is not None and grant.volume == volume_id else None
-
-
-def pending_preempts(state_dir: Path) -> list[Authorization]:
-    """Every permission recorded on this node (expired ones too), by volume."""
-    try:
-        names = sorted(os.listdir(_preempt_dir(state_dir)))
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise FlexhubError(f"cannot read {_preempt_dir(state_dir)}: {exc.strerror}") from None
-    found = []
-    for name in names:
-        if name.startswith("."):
-            continue
-        grant = _read_grant(_preempt_dir(state_dir) / name)
-        if grant is not None and _preempt_file(state_dir, grant.volume).name == name:
-            found.append(grant)
-    return sorted(found, key=lambda g: g.volume)
-
-
-def cancel_preempt(state_dir: Path, volume_id: str) -> Authorization | None:
-    """Remove the permission of ``volume_id``; returns what it was (``None``: there was none)."""
-    grant = pending_preempt(state_dir, volume_id)
-    _consume_preempt(state_dir, volume_id)
-    return grant
-
-
-def _consume_preempt(state_dir: Path, volume_id: str) -> None:
-    path = _preempt_file(state_dir, volume_id)
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise FlexhubError(f"cannot remove the permission {path}: {exc.strerror}") from None
-
-
-def _forget_preempt(state_dir: Path, volume_id: str, why: str) -> None:
-    """Delete a permission that is used up or void; one that cannot be deleted stays void
-    anyway (the preemption, or the change it missed, moved the generation on)."""
-    try:
-        _consume_preempt(state_dir, volume_id)
-    except FlexhubError as exc:
-        LOG.error("iscsi: %s: the preemption permission (%s) stays: %s", volume_id, why, exc)
-    else:
-        LOG.warning("iscsi: %s: preemption permission deleted (%s)", volume_id, why)
-
-
-def _when(moment: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(moment))
-
-
-def _refusal(grant: Authorization | None, holder: int, generation: int, now: float) -> str:
-    """Why ``grant`` does not allow preempting ``holder`` at ``generation`` ("" if it does)."""
-    if grant is None:
-        return "no preemption allowed on this node"
-    if grant.key != holder:
-        return f"the preemption allowed on this node is for key {format_key(grant.key)}"
-    if grant.expired(now):
-        return (
-            f"the preemption of key {format_key(holder)} allowed on this node expired at "
-            f"{_when(grant.expires)}"
-        )
-    if grant.generation != generation:
-        return (
-            f"the reservation changed since the preemption was allowed (PR generation "
-            f"{grant.generation:#x} then, {generation:#x} now: the holder registered again, "
-            "so it may be alive)"
-        )
-    return ""
 
 
 # -- sg_persist ------------------------------------------------------------------------------
@@ -456,6 +219,8 @@ class Fence:
         assert result is not None
         if result.returncode not in ok:
             detail = " ".join((result.stderr or result.stdout).split())[:200]
+            if result.returncode == _SG_NOT_READY and "--out" in args:
+                detail = f"{NOT_READY_HINT} ({detail})"
             raise _SgError(result.returncode, f"cannot {what} on {device}: {detail}")
         return result
 
@@ -484,6 +249,28 @@ class Fence:
         """The key holding the reservation (``None``: no reservation)."""
         return self.reservation(device)[0]
 
+    def registered_keys(self) -> list[int]:
+        """Every key registered on the LUN (through any nexus), from the first path that
+        answers ``--read-keys``.
+
+        :raises VolumeError: no path answered.
+        """
+        problem = ""
+        for device in self.devices:
+            try:
+                out = self._sg(device, ["--in", "--read-keys"], "read the registered keys")
+            except _SgError as exc:
+                problem = exc.message
+                continue
+            if _GENERATION_RE.search(out.stdout) is None:
+                problem = (
+                    f"cannot read the registered keys of {device}: sg_persist printed "
+                    f"{' '.join(out.stdout.split())[:200]!r}"
+                )
+                continue
+            return [int(k, 16) for k in _KEY_LINE_RE.findall(out.stdout)]
+        raise VolumeError(f"iscsi: {problem or 'no path to read the registered keys from'}")
+
     def full_status(self) -> list[Registration] | None:
         """Every registration with its nexus's initiator (``None``: the target does not
         answer READ FULL STATUS, an optional command)."""
@@ -497,13 +284,13 @@ class Fence:
         return parse_full_status(out.stdout)[1]
 
     def _register(self, sark: int) -> None:
-        """REGISTER AND IGNORE EXISTING KEY on every path (``sark`` 0: unregister)."""
+        """REGISTER AND IGNORE EXISTING KEY on every path (unregistering: :meth:`_unregister`)."""
         for device in self.devices:
             try:
                 self._sg(
                     device,
                     ["--out", "--register-ignore", f"--param-sark={sark:#x}"],
-                    "register the reservation key" if sark else "unregister the reservation key",
+                    "register the reservation key",
                 )
             except _SgError as exc:
                 raise VolumeError(f"iscsi: {exc.message}") from None
@@ -521,10 +308,10 @@ class Fence:
         preempting = holder is not None and holder != self.key
         if holder is not None and holder != self.key:
             grant = pending_preempt(state_dir, volume_id)
-            refusal = _refusal(grant, holder, generation, time.time())
+            refusal = preempt_refusal(grant, holder, generation, time.time())
             if refusal:
                 if grant is not None and grant.key == holder:
-                    _forget_preempt(state_dir, volume_id, refusal)  # void: expired or stale
+                    forget_preempt(state_dir, volume_id, refusal)  # void: expired or stale
                 raise self._conflict(volume_id, holder, generation, refusal)
         try:
             self._register(self.key)
@@ -544,7 +331,7 @@ class Fence:
         if preempting:
             # Consumed only once this node is verified to hold the LUN: a preemption that
             # fails leaves the operator's permission (void anyway if the generation moved).
-            _forget_preempt(state_dir, volume_id, "used")
+            forget_preempt(state_dir, volume_id, "used")
             LOG.warning(
                 "iscsi: %s: preempted the reservation of key %s (PR generation %#x) as the "
                 "operator allowed; this node (key %s) holds it now",
@@ -632,23 +419,58 @@ class Fence:
     def release(self, volume_id: str) -> None:
         """Unregister this node's key on every path; that also ends its reservation.
 
-        :raises VolumeError: a path refused (the caller decides whether that is fatal).
+        :raises VolumeError: the target still lists the key (see :meth:`_unregister`).
         """
-        self._register(0)
-        if self.holder() == self.key:
-            # The holding nexus is not among the paths left (one that is gone): only the
-            # target (or a preemption by another node) can end it now.
+        self._unregister()
+        LOG.info("iscsi: %s: released key %s", volume_id, format_key(self.key))
+
+    def _unregister(self) -> None:
+        """Unregister this node's key on every path, judged by reading the keys back: LIO
+        without ``<dbroot>/pr`` answers NOT READY to an unregistration it did carry out, and a
+        target may answer success to one that left the key registered.
+
+        :raises VolumeError: the key is still registered (through a path that is gone, or
+            the target did not apply it), or nothing could be unregistered nor read back.
+        """
+        failures: list[str] = []
+        for device in self.devices:
+            try:
+                self._sg(
+                    device,
+                    ["--out", "--register-ignore", "--param-sark=0x0"],
+                    "unregister the reservation key",
+                )
+            except _SgError as exc:
+                failures.append(exc.message)
+        try:
+            keys = self.registered_keys()
+        except VolumeError as exc:
+            if failures:
+                raise VolumeError(f"iscsi: {failures[0]}") from None
             LOG.warning(
-                "iscsi: %s stays reserved by this node's key %s through a path that is gone",
-                volume_id,
+                "iscsi: key %s unregistered, but the keys could not be read back: %s",
                 format_key(self.key),
+                exc,
             )
-        else:
-            LOG.info("iscsi: %s: released key %s", volume_id, format_key(self.key))
+            return
+        if self.key in keys:
+            answered = failures[0] if failures else "the target answered success"
+            raise VolumeError(
+                f"iscsi: key {format_key(self.key)} is still registered after unregistering "
+                f"it on {len(self.devices)} path(s) ({answered}): a path that is gone still "
+                "holds it, or the target did not apply the unregistration"
+            )
+        if failures:
+            LOG.warning(
+                "iscsi: unregistering key %s answered an error, but the target no longer lists "
+                "it: unregistered (%s)",
+                format_key(self.key),
+                failures[0],
+            )
 
     def _unregister_quietly(self) -> None:
         try:
-            self._register(0)
+            self._unregister()
         except VolumeError as exc:
             LOG.warning("iscsi: could not unregister key %s: %s", format_key(self.key), exc)
 
