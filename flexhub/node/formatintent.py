@@ -138,12 +138,16 @@ class FormatIntent:
         identity, fs_type = found
         now = device_identity(self.device, self.sys_root)
         if now != identity:
+            # dropped, not kept: the device it named may come back under the same name after
+            # its filesystem was mounted and written (another boot's device numbers), and an
+            # intent must never outlive a mount that did not format
             LOG.warning(
                 "volume %s has an unfinished format of another device (or one that was "
-                "released since): not formatting %s again",
+                "released since): not formatting %s again, forgetting that intent",
                 self.volume_id,
                 self.device,
             )
+            self.journal.clear_format(self.volume_id)
             return None
         return fs_type
 

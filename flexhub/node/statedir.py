@@ -85,8 +85,8 @@ def secure_state_dir(state_dir: Path) -> None:
 
 def _alive(pid: int) -> bool:
     """Whether a process ``pid`` exists (a zombie counts: its writes may not be over)."""
-    if pid <= 0:
-        return True  # never a writer's pid: treat as unknown, keep its file
+    if pid <= 0 or pid > 1 << 22:
+        return True  # never a writer's pid (pid_max is at most 2**22): unknown, keep its file
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -315,6 +315,7 @@ def test_temporaries_of_dead_writers_are_removed(
         state / "pods" / f".{digest}.json.{alive}.tmp",  # a live writer's
         state / "volumes" / f".notours.{dead}.tmp",  # not flexhub's name
         state / "loopfile" / "created" / f".loop8.{alive}.tmp",
+        state / "volumes" / f".{digest}.json.9999999999.tmp",  # no pid a kernel gives: unknown
     ]
     for path in gone + kept:
         path.write_text("{}")

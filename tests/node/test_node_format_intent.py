@@ -82,16 +82,23 @@ def test_an_intent_names_one_device_and_one_attachment(
     intent.begin("xfs")
     assert intent.unfinished() == "xfs"
     assert FormatIntent(journal, "w", dev, sys).unfinished() is None  # another volume's
-    (_block(sys) / "diskseq").write_text("42\n")  # detached and attached again since
-    assert intent.unfinished() is None
-    (_block(sys) / "diskseq").write_text("41\n")
-    (_block(sys) / "device" / "wwid").write_text("naa.other\n")  # another LUN at that name
-    assert intent.unfinished() is None
-    (_block(sys) / "device" / "wwid").write_text("naa.6001405abcdef\n")
-    assert intent.unfinished() == "xfs"
     intent.finish()
     assert intent.unfinished() is None
     assert list((tmp_path / "state" / "formats").iterdir()) == []
+    for change in ("diskseq", "wwid"):  # detached and attached again; another LUN at the name
+        intent.begin("xfs")
+        before = (_block(sys) / "diskseq").read_text(), (_block(sys) / "device/wwid").read_text()
+        if change == "diskseq":
+            (_block(sys) / "diskseq").write_text("42\n")
+        else:
+            (_block(sys) / "device" / "wwid").write_text("naa.other\n")
+        assert intent.unfinished() is None
+        (_block(sys) / "diskseq").write_text(before[0])
+        (_block(sys) / "device" / "wwid").write_text(before[1])
+        # the same device again: the intent was dropped when it named another, so a filesystem
+        # mounted (and written) meanwhile is never formatted when the names match again
+        assert intent.unfinished() is None
+        assert list((tmp_path / "state" / "formats").iterdir()) == []
 
 
 def test_a_forged_or_broken_intent_is_ignored(sysfs: tuple[str, Path], tmp_path: Path) -> None:
