@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from flexhub.backend import CommandTimeout, InvalidOptions, VolumeError
+from flexhub.node.statedir import process_alive
 from flexhub.pathpattern import ARCHIVE_PREFIX, check_recorded
 from flexhub.provisioning import Claim, Provisioned
 
@@ -67,6 +68,8 @@ __all__ = [
     "provisioned",
     "reclaim",
     "remove",
+    "temp_is_leftover",
+    "temp_mount_point",
 ]
 
 LOG = logging.getLogger(__name__)
@@ -406,3 +409,27 @@ def reclaim(
         lambda fd: remove(fd, path, where=where),
     )
     LOG.info("removed %s/%s%s", mounted.source, path, "" if removed else " (already gone)")
+
+
+def temp_mount_point(base: Path) -> Path:
+    """A new private directory under ``base`` for one call's temporary mount of an export's
+    root, named ``<unix time>-<pid>-<random>``: a collector tells a crashed call's leftover
+    from a live call's mount by its name (the mounted directory's own times are the export
+    root's, which may be years old while another worker or driver call uses it)."""
+    import secrets
+    import time
+
+    path = base / f"{int(time.time())}-{os.getpid()}-{secrets.token_hex(6)}"
+    path.mkdir(mode=0o700)
+    return path
+
+
+def temp_is_leftover(path: Path, now: float, max_age: float) -> bool:
+    """Whether the temporary mount point ``path`` is a crashed call's: made more than
+    ``max_age`` seconds ago by a process that is gone (its pid alive, even reused: kept). A
+    name of the older form (no time, no pid) is judged by its directory's age, as before."""
+    made, _, rest = path.name.partition("-")
+    pid = rest.partition("-")[0]
+    if made.isdigit() and pid.isdigit():
+        return now - int(made) >= max_age and not process_alive(int(pid))
+    return now - path.lstat().st_mtime >= max_age

@@ -63,7 +63,7 @@ def provisioner_seal(
     kubeconfig: Annotated[Path | None, _KUBECONFIG] = None,
     namespace: Annotated[
         str, typer.Option(help="the provisioner's namespace, where its key Secret is")
-    ] = "",
+    ] = "flexhub-system",
 ) -> None:
     """Seal PVs with the provisioner's key after you checked their options and reclaim
     record (PVs made by a flexhub that did not seal them, or edited on purpose): until then

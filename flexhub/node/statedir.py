@@ -83,7 +83,7 @@ def secure_state_dir(state_dir: Path) -> None:
         ) from None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether a process ``pid`` exists (a zombie counts: its writes may not be over)."""
     if pid <= 0 or pid > 1 << 22:
         return True  # never a writer's pid (pid_max is at most 2**22): unknown, keep its file
@@ -115,7 +115,7 @@ def remove_dead_temporaries(directory: str | os.PathLike[str], pattern: re.Patte
             if match is None:
                 continue
             pid = int(match.group("pid"))
-            if pid == os.getpid() or _alive(pid):
+            if pid == os.getpid() or process_alive(pid):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 info = os.lstat(name, dir_fd=fd)

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from flexhub.errors import FlexhubError, InvalidOptions, one_line
 from flexhub.node.checkpoints import checkpoint
 from flexhub.provisioner import pvs
-from flexhub.provisioner.events import Recorder
+from flexhub.provisioner.events import CountingRecorder
 from flexhub.provisioner.queue import WorkQueue, watch_forever
 from flexhub.provisioner.seal import ANN_SEAL, Sealer
 from flexhub.provisioning import Provisioning
@@ -87,7 +87,9 @@ class Controller:
         self.read_class = read_class
         self.name = name
         self.driver = driver
-        self.events = Recorder(self.core, component=f"{name}-provisioner", instance=identity)
+        self.events = CountingRecorder(
+            self.core, component=f"{name}-provisioner", instance=identity
+        )
         self.queue = WorkQueue()
         self.stop = threading.Event()
 
@@ -231,7 +233,7 @@ class Controller:
         if sc.get("volumeBindingMode") == "WaitForFirstConsumer" and not claim.selected_node:
             return  # the scheduler has not picked a node yet
         if claim.selected_node:
-            self._check_node(pvc, claim.selected_node)
+            self._check_node(pvc, claim.selected_node, sc.get("allowedTopologies") or [])
         secrets = self._class_secrets(pvc, spec)
         self.events.claim(
             pvc,
@@ -272,8 +274,9 @@ class Controller:
         try:
             self.core.create_persistent_volume(pv, _request_timeout=30)
         except ApiException as exc:
-            if exc.status in (400, 422):
-                # the API server refuses this PV and will refuse it again: its reason, once,
+            if exc.status in (400, 403, 422):
+                # the API server (or an admission webhook) refuses this PV and will refuse it
+                # again: its reason,
                 # and a slow retry (the storage stays; a PV saved later finds it)
                 self._failed(pvc, f"the API server refused the PV: {api_reason(exc)}")
             if exc.status != 409:
@@ -312,17 +315,25 @@ class Controller:
             )
         return Secrets(encoded=dict(secret.get("data") or {}))
 
-    def _check_node(self, pvc: Mapping[str, Any], node: str) -> None:
-        """The claim's ``selected-node`` must name a node that exists: a claim author may
-        write the annotation, and a PV pinned to a node that is not there stays forever."""
+    def _check_node(self, pvc: Mapping[str, Any], node: str, allowed: list[Any]) -> None:
+        """The claim's ``selected-node`` must name a node that exists, inside the class's
+        ``allowedTopologies``: a claim author may write the annotation (the scheduler honours
+        both for a pod's claim), and a PV pinned to a node that is not there stays forever."""
         if len(node) > 253 or not _NODE_NAME.fullmatch(node):
             self._failed(
                 pvc,
                 f"annotation {pvs.ANN_SELECTED_NODE} {node[:80]!r} is not a node name",
             )
-        if self._get(self.core.read_node, node) is None:
+        found = self._get(self.core.read_node, node)
+        if found is None:
             self._failed(
                 pvc, f"annotation {pvs.ANN_SELECTED_NODE} names node {node!r}, which does not exist"
+            )
+        if allowed and not _in_topology(found["metadata"].get("labels") or {}, allowed):
+            self._failed(
+                pvc,
+                f"annotation {pvs.ANN_SELECTED_NODE} names node {node!r}, outside the "
+                "StorageClass's allowedTopologies",
             )
 
     def _check_pv_secret(self, pvc: Mapping[str, Any], ref: tuple[str, str]) -> None:
@@ -394,16 +405,28 @@ class Controller:
         annotations = dict(pv["metadata"].get("annotations") or {})
         annotations[pvs.ANN_RECLAIM] = json.dumps(record, sort_keys=True)
         resealed = {**pv, "metadata": {**pv["metadata"], "annotations": annotations}}
+        # only onto the PV as read before the growth (which may take long): one changed since
+        # (an administrator's fix, sealed again) is read again and grown again (a no-op)
         self.core.patch_persistent_volume(
             volume,
-            {
-                "metadata": {
-                    "annotations": {
-                        pvs.ANN_RECLAIM: annotations[pvs.ANN_RECLAIM],
-                        ANN_SEAL: self.sealer.seal(resealed),
-                    }
-                }
-            },
+            [
+                {
+                    "op": "test",
+                    "path": "/metadata/resourceVersion",
+                    "value": pv["metadata"]["resourceVersion"],
+                },
+                {
+                    "op": "add",
+                    "path": "/metadata/annotations/" + _pointer(pvs.ANN_RECLAIM),
+                    "value": annotations[pvs.ANN_RECLAIM],
+                },
+                {
+                    "op": "add",
+                    "path": "/metadata/annotations/" + _pointer(ANN_SEAL),
+                    "value": self.sealer.seal(resealed),
+                },
+            ],
+            _request_timeout=30,
         )
         self.events.claim(
             pvc,
@@ -423,7 +446,8 @@ class Controller:
             "VolumeUnsealed",
             f"flexhub will not {what}: the PV's options or reclaim record are not as this "
             "provisioner wrote them (edited, or written by a flexhub that did not seal its PVs); "
-            f"check them, then run: flexhub provisioner-seal {pv['metadata']['name']}",
+            f"check them, then run: flexhub provisioner-seal {pv['metadata']['name']} "
+            "--namespace <the provisioner's>",
         )
         raise _Later(NODE_GONE_RETRY)
 
@@ -437,6 +461,8 @@ class Controller:
 
     def sync_volume(self, name: str) -> None:
         pv = self._get(self.core.read_persistent_volume, name)
+        if pv is None or (pv.get("status") or {}).get("phase") != "Released":
+            self._released.pop(name, None)
         if pv is None or not self._ours(pv):
             return
         if pvs.FINALIZER not in (pv["metadata"].get("finalizers") or []):
@@ -461,7 +487,8 @@ class Controller:
             raise _Later(MISTAKE_RETRY)
         if where == "node":
             node = record.get("node", "")
-            self._label_node(pv, node)
+            if self._label_node(pv, node):
+                raise _Later(NODE_AGENT_GRACE)  # its agent sees it only now: its grace first
             if self._get(self.core.read_node, node) is None:
                 self.events.volume(
                     pv,
@@ -484,17 +511,19 @@ class Controller:
         finish_reclaim(self.core, pv)
         LOG.info("reclaimed %s (%s, onDelete %s)", name, record["backend"], record["onDelete"])
 
-    def _label_node(self, pv: Mapping[str, Any], node: str) -> None:
+    def _label_node(self, pv: Mapping[str, Any], node: str) -> bool:
         """Label a node-reclaimed PV with its node (one made before PVs were labelled), so
-        that its node's agent, which watches only its own node's label, sees it."""
+        that its node's agent, which watches only its own node's label, sees it; whether it
+        was labelled now."""
         wanted = pvs.node_label(node)
         if (pv["metadata"].get("labels") or {}).get(pvs.NODE_LABEL) == wanted or not node:
-            return
+            return False
         self.core.patch_persistent_volume(
             pv["metadata"]["name"],
             {"metadata": {"labels": {pvs.NODE_LABEL: wanted}}},
             _request_timeout=30,
         )
+        return True
 
     def _agent_overdue(self, pv: Mapping[str, Any], node: str) -> None:
         """A PV its node's agent should have reclaimed long ago: never a silent leak (no agent
@@ -563,6 +592,21 @@ def get(api: Any, read: Callable[..., Any], *args: str) -> dict[str, Any] | None
         raise
     plain: dict[str, Any] = api.sanitize_for_serialization(found)
     return plain
+
+
+def _in_topology(labels: Mapping[str, str], terms: list[Any]) -> bool:
+    """Whether a node's labels satisfy one of a StorageClass's ``allowedTopologies`` terms
+    (every ``matchLabelExpressions`` entry of that term: the label's value is listed)."""
+    for term in terms:
+        expressions = (term or {}).get("matchLabelExpressions") or []
+        if all(labels.get(e.get("key")) in (e.get("values") or []) for e in expressions):
+            return True
+    return False
+
+
+def _pointer(key: str) -> str:
+    """``key`` as one JSON-pointer segment (``flexhub/seal`` → ``flexhub~1seal``)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def api_reason(exc: Any) -> str:

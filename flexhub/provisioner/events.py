@@ -1,10 +1,11 @@
 """Events on claims and PVs, as ``kubectl describe`` shows them to their authors.
 
-Aggregated as client-go's recorder does: the same reason and message on the same object
-again patches the Event written before (``count`` + 1, ``lastTimestamp``) instead of writing
-a new one, and each object may write :data:`BURST` Events at once, then one per
-:data:`REFILL` seconds (the rest are dropped, and logged at debug). A thousand claims of a
-broken class therefore cost a thousand Event objects, counted, not one per retry.
+Aggregated as client-go's recorder does (:class:`CountingRecorder`, the provisioner's): the
+same reason and message on the same object again patches the Event written before
+(``count`` + 1, ``lastTimestamp``) instead of writing a new one, and each object may write
+:data:`BURST` Events at once, then one per :data:`REFILL` seconds (the rest are dropped, and
+logged at debug). A thousand claims of a broken class therefore cost a thousand Event
+objects, counted, not one per retry (up to :data:`REMEMBERED` objects at once).
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from typing import Any
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["Recorder"]
+__all__ = ["CountingRecorder", "Recorder"]
 
 #: Events an object may write at once, then one per REFILL seconds (client-go's spam filter).
 BURST = 25
 REFILL = 300.0
-#: Objects (and Events) remembered for aggregation; the oldest are forgotten first.
-REMEMBERED = 4096
+#: Objects (and Events) remembered for aggregation; the least recently used are forgotten
+#: first (past that many objects retried at once, a repeat is a new Event again).
+REMEMBERED = 20_000
 
 
 class _Bucket:
@@ -48,14 +50,22 @@ class _Bucket:
 class Recorder:
     """Write core/v1 Events; a failure to write one is logged, never raised."""
 
+    #: whether a repeat patches the Event written before
+    counts = False
+
     def __init__(
         self,
         core: Any,
         component: str,
         instance: str = "",
         clock: Callable[[], float] = time.monotonic,
+        count: bool = True,
     ) -> None:
+        """:param count: a repeat patches the Event written before (``False``: a new Event,
+        the rate limit alone: the node agent, whose token may not patch Events, which in
+        ``default`` are every node's and PV's)."""
         self.core = core
+        self.count = count
         self.component = component
         self.instance = instance
         self._clock = clock
@@ -95,7 +105,7 @@ class Recorder:
             if not bucket.take(self._clock()):
                 LOG.debug("event %s on %s dropped (rate limit)", reason, subject)
                 return
-            seen = self._written.pop(key, None)
+            seen = self._written.pop(key, None) if self.counts else None
             if seen is not None:
                 seen[2] += 1
                 self._written[key] = seen
@@ -104,7 +114,7 @@ class Recorder:
         now = datetime.datetime.now(datetime.UTC).isoformat()
         if seen is not None and self._count(seen, now):
             return
-        event_name = f"{meta['name']}.{uuid.uuid4().hex[:12]}"
+        event_name = f"{meta['name'][:200]}.{uuid.uuid4().hex[:12]}"  # a name is at most 253
         event: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -138,8 +148,21 @@ class Recorder:
             self._written[key] = [namespace, event_name, 1]
 
     def _count(self, seen: list[Any], now: str) -> bool:
-        """Count one more on the Event written before; False when it is gone (expired, or
-        deleted): a new one is written then."""
+        """Count one more on the Event written before: not here (a repeat is a new Event,
+        under the rate limit alone; see :class:`CountingRecorder`)."""
+        return False
+
+
+class CountingRecorder(Recorder):
+    """A :class:`Recorder` whose repeats patch the Event written before (``count``,
+    ``lastTimestamp``): the provisioner's. The node agent's is a plain :class:`Recorder`:
+    its token (on every node) may not patch Events, which in ``default`` are every node's
+    and every PV's."""
+
+    counts = True
+
+    def _count(self, seen: list[Any], now: str) -> bool:
+        """False when the Event is gone (expired, or deleted): a new one is written then."""
         namespace, name, count = seen
         try:
             self.core.patch_namespaced_event(

@@ -9,10 +9,10 @@ an attacker's server, and have the provisioner present those credentials there.
 
 So the provisioner seals what it wrote: an HMAC-SHA256, under a key only it can read (the
 Secret :data:`KEY_SECRET` in its own namespace, made on its first start), over the PV's name,
-its record, its driver, options, fsType and secretRef. It acts on a PV with its own rights
-only when the seal matches; a PV edited since (or written by a flexhub that did not seal) is
-refused with an Event until an administrator checks it and seals it again
-(``flexhub provisioner seal``). The node agent cannot check seals (it must not hold the key);
+its record, its driver, options, fsType, secretRef and reclaim policy. It acts on a PV with
+its own rights only when the seal matches; a PV edited since (or written by a flexhub that
+did not seal) is refused with an Event until an administrator checks it and seals it again
+(``flexhub provisioner-seal``). The node agent cannot check seals (it must not hold the key);
 what it does is bounded otherwise (its own node's files, named from the PV's uid).
 """
 
@@ -54,6 +54,9 @@ def sealed_content(pv: Mapping[str, Any]) -> bytes:
         "options": source.get("options") or {},
         "fsType": source.get("fsType") or "",
         "secretRef": source.get("secretRef") or {},
+        # Delete asks the provisioner to remove the storage with its own rights: a PV an
+        # administrator switched to Retain must be sealed again before it is reclaimed
+        "reclaimPolicy": spec.get("persistentVolumeReclaimPolicy") or "",
     }
     return json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
 
@@ -76,11 +79,15 @@ class Sealer:
     def sealed(self, pv: Mapping[str, Any]) -> bool:
         """Whether ``pv`` carries this key's seal over what it holds now."""
         found = (pv.get("metadata", {}).get("annotations") or {}).get(ANN_SEAL, "")
-        return isinstance(found, str) and hmac.compare_digest(found, self.seal(pv))
+        if not isinstance(found, str):
+            return False
+        return hmac.compare_digest(found.encode(errors="replace"), self.seal(pv).encode())
 
 
-def load_key(core: Any, namespace: str) -> bytes:
-    """The sealing key from ``namespace``/:data:`KEY_SECRET`, made (random) when missing.
+def load_key(core: Any, namespace: str, create: bool = True) -> bytes:
+    """The sealing key from ``namespace``/:data:`KEY_SECRET`, made (random) when missing
+    and ``create`` (the provisioner; an administrator's ``provisioner-seal`` only reads it:
+    a key made in the wrong namespace would seal with a key no provisioner holds).
 
     Two provisioners starting together both try to create it: one wins, the other reads
     the winner's (409). A Secret without a usable key is an error: replacing it would
@@ -106,6 +113,11 @@ def load_key(core: Any, namespace: str) -> bytes:
                     "one (every PV must then be sealed again)"
                 )
             return key
+        if not create:
+            raise FlexhubError(
+                f"no Secret {namespace}/{KEY_SECRET}: is the provisioner's namespace "
+                f"{namespace!r} (--namespace), and has it run once?"
+            )
         body = {
             "apiVersion": "v1",
             "kind": "Secret",

@@ -141,7 +141,7 @@ def run_provisioner(
 
 
 def seal_volumes(
-    kubeconfig: Path | None, names: list[str], namespace: str = "", name: str = "flexhub"
+    kubeconfig: Path | None, names: list[str], namespace: str, name: str = "flexhub"
 ) -> list[str]:
     """``flexhub provisioner-seal``: seal PVs an administrator has checked (made by a flexhub
     that did not seal, or edited on purpose) with the provisioner's key; returns one line per
@@ -154,7 +154,7 @@ def seal_volumes(
 
     api = api_client(kubeconfig)
     core = client.CoreV1Api(api)
-    sealer = Sealer(load_key(core, namespace or _pod_namespace()))
+    sealer = Sealer(load_key(core, namespace, create=False))
     lines = []
     for volume in names:
         pv = get(api, core.read_persistent_volume, volume)

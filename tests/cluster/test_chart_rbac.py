@@ -181,7 +181,7 @@ def test_node_root_with_the_agents_token_is_refused_what_the_chart_does_not_give
     """Real requests with the node agent's token, as root on a node would make them: no
     Secret of any namespace, no PV made or replaced whole, no Event outside `default`, no
     claim, node or Lease (RBAC); no PV's spec (its reclaim policy, its claim), reclaim
-    record, labels or other finalizers edited, no PV deleted that is not Released, nothing done to a PV flexhub did not make
+    record, labels, owners or other finalizers edited, no PV deleted that is not Released, nothing done to a PV flexhub did not make
     (the chart's admission policy). What it needs still works: an Event on a PV, flexhub's
     finalizer removed as the node agent's own code removes it."""
     from flexhub.provisioner.controller import remove_finalizer
@@ -238,6 +238,22 @@ def test_node_root_with_the_agents_token_is_refused_what_the_chart_does_not_give
             volume, {"metadata": {"annotations": {"flexhub/reclaim": record}}}
         ),
         "label a PV": lambda: patch(volume, {"metadata": {"labels": {"x": "y"}}}),
+        # an owner that does not exist: the garbage collector would delete the PV, Bound or not
+        "give a PV an owner": lambda: patch(
+            volume,
+            {
+                "metadata": {
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Node",
+                            "name": "nope",
+                            "uid": "00000000-0000-0000-0000-000000000000",
+                        }
+                    ]
+                }
+            },
+        ),
         "drop a PV's other finalizer": lambda: patch(
             volume,
             [{"op": "replace", "path": "/metadata/finalizers", "value": ["flexhub/reclaim"]}],

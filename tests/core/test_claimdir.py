@@ -367,3 +367,31 @@ def test_reclaim_refuses_before_mounting(
     with pytest.raises(InvalidOptions, match=match):
         reclaim(export, path, on_delete, record)
     assert export.opened == 0 and tree(tmp_path) == [path]
+
+
+def test_a_live_calls_temporary_mount_is_never_taken_for_a_leftover(tmp_path: Path) -> None:
+    """nfs and cifs mount an export's root on a temporary directory per call and collect
+    those a crashed call left. Mounted, the directory shows the export root's times (years
+    old, often), so its age came from the wrong place: one provisioner worker (or driver
+    call) unmounted another's live mount. The name says when and by whom it was made."""
+    import subprocess
+    import time
+
+    from flexhub.claimdir import temp_is_leftover, temp_mount_point
+
+    now = time.time()
+    live = temp_mount_point(tmp_path)
+    os.utime(live, (0, 0))  # what a mounted export root from 1970 shows
+    assert not temp_is_leftover(live, now, 3600)  # young by its name
+    assert not temp_is_leftover(live, now + 7200, 3600)  # old, but its process is alive
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    crashed = tmp_path / f"{int(now)}-{proc.pid}-abcdef012345"
+    crashed.mkdir()
+    assert not temp_is_leftover(crashed, now + 60, 3600)
+    assert temp_is_leftover(crashed, now + 7200, 3600)
+    older = tmp_path / "0123456789abcdef"  # a name of the form before: by its age
+    older.mkdir()
+    assert not temp_is_leftover(older, time.time(), 3600)
+    os.utime(older, (0, 0))
+    assert temp_is_leftover(older, time.time(), 3600)

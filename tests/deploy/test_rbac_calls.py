@@ -49,7 +49,6 @@ WHERE: dict[tuple[str, str, str], str | None] = {
     ("provisioner", "leases", "get"): NS,
     ("provisioner", "leases", "update"): NS,
     ("node-agent", "events", "create"): "default",  # a PV's Events (Recorder.volume)
-    ("node-agent", "events", "patch"): "default",
 }
 #: The one object a namespaced get/update may name (a Role's resourceNames).
 NAMES = {

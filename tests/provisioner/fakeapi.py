@@ -120,6 +120,12 @@ class FakeCore:
                         raise ApiException(status=409, reason="Conflict")
                 elif op["op"] == "replace" and op["path"] == "/metadata/finalizers":
                     pv["metadata"]["finalizers"] = op["value"]
+                elif op["op"] == "add" and op["path"].startswith("/metadata/annotations/"):
+                    key = op["path"].removeprefix("/metadata/annotations/")
+                    key = key.replace("~1", "/").replace("~0", "~")
+                    pv["metadata"].setdefault("annotations", {})[key] = op["value"]
+                else:
+                    raise AssertionError(f"the fake API does not do {op}")
         else:  # a merge patch of metadata
             meta = body.get("metadata") or {}
             for field in ("annotations", "labels"):

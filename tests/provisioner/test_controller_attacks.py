@@ -272,11 +272,17 @@ def test_the_seal_covers_what_the_provisioner_acts_on() -> None:
         lambda p: p["metadata"]["annotations"].update({pvs.ANN_RECLAIM: "{}"}),
         lambda p: p["metadata"].update(name="pvc-other"),
         lambda p: p["metadata"]["annotations"].update({ANN_SEAL: "v1:" + "0" * 64}),
+        # a Retain PV flipped to Delete (and its finalizer put back) is not the provisioner's
+        # to reclaim until an administrator seals it again
+        lambda p: p["spec"].update(persistentVolumeReclaimPolicy="Retain"),
     ):
         edited = copy.deepcopy(pv)
         edit(edited)
         assert not SEALER.sealed(edited)
     assert not Sealer(b"t" * 32).sealed(pv)  # another key's seal is no seal
+    odd = copy.deepcopy(pv)
+    odd["metadata"]["annotations"][ANN_SEAL] = "v1:\u00e9" * 10
+    assert not SEALER.sealed(odd)  # not a TypeError out of compare_digest
     assert "s" * 16 not in repr(SEALER)
 
 
@@ -289,6 +295,10 @@ def test_the_sealing_key_is_made_once_and_then_read() -> None:
     api.secrets[("flexhub", KEY_SECRET)]["data"] = {"key": "bm8="}  # too short
     with pytest.raises(FlexhubError, match="holds no sealing key"):
         load_key(api.core, "flexhub")
+    # an administrator's provisioner-seal only reads it: never a second key elsewhere
+    with pytest.raises(FlexhubError, match="no Secret default/flexhub-provisioner-key"):
+        load_key(api.core, "default", create=False)
+    assert ("default", KEY_SECRET) not in api.secrets
 
 
 # ----------------------------------------------- finding 4: the node agent's claim-uid rule
@@ -426,7 +436,7 @@ def test_a_thousand_retries_make_one_counted_event_not_a_thousand() -> None:
 # --------------------------------------------- finding 10: no node agent on an existing node
 
 
-def _node_pv(api: FakeApi, released_ago: float) -> str:
+def _node_pv(api: FakeApi, released_ago: float, labelled: bool = True) -> str:
     uid = str(uuid.uuid4())
     record = {"backend": "rec", "onDelete": "delete", "reclaimOn": "node", "node": "node-1",
               "claimUid": uid}  # fmt: skip
@@ -441,6 +451,7 @@ def _node_pv(api: FakeApi, released_ago: float) -> str:
                     pvs.ANN_RECLAIM: json.dumps(record),
                 },
                 "finalizers": [pvs.FINALIZER],
+                "labels": {pvs.NODE_LABEL: "node-1"} if labelled else {},
             },
             "spec": {"persistentVolumeReclaimPolicy": "Delete", "flexVolume": {"options": {}}},
             "status": {"phase": "Released", "lastPhaseTransitionTime": when.isoformat()},
@@ -460,6 +471,12 @@ def test_a_node_pv_nobody_reclaims_is_said_after_a_grace_period() -> None:
         controller.sync_volume(stale)
     assert reasons(api) == ["NodeAgentMissing"]
     assert "node-1" in api.events[0]["message"]
+    # one made before PVs were labelled: its agent sees it only once labelled, so it gets
+    # its grace from then, not a false alarm on every upgrade
+    old = _node_pv(api, 3600, labelled=False)
+    with pytest.raises(_Later) as later:
+        controller.sync_volume(old)
+    assert later.value.seconds >= 600 and reasons(api) == ["NodeAgentMissing"]
     assert backend.reclaimed == []
 
 
@@ -476,7 +493,7 @@ def test_node_pvs_carry_their_nodes_label_and_old_ones_get_it() -> None:
     assert node_label(long).startswith("h-") and len(node_label(long)) <= 63
     assert node_label(long) != node_label(long + "y")
     api, _backend, controller = _setup()
-    name = _node_pv(api, 60)
+    name = _node_pv(api, 60, labelled=False)
     assert NODE_LABEL not in (api.volumes[name]["metadata"].get("labels") or {})
     with pytest.raises(_Later):
         controller.sync_volume(name)
@@ -503,3 +520,72 @@ def test_the_node_agent_asks_the_api_server_for_its_own_nodes_pvs_only() -> None
     finally:
         nodeagent.threading.Thread = real  # type: ignore[misc]
     assert seen["kwargs"] == {"label_selector": "flexhub/reclaim-node=node-1"}
+
+
+def test_a_growth_never_seals_over_a_change_made_meanwhile() -> None:
+    """The growth may take long (a LUN zeroed): the record is sealed again only onto the PV
+    as it was read before, never over an administrator's fix made (and sealed) meanwhile."""
+    api, backend, controller = _setup()
+    claim = _claim(api)
+    pv = _provisioned(api, controller, claim)
+    claim["spec"]["resources"]["requests"]["storage"] = "2Gi"
+    fixed = json.loads(pv["metadata"]["annotations"][pvs.ANN_RECLAIM])
+    fixed["classSecret"] = "team-a/new"
+
+    def grow(_o: Any, _r: Any, size: int, _s: Any) -> int:
+        pv["metadata"]["annotations"][pvs.ANN_RECLAIM] = json.dumps(fixed, sort_keys=True)
+        pv["metadata"]["annotations"][ANN_SEAL] = SEALER.seal(pv)
+        pv["metadata"]["resourceVersion"] += "0"
+        return size
+
+    backend.expand_storage = grow  # type: ignore[method-assign]
+    with pytest.raises(ApiException):
+        controller.sync_claim("team-a", "data")
+    assert json.loads(pv["metadata"]["annotations"][pvs.ANN_RECLAIM])["classSecret"] == (
+        "team-a/new"
+    )
+    assert SEALER.sealed(pv)
+
+
+def test_a_selected_node_outside_the_class_topology_is_refused() -> None:
+    api, backend, controller = _setup()
+    api.classes["files"]["allowedTopologies"] = [
+        {"matchLabelExpressions": [{"key": "kubernetes.io/hostname", "values": ["node-1"]}]}
+    ]
+    api.nodes["node-1"]["metadata"]["labels"] = {"kubernetes.io/hostname": "node-1"}
+    api.add(
+        "node", {"metadata": {"name": "infra-9", "labels": {"kubernetes.io/hostname": "infra-9"}}}
+    )
+    claim = _claim(api)
+    claim["metadata"]["annotations"][pvs.ANN_SELECTED_NODE] = "infra-9"
+    with pytest.raises(_Later):
+        controller.sync_claim("team-a", "data")
+    assert backend.provisioned == []
+    assert "allowedTopologies" in api.events[-1]["message"]
+    claim["metadata"]["annotations"][pvs.ANN_SELECTED_NODE] = "node-1"
+    controller.sync_claim("team-a", "data")
+    assert len(backend.provisioned) == 1
+
+
+def test_a_pv_refused_by_an_admission_webhook_is_a_provisioning_failure() -> None:
+    api, _backend, controller = _setup()
+    _claim(api)
+    refused = ApiException(status=403, reason="Forbidden")
+    refused.body = json.dumps({"kind": "Status", "code": 403, "message": "denied by policy x"})
+    api.refuse_pv = refused
+    with pytest.raises(_Later):
+        controller.sync_claim("team-a", "data")
+    assert api.events[-1]["message"] == "the API server refused the PV: denied by policy x"
+
+
+def test_the_node_agent_never_patches_an_event() -> None:
+    """Its token may only create Events (in ``default``, every node's and PV's live there):
+    a repeat is a new Event under the rate limit, never a patch of someone else's."""
+    api = FakeApi()
+    agent = NodeAgent(api, "n1", lambda _b, _o, _r: None)
+    agent.events.core = api.core
+    pv = {"metadata": {"name": "pvc-x", "uid": "u"}}
+    for _ in range(3):
+        agent.events.volume(pv, "Warning", "VolumeFailedDelete", "busy")
+    assert len(api.events) == 3
+    assert not [c for c in api.calls if c.startswith("patch event")]

@@ -60,7 +60,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -414,8 +413,7 @@ class CifsBackend(FilesystemBackend, Provisioning):
         base = Path(os.path.realpath(self.node.state_dir)) / "cifs-tmp"
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._collect_temp(base)
-        temp = base / secrets.token_hex(8)
-        temp.mkdir(mode=0o700)
+        temp = claimdir.temp_mount_point(base)
         try:
             self._mount(temp, plan, creds)
             try:
@@ -483,7 +481,7 @@ class CifsBackend(FilesystemBackend, Provisioning):
             return
         for path in leftovers:
             try:
-                if now - path.lstat().st_mtime < TEMP_MAX_AGE:
+                if not claimdir.temp_is_leftover(path, now, TEMP_MAX_AGE):
                     continue
                 LOG.warning("removing leftover temporary CIFS mount point %s", path)
                 self._cleanup(path)
