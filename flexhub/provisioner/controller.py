@@ -27,7 +27,7 @@ from flexhub.node.checkpoints import checkpoint
 from flexhub.provisioner import pvs
 from flexhub.provisioner.events import CountingRecorder
 from flexhub.provisioner.queue import WorkQueue, watch_forever
-from flexhub.provisioner.seal import ANN_SEAL, Sealer
+from flexhub.provisioner.seal import ANN_SEAL, Sealer, sealed_content
 from flexhub.provisioning import Provisioning
 from flexhub.volume import Secrets
 
@@ -402,38 +402,52 @@ class Controller:
         secrets = self._volume_secrets(pv, record)
         grown = backend.expand_storage(options, backend_record(pv), wanted, secrets)
         record["size"] = str(max(grown, wanted))
-        annotations = dict(pv["metadata"].get("annotations") or {})
-        annotations[pvs.ANN_RECLAIM] = json.dumps(record, sort_keys=True)
-        resealed = {**pv, "metadata": {**pv["metadata"], "annotations": annotations}}
-        # only onto the PV as read before the growth (which may take long): one changed since
-        # (an administrator's fix, sealed again) is read again and grown again (a no-op)
-        self.core.patch_persistent_volume(
-            volume,
-            [
-                {
-                    "op": "test",
-                    "path": "/metadata/resourceVersion",
-                    "value": pv["metadata"]["resourceVersion"],
-                },
-                {
-                    "op": "add",
-                    "path": "/metadata/annotations/" + _pointer(pvs.ANN_RECLAIM),
-                    "value": annotations[pvs.ANN_RECLAIM],
-                },
-                {
-                    "op": "add",
-                    "path": "/metadata/annotations/" + _pointer(ANN_SEAL),
-                    "value": self.sealer.seal(resealed),
-                },
-            ],
-            _request_timeout=30,
-        )
+        self._reseal(pv, record)
         self.events.claim(
             pvc,
             "Normal",
             "StorageExpanded",
             f"flexhub grew the {record['backend']} storage to {pvs.quantity(grown)}",
         )
+
+    def _reseal(self, pv: Mapping[str, Any], record: Mapping[str, str]) -> None:
+        """Write the grown ``record`` and seal it again, only onto a PV whose sealed fields
+        are still as read before the growth (which may take long): other fields (the
+        controller-manager's capacity, the status) may change meanwhile; an administrator's
+        fix (sealed again) may not be rolled back, so then this raises and the next sync
+        reads it again (and grows again: a no-op)."""
+        from kubernetes.client.rest import ApiException
+
+        before = sealed_content(pv)
+        text = json.dumps(record, sort_keys=True)
+        name = pv["metadata"]["name"]
+        for _ in range(5):
+            annotations = {**(pv["metadata"].get("annotations") or {}), pvs.ANN_RECLAIM: text}
+            resealed = {**pv, "metadata": {**pv["metadata"], "annotations": annotations}}
+            patch = [
+                {
+                    "op": "test",
+                    "path": "/metadata/resourceVersion",
+                    "value": pv["metadata"]["resourceVersion"],
+                },
+                {"op": "add", "path": f"/metadata/annotations/{_pointer(pvs.ANN_RECLAIM)}",
+                 "value": text},
+                {"op": "add", "path": f"/metadata/annotations/{_pointer(ANN_SEAL)}",
+                 "value": self.sealer.seal(resealed)},
+            ]  # fmt: skip
+            try:
+                self.core.patch_persistent_volume(name, patch, _request_timeout=30)
+                return
+            except ApiException as exc:
+                if exc.status not in (409, 422):  # a failed JSON-patch test is a 422
+                    raise
+            fresh = self._get(self.core.read_persistent_volume, name)
+            if fresh is None or sealed_content(fresh) != before:
+                raise FlexhubError(
+                    f"PV {name} changed while its storage grew: read again, grown again"
+                )
+            pv = fresh
+        raise FlexhubError(f"PV {name}: it changes under every try; sealed again later")
 
     def _check_seal(self, pv: Mapping[str, Any], what: str) -> None:
         """Refuse (an Event, a slow retry) to act with the provisioner's rights on a PV whose

@@ -32,7 +32,7 @@ from flexhub.provisioner.pvs import ANN_RECLAIM
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["ANN_SEAL", "KEY_SECRET", "Sealer", "load_key"]
+__all__ = ["ANN_SEAL", "KEY_SECRET", "Sealer", "load_key", "sealed_content"]
 
 #: The PV annotation that holds the seal: ``v1:<hex digest>``.
 ANN_SEAL = "flexhub/seal"

@@ -174,7 +174,8 @@ def test_create_sub_path_mounts_root_makes_dir_and_unmounts(
     temp_root = Path(os.path.realpath(config.state_dir)) / "nfs-tmp"
     mount_root, bind, read_only, umount = runner.calls
     temp = Path(mount_root[-1])
-    assert temp.parent == temp_root and len(temp.name) == 16
+    made, pid, _random = temp.name.split("-")  # when and by whom (claimdir.temp_mount_point)
+    assert temp.parent == temp_root and made.isdigit() and int(pid) == os.getpid()
     assert mount_root == mount_argv("vers=3,hard,retry=0", "srv1:/export", temp)
     assert bind[:4] == ["mount", "--no-canonicalize", "--bind", "--"]
     assert bind[4].startswith(f"/proc/{os.getpid()}/fd/") and bind[5] == str(target)

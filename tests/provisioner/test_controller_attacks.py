@@ -539,7 +539,7 @@ def test_a_growth_never_seals_over_a_change_made_meanwhile() -> None:
         return size
 
     backend.expand_storage = grow  # type: ignore[method-assign]
-    with pytest.raises(ApiException):
+    with pytest.raises(FlexhubError, match="changed while its storage grew"):
         controller.sync_claim("team-a", "data")
     assert json.loads(pv["metadata"]["annotations"][pvs.ANN_RECLAIM])["classSecret"] == (
         "team-a/new"
@@ -589,3 +589,22 @@ def test_the_node_agent_never_patches_an_event() -> None:
         agent.events.volume(pv, "Warning", "VolumeFailedDelete", "busy")
     assert len(api.events) == 3
     assert not [c for c in api.calls if c.startswith("patch event")]
+
+
+def test_a_growth_reseals_over_a_change_of_what_the_seal_does_not_cover() -> None:
+    """The controller-manager raises the PV's capacity while the storage grows: the record
+    is still written and sealed (onto the PV read again)."""
+    api, backend, controller = _setup()
+    claim = _claim(api)
+    pv = _provisioned(api, controller, claim)
+    claim["spec"]["resources"]["requests"]["storage"] = "2Gi"
+
+    def grow(_o: Any, _r: Any, size: int, _s: Any) -> int:
+        pv["spec"]["capacity"] = {"storage": "2Gi"}
+        pv["metadata"]["resourceVersion"] += "0"
+        return size
+
+    backend.expand_storage = grow  # type: ignore[method-assign]
+    controller.sync_claim("team-a", "data")
+    assert json.loads(pv["metadata"]["annotations"][pvs.ANN_RECLAIM])["size"] == str(2 << 30)
+    assert SEALER.sealed(pv)
