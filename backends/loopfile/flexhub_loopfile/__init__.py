@@ -60,6 +60,7 @@ from flexhub.backend import (
     Node,
     NodeConfig,
     NodeRequirements,
+    NoRoom,
     Secrets,
     Volume,
     VolumeError,
@@ -742,7 +743,7 @@ class LoopfileBackend(BlockBackend, Provisioning):
                 return False
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise VolumeError(
+                raise NoRoom(
                     f"not enough room on the node for {path}: need {_room.human(size)}, "
                     f"{_room.human(_free_bytes(path.parent))} free"
                 ) from None
@@ -781,7 +782,7 @@ class LoopfileBackend(BlockBackend, Provisioning):
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, current)
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise VolumeError(
+                    raise NoRoom(
                         f"not enough room on the node to grow {path}: need "
                         f"{_room.human(target - current)} more, "
                         f"{_room.human(_free_bytes(path.parent))} free"
