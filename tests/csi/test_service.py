@@ -157,7 +157,6 @@ def test_a_retried_create_finds_the_first_volume_and_a_different_one_already_exi
         ({}, None, "backend"),
         ({"backend": "loopfile", "colour": "blue"}, None, "colour"),
         ({"backend": "nosuchbackend"}, None, "nosuchbackend"),
-        ({"backend": "loopfile"}, "block", "raw block"),
         ({"backend": "loopfile"}, "multi", "MULTI_NODE_MULTI_WRITER"),
     ],
 )
@@ -165,7 +164,7 @@ def test_a_bad_create_is_invalid_argument_in_one_line_and_records_nothing(
     serve: Any, parameters: dict[str, str], capability: str | None, words: str
 ) -> None:
     plugin = serve()
-    caps = {None: mount(), "block": block(), "multi": mount(Mode.MULTI_NODE_MULTI_WRITER)}
+    caps = {None: mount(), "multi": mount(Mode.MULTI_NODE_MULTI_WRITER)}
     request = pb.CreateVolumeRequest(
         name="pvc-bad",
         capacity_range=pb.CapacityRange(required_bytes=1 << 20),
@@ -215,12 +214,20 @@ def test_validate_confirms_what_is_served_and_not_found_for_an_unknown_volume(
         )
     )
     assert list(ok.confirmed.volume_capabilities) == [mount()]
-    no = plugin.controller.ValidateVolumeCapabilities(
+    raw = plugin.controller.ValidateVolumeCapabilities(
         pb.ValidateVolumeCapabilitiesRequest(
             volume_id=volume.volume_id, volume_capabilities=[block()]
         )
     )
-    assert not no.HasField("confirmed") and "block" in no.message
+    assert list(raw.confirmed.volume_capabilities) == [block()]  # a block backend's device
+    shared = block()
+    shared.access_mode.mode = Mode.MULTI_NODE_MULTI_WRITER
+    no = plugin.controller.ValidateVolumeCapabilities(
+        pb.ValidateVolumeCapabilitiesRequest(
+            volume_id=volume.volume_id, volume_capabilities=[shared]
+        )
+    )
+    assert not no.HasField("confirmed") and "one node's" in no.message
     code, _ = refused(
         plugin.controller.ValidateVolumeCapabilities,
         pb.ValidateVolumeCapabilitiesRequest(
