@@ -61,6 +61,7 @@ from flexhub.backend import (
     NodeConfig,
     NodeRequirements,
     NoRoom,
+    PodInfo,
     Secrets,
     Volume,
     VolumeError,
@@ -241,6 +242,11 @@ class LoopfileBackend(BlockBackend, Provisioning):
         if any(part in ("", ".", "..") for part in parts):
             raise InvalidOptions(
                 f"option 'file' must not contain empty, '.' or '..' segments: {text}"
+            )
+        if parts[0] == _tenancy.SNAPSHOTS:
+            raise InvalidOptions(
+                f"option 'file' must not start with {_tenancy.SNAPSHOTS}/ (the loopfile "
+                f"root's snapshots): {text}"
             )
         if text.endswith(_NEW_SUFFIX):
             # the name of a file being created, which the root's account does not count
@@ -570,6 +576,88 @@ class LoopfileBackend(BlockBackend, Provisioning):
         text = self._relative(Volume(options=dict(options)))
         _tenancy.check_settings(self.node.settings)
         _provision.reclaim(self.node, self._root(), text, reclaim, self._room_lock)
+
+    snapshots = True
+
+    def snapshot(
+        self,
+        options: Mapping[str, str],
+        reclaim: Mapping[str, str],
+        name: str,
+        namespace: str,
+        secrets: Secrets,
+    ) -> dict[str, str]:
+        """On the node: copy the volume's file to the root's snapshots (see
+        :mod:`flexhub_loopfile._snapshot`): a reflink where the filesystem can, else a full
+        copy that keeps holes."""
+        from flexhub_loopfile import _snapshot
+
+        volume = Volume(options=dict(options), pod=PodInfo(namespace=namespace))
+        source, size = self._source(volume)
+        dest = _snapshot.snapshot_path(self._root(), name, namespace)
+        how = _snapshot.copy_into(self, source, dest, size)
+        return {
+            "file": str(dest.relative_to(self._root())),
+            "size": str(os.stat(dest).st_size),
+            "how": how,
+        }
+
+    def delete_snapshot(self, snapshot: Mapping[str, str], secrets: Secrets) -> None:
+        """On the node: remove the snapshot's file; gone is success."""
+        from flexhub_loopfile import _snapshot
+
+        _snapshot.delete(self._root(), snapshot.get("file", ""))
+
+    def restore(
+        self,
+        claim: Claim,
+        parameters: Mapping[str, str],
+        snapshot: Mapping[str, str],
+        secrets: Secrets,
+    ) -> Provisioned:
+        """On the node: the claim's file is made now, a copy of the snapshot's."""
+        relative = snapshot.get("file", "")
+        parts = relative.split("/")
+        if len(parts) != 3 or parts[0] != _tenancy.SNAPSHOTS:
+            raise VolumeError(f"{relative[:120]!r} is not a loopfile snapshot")
+        return self._copied(claim, parameters, self._root().joinpath(*parts))
+
+    def clone(
+        self,
+        claim: Claim,
+        parameters: Mapping[str, str],
+        options: Mapping[str, str],
+        namespace: str,
+        secrets: Secrets,
+    ) -> Provisioned:
+        """On the node: the claim's file is made now, a copy of the source volume's."""
+        volume = Volume(options=dict(options), pod=PodInfo(namespace=namespace))
+        return self._copied(claim, parameters, self._source(volume)[0])
+
+    def _source(self, volume: Volume) -> tuple[Path | None, int]:
+        """The volume's file, or ``None`` and its size when it was never mounted (so never
+        written: its copy is an empty file)."""
+        path = self._resolve(volume)
+        if path.is_file():
+            return path, 0
+        size = self._size(volume)
+        if size is None:
+            raise VolumeError(f"volume file {path} does not exist and has no size")
+        return None, _round_up(size)
+
+    def _copied(
+        self, claim: Claim, parameters: Mapping[str, str], source: Path | None
+    ) -> Provisioned:
+        from flexhub_loopfile import _snapshot
+
+        made = _provision.provision(claim, parameters)
+        dest = self._resolve(
+            Volume(options=dict(made.options), pod=PodInfo(namespace=claim.namespace))
+        )
+        how = _snapshot.copy_into(self, source, dest, made.size)
+        LOG.info("made %s from %s (%s)", dest, source, how)
+        size = os.stat(dest).st_size
+        return made.replace(size=size, options={**made.options, "size": str(size)})
 
     # --------------------------------------------------------------------------- helpers
 
