@@ -225,6 +225,12 @@ class Provisioning:
         when :attr:`expands_storage` is set."""
         raise NotSupported(f"{type(self).__name__} cannot expand storage")
 
+    def capacity(self, parameters: Mapping[str, str]) -> int:
+        """Optional (CSI ``GetCapacity``): the bytes a new volume of a class with
+        ``parameters`` can have now, where the backend knows (with ``reclaim_on = "node"``:
+        on the node this runs on). Read only: nothing is reserved."""
+        raise NotSupported(f"{type(self).__name__} does not know its capacity")
+
     # Optional, for the CSI controller's snapshots and clones (``snapshots = True``). With
     # ``reclaim_on = "node"`` every call runs on the volume's node.
 

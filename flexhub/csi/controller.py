@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import grpc
+from google.protobuf.wrappers_pb2 import Int64Value
 
 from flexhub.config import NodeConfig
 from flexhub.csi import TOPOLOGY_NODE_KEY
@@ -161,6 +162,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
                     rpc_type.CREATE_DELETE_SNAPSHOT,
                     rpc_type.LIST_SNAPSHOTS,
                     rpc_type.CLONE_VOLUME,
+                    rpc_type.GET_CAPACITY,
                 )
             ]
         )
@@ -437,6 +439,42 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
                 LOG.info("expanded %s to %d bytes", record.volume_id, size)
         return csi_pb2.ControllerExpandVolumeResponse(
             capacity_bytes=size, node_expansion_required=isinstance(backend, BlockBackend)
+        )
+
+    @rpc
+    def GetCapacity(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """The backend's ``capacity`` for the parameters' ``backend`` (none named: the sum
+        over the configured backends that know theirs). A node-local backend's room is this
+        node's: another node's topology is ``FAILED_PRECONDITION`` (run a controller per node,
+        external-provisioner's ``--node-deployment``)."""
+        from flexhub.errors import NotSupported
+        from flexhub.provisioning import NODE
+
+        parameters = {
+            k: v for k, v in request.parameters.items() if not k.startswith(_SIDECAR_PREFIX)
+        }
+        named = parameters.pop("backend", "")
+        node = request.accessible_topology.segments.get(TOPOLOGY_NODE_KEY, "")
+        total = 0
+        for name in [named] if named else sorted(self.config.backends):
+            try:
+                backend = self._backend(name)
+            except (CsiError, FlexhubError):
+                if named:
+                    raise
+                continue
+            if node and node != self.node_id and type(backend).reclaim_on == NODE:
+                raise CsiError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"the room of node {node!r} is measured by that node's plugin",
+                )
+            try:
+                total += int(backend.capacity(parameters))
+            except NotSupported:
+                if named:
+                    raise
+        return csi_pb2.GetCapacityResponse(
+            available_capacity=total, maximum_volume_size=Int64Value(value=total)
         )
 
     # -- snapshots ---------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def test_csi_sanity_loopfile(csi_sanity: Path, trusted_dir: Path, access: str) -
     assert not report.failed, "\n\n".join(f"{k}\n{v}" for k, v in report.failed.items())
     skips = read_skips()
     assert {k: v for k, v in report.skipped.items()} == {k: m for k, (m, _) in skips.items()}
-    assert len(report.passed) >= 67, report.summary()
+    assert len(report.passed) >= 68, report.summary()
     # every volume csi-sanity made was unstaged, released and deleted
     assert loops_backed_under(trusted_dir) == []
     assert not any((trusted_dir / "loopfiles").rglob("*.img"))

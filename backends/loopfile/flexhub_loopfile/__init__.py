@@ -577,6 +577,18 @@ class LoopfileBackend(BlockBackend, Provisioning):
         _tenancy.check_settings(self.node.settings)
         _provision.reclaim(self.node, self._root(), text, reclaim, self._room_lock)
 
+    def capacity(self, parameters: Mapping[str, str]) -> int:
+        """The node's room (:mod:`flexhub_loopfile._room`): what the root's filesystem can
+        hold times ``overcommit``, less what its files promise; for a preallocating class
+        also no more than is free now."""
+        _tenancy.check_settings(self.node.settings)
+        root = self._root()
+        room = _room.measure(root, root)
+        allowed = int(room.capacity * _tenancy.overcommit(self.node.settings)) - room.promised
+        if self._preallocate(parameters):
+            allowed = min(allowed, room.available)
+        return max(0, allowed)
+
     snapshots = True
 
     def snapshot(
