@@ -26,7 +26,7 @@ from flexhub.backend import BlockBackend
 from flexhub.config import NodeConfig
 from flexhub.csi import TOPOLOGY_NODE_KEY
 from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
-from flexhub.csi.rawpublish import publish_raw
+from flexhub.csi.rawpublish import publish_raw, refuse_while_published
 from flexhub.csi.records import StagedContexts
 from flexhub.csi.status import CsiError, InFlight, rpc
 from flexhub.csi.volumes import flexhub_volume, invalid, is_block
@@ -138,6 +138,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
 
         with self.in_flight.hold(volume_id):
             node = self._node()
+            refuse_while_published(node, volume_id, staging)
             note = unmount_volume(node, staging, backend_factory(self.config))
             self.staged.delete(staging)
             LOG.info("unstaged %s from %s%s", volume_id, staging, f" ({note})" if note else "")

@@ -20,7 +20,7 @@ import grpc
 from flexhub.csi.proto import csi_pb2
 from flexhub.csi.status import CsiError
 
-__all__ = ["publish_raw"]
+__all__ = ["publish_raw", "refuse_while_published"]
 
 LOG = logging.getLogger(__name__)
 
@@ -101,3 +101,18 @@ def publish_raw(node: Any, volume_id: str, staging: Path, target: Path, request:
                 target.unlink()
         raise
     LOG.info("published %s (%s) on %s", volume_id, device, target)
+
+
+def refuse_while_published(node: Any, volume_id: str, staging: Path) -> None:
+    """A raw block volume is not released while its device node is bound on a target: the
+    release's exclusive open does not see a bind (it is no open), and the pod would be left
+    with the node of a detached device (``FAILED_PRECONDITION``; unpublish first)."""
+    from flexhub.node.rawblock import raw_device
+
+    device = raw_device(node, staging)
+    bound = _binds_of(node, device) if device is not None else []
+    if bound:
+        raise CsiError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"volume {volume_id} is still published on {bound[0]} (NodeUnpublishVolume first)",
+        )

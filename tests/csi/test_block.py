@@ -143,8 +143,13 @@ def test_a_raw_block_volume_keeps_what_was_written_through_it(trusted_dir: Path)
         finally:
             os.close(fd)
         assert read(second, MiB, 3 * MiB) == data
-        unpublish(second)
         unstage = pb.NodeUnstageVolumeRequest(volume_id=volume_id, staging_target_path=str(stage))
+        with pytest.raises(grpc.RpcError) as published:  # the device stays while bound
+            node.NodeUnstageVolume(unstage)
+        assert published.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert str(second) in (published.value.details() or "")
+        assert read(second, MiB, 3 * MiB) == data
+        unpublish(second)
         node.NodeUnstageVolume(unstage)
         node.NodeUnstageVolume(unstage)  # idempotent
         assert loops_backed_under(trusted_dir) == []

@@ -233,10 +233,33 @@ def test_a_restored_snapshot_and_a_clone_hold_the_source_s_bytes(
     assert not list((trusted_dir / "state" / "csi").rglob("*.json"))
 
 
-def test_a_volume_cannot_name_a_snapshot_file() -> None:
+def test_no_volume_can_name_or_adopt_a_snapshot_file(tmp_path: Path) -> None:
+    """Without isolation a ``file`` under ``snapshots/`` is refused; with it, the namespace's
+    own ``snapshots/...`` is just a file of its area, and the root's snapshot is never
+    adopted (moved) into it as a pre-isolation file."""
     from flexhub_loopfile import LoopfileBackend
 
-    from flexhub.backend import InvalidOptions, Volume
+    from flexhub.backend import InvalidOptions, PodInfo, Volume
+    from flexhub.config import NodeConfig
+    from flexhub.node import Node as FlexNode
 
+    root = tmp_path / "loopfiles"
+    snap = root / "snapshots" / "team-a" / "snap-1.img"
+    snap.parent.mkdir(parents=True)
+    snap.write_bytes(b"secret data")
+
+    def backend(isolation: str) -> LoopfileBackend:
+        table = {"root": str(root), "isolation": isolation}
+        config = NodeConfig(state_dir=tmp_path / "state", backends={"loopfile": table})
+        return LoopfileBackend(FlexNode(config, backend="loopfile"))
+
+    name = "snapshots/team-a/snap-1.img"
+    shared = Volume(options={"backend": "loopfile", "file": name})
     with pytest.raises(InvalidOptions, match="snapshots"):
-        LoopfileBackend._relative(Volume(options={"file": "snapshots/default/snap-x.img"}))
+        backend("none")._resolve(shared)
+    isolated = backend("namespace")
+    volume = Volume(options={"backend": "loopfile", "file": name}, pod=PodInfo(namespace="b"))
+    path = isolated._resolve(volume)
+    assert path == root / "namespaces" / "b" / name
+    assert isolated._legacy(volume, path) is None
+    assert snap.read_bytes() == b"secret data"

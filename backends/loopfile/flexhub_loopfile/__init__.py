@@ -61,13 +61,13 @@ from flexhub.backend import (
     NodeConfig,
     NodeRequirements,
     NoRoom,
-    PodInfo,
     Secrets,
     Volume,
     VolumeError,
 )
 from flexhub.provisioning import Claim, Provisioned, Provisioning
 from flexhub_loopfile import _loop, _provision, _room, _tenancy
+from flexhub_loopfile._copies import Copies
 from flexhub_loopfile._quantity import parse_quantity
 
 __all__ = ["DEFAULT_ROOT", "LoopfileBackend"]
@@ -179,7 +179,7 @@ def _root_of(settings: Mapping[str, Any]) -> Path:
     return root
 
 
-class LoopfileBackend(BlockBackend, Provisioning):
+class LoopfileBackend(BlockBackend, Copies, Provisioning):
     """Block volumes backed by files under the node's loopfile root; StorageClasses make one
     file per claim on the node its pod is scheduled on (:mod:`flexhub_loopfile._provision`)."""
 
@@ -243,11 +243,6 @@ class LoopfileBackend(BlockBackend, Provisioning):
             raise InvalidOptions(
                 f"option 'file' must not contain empty, '.' or '..' segments: {text}"
             )
-        if parts[0] == _tenancy.SNAPSHOTS:
-            raise InvalidOptions(
-                f"option 'file' must not start with {_tenancy.SNAPSHOTS}/ (the loopfile "
-                f"root's snapshots): {text}"
-            )
         if text.endswith(_NEW_SUFFIX):
             # the name of a file being created, which the root's account does not count
             raise InvalidOptions(f"option 'file' must not end with {_NEW_SUFFIX}: {text}")
@@ -272,6 +267,11 @@ class LoopfileBackend(BlockBackend, Provisioning):
         """
         text = self._relative(volume)
         base = self._base(volume)
+        if base == self._root() and text.split("/", 1)[0] == _tenancy.SNAPSHOTS:
+            raise InvalidOptions(
+                f"option 'file' must not start with {_tenancy.SNAPSHOTS}/ (the loopfile "
+                f"root's snapshots): {text}"
+            )
         return self._inside(base, text)
 
     @staticmethod
@@ -310,13 +310,17 @@ class LoopfileBackend(BlockBackend, Provisioning):
             return None
         root = self._root()
         text = self._relative(volume)
-        if text.split("/", 1)[0] == _tenancy.AREA:
+        if text.split("/", 1)[0] in (_tenancy.AREA, _tenancy.SNAPSHOTS):
             return None
         try:
             legacy = self._inside(root, text)
         except InvalidOptions:
             return None
-        if legacy.is_relative_to(root / _tenancy.AREA) or not legacy.is_file():
+        if (
+            legacy.is_relative_to(root / _tenancy.AREA)
+            or legacy.is_relative_to(root / _tenancy.SNAPSHOTS)
+            or not legacy.is_file()
+        ):
             return None
         return legacy
 
@@ -576,100 +580,6 @@ class LoopfileBackend(BlockBackend, Provisioning):
         text = self._relative(Volume(options=dict(options)))
         _tenancy.check_settings(self.node.settings)
         _provision.reclaim(self.node, self._root(), text, reclaim, self._room_lock)
-
-    def capacity(self, parameters: Mapping[str, str]) -> int:
-        """The node's room (:mod:`flexhub_loopfile._room`): what the root's filesystem can
-        hold times ``overcommit``, less what its files promise; for a preallocating class
-        also no more than is free now."""
-        _tenancy.check_settings(self.node.settings)
-        root = self._root()
-        room = _room.measure(root, root)
-        allowed = int(room.capacity * _tenancy.overcommit(self.node.settings)) - room.promised
-        if self._preallocate(parameters):
-            allowed = min(allowed, room.available)
-        return max(0, allowed)
-
-    snapshots = True
-
-    def snapshot(
-        self,
-        options: Mapping[str, str],
-        reclaim: Mapping[str, str],
-        name: str,
-        namespace: str,
-        secrets: Secrets,
-    ) -> dict[str, str]:
-        """On the node: copy the volume's file to the root's snapshots (see
-        :mod:`flexhub_loopfile._snapshot`): a reflink where the filesystem can, else a full
-        copy that keeps holes."""
-        from flexhub_loopfile import _snapshot
-
-        volume = Volume(options=dict(options), pod=PodInfo(namespace=namespace))
-        source, size = self._source(volume)
-        dest = _snapshot.snapshot_path(self._root(), name, namespace)
-        how = _snapshot.copy_into(self, source, dest, size)
-        return {
-            "file": str(dest.relative_to(self._root())),
-            "size": str(os.stat(dest).st_size),
-            "how": how,
-        }
-
-    def delete_snapshot(self, snapshot: Mapping[str, str], secrets: Secrets) -> None:
-        """On the node: remove the snapshot's file; gone is success."""
-        from flexhub_loopfile import _snapshot
-
-        _snapshot.delete(self._root(), snapshot.get("file", ""))
-
-    def restore(
-        self,
-        claim: Claim,
-        parameters: Mapping[str, str],
-        snapshot: Mapping[str, str],
-        secrets: Secrets,
-    ) -> Provisioned:
-        """On the node: the claim's file is made now, a copy of the snapshot's."""
-        relative = snapshot.get("file", "")
-        parts = relative.split("/")
-        if len(parts) != 3 or parts[0] != _tenancy.SNAPSHOTS:
-            raise VolumeError(f"{relative[:120]!r} is not a loopfile snapshot")
-        return self._copied(claim, parameters, self._root().joinpath(*parts))
-
-    def clone(
-        self,
-        claim: Claim,
-        parameters: Mapping[str, str],
-        options: Mapping[str, str],
-        namespace: str,
-        secrets: Secrets,
-    ) -> Provisioned:
-        """On the node: the claim's file is made now, a copy of the source volume's."""
-        volume = Volume(options=dict(options), pod=PodInfo(namespace=namespace))
-        return self._copied(claim, parameters, self._source(volume)[0])
-
-    def _source(self, volume: Volume) -> tuple[Path | None, int]:
-        """The volume's file, or ``None`` and its size when it was never mounted (so never
-        written: its copy is an empty file)."""
-        path = self._resolve(volume)
-        if path.is_file():
-            return path, 0
-        size = self._size(volume)
-        if size is None:
-            raise VolumeError(f"volume file {path} does not exist and has no size")
-        return None, _round_up(size)
-
-    def _copied(
-        self, claim: Claim, parameters: Mapping[str, str], source: Path | None
-    ) -> Provisioned:
-        from flexhub_loopfile import _snapshot
-
-        made = _provision.provision(claim, parameters)
-        dest = self._resolve(
-            Volume(options=dict(made.options), pod=PodInfo(namespace=claim.namespace))
-        )
-        how = _snapshot.copy_into(self, source, dest, made.size)
-        LOG.info("made %s from %s (%s)", dest, source, how)
-        size = os.stat(dest).st_size
-        return made.replace(size=size, options={**made.options, "size": str(size)})
 
     # --------------------------------------------------------------------------- helpers
 

@@ -3,7 +3,8 @@
 A snapshot is a copy of the volume's backing file at ``<root>/snapshots/<namespace>/
 snap-<uid>.img`` (0600, root's). No volume's ``file`` option can name it: with isolation a
 ``file`` is resolved in its namespace's area (``<root>/namespaces/<ns>/``), and without it a
-``file`` (or a class's ``directory``) starting with ``snapshots/`` is refused.
+``file`` (or a class's ``directory``) starting with ``snapshots/`` is refused; nor is a
+snapshot ever adopted into a namespace's area as a pre-isolation file.
 
 The copy is a reflink (``FICLONE``: btrfs, and xfs with ``reflink=1`` on a device whose sectors
 are as large as its blocks, see :func:`reflink_safe`): instant, sharing blocks until either side
