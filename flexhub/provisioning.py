@@ -164,6 +164,9 @@ class Provisioning:
     expands_storage: ClassVar[bool] = False
     #: The ``onDelete`` values the backend honours (``delete`` is always one).
     on_delete: ClassVar[frozenset[str]] = frozenset({"delete", "retain"})
+    #: Whether the backend implements :meth:`snapshot`, :meth:`delete_snapshot`,
+    #: :meth:`restore` and :meth:`clone` (served by the CSI controller only).
+    snapshots: ClassVar[bool] = False
 
     @classmethod
     def parameters_schema(cls) -> dict[str, Any]:
@@ -221,3 +224,57 @@ class Provisioning:
         """Grow the storage to at least ``new_size`` bytes; return the new size. Only called
         when :attr:`expands_storage` is set."""
         raise NotSupported(f"{type(self).__name__} cannot expand storage")
+
+    def capacity(self, parameters: Mapping[str, str]) -> int:
+        """Optional (CSI ``GetCapacity``): the bytes a new volume of a class with
+        ``parameters`` can have now, where the backend knows (with ``reclaim_on = "node"``:
+        on the node this runs on). Read only: nothing is reserved."""
+        raise NotSupported(f"{type(self).__name__} does not know its capacity")
+
+    # Optional, for the CSI controller's snapshots and clones (``snapshots = True``). With
+    # ``reclaim_on = "node"`` every call runs on the volume's node.
+
+    def snapshot(
+        self,
+        options: Mapping[str, str],
+        reclaim: Mapping[str, str],
+        name: str,
+        namespace: str,
+        secrets: Secrets,
+    ) -> dict[str, str]:
+        """Copy the volume's data as it is now into a snapshot called ``name``
+        (``snap-<uid>``), kept where no volume's options can reach it; idempotent (the same
+        ``name`` again returns what the first call made).
+
+        :returns: the snapshot's record (strings, never a secret), given back to
+            :meth:`restore` and :meth:`delete_snapshot`: ``size`` (bytes) is required, ``how``
+            says how the data was copied (shown in the reply's log).
+        """
+        raise NotSupported(f"{type(self).__name__} cannot make snapshots")
+
+    def delete_snapshot(self, snapshot: Mapping[str, str], secrets: Secrets) -> None:
+        """Delete a snapshot :meth:`snapshot` made; gone already is success."""
+        raise NotSupported(f"{type(self).__name__} cannot delete snapshots")
+
+    def restore(
+        self,
+        claim: Claim,
+        parameters: Mapping[str, str],
+        snapshot: Mapping[str, str],
+        secrets: Secrets,
+    ) -> Provisioned:
+        """:meth:`provision` for ``claim`` with the snapshot's data (byte for byte, grown to
+        ``claim.size`` when larger); idempotent as :meth:`provision`."""
+        raise NotSupported(f"{type(self).__name__} cannot restore snapshots")
+
+    def clone(
+        self,
+        claim: Claim,
+        parameters: Mapping[str, str],
+        options: Mapping[str, str],
+        namespace: str,
+        secrets: Secrets,
+    ) -> Provisioned:
+        """:meth:`provision` for ``claim`` with a copy of the data of the volume of
+        ``options`` (in ``namespace``); idempotent as :meth:`provision`."""
+        raise NotSupported(f"{type(self).__name__} cannot clone volumes")

@@ -20,11 +20,19 @@ from collections.abc import Mapping
 from typing import Any
 
 import grpc
+from google.protobuf.wrappers_pb2 import Int64Value
 
 from flexhub.config import NodeConfig
 from flexhub.csi import TOPOLOGY_NODE_KEY
 from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
 from flexhub.csi.records import VolumeRecord, VolumeRecords
+from flexhub.csi.snapshots import (
+    SnapshotRecords,
+    new_record,
+    snapshot_message,
+    snapshot_uid,
+    uid_of_snapshot,
+)
 from flexhub.csi.status import CsiError, InFlight, rpc
 from flexhub.csi.volumes import (
     CONTEXT_FS_TYPE,
@@ -84,6 +92,33 @@ def _fits(size: int, capacity_range: Any) -> bool:
     return size >= required and (not limit or size <= limit)
 
 
+def _resized(record: VolumeRecord, size: int) -> VolumeRecord:
+    fields = record.to_json()
+    fields["size"] = size
+    return VolumeRecord(**fields)
+
+
+class _Source:
+    """The content source of a CreateVolume: a snapshot record or a volume record."""
+
+    def __init__(
+        self,
+        backend: str,
+        node: str,
+        size: int,
+        *,
+        snapshot: dict[str, Any] | None = None,
+        volume: VolumeRecord | None = None,
+    ) -> None:
+        self.backend, self.node, self.size = backend, node, size
+        self.snapshot, self.volume = snapshot, volume
+        self.what = (
+            f"snapshot {snapshot['snapshot_id']}"
+            if snapshot
+            else f"volume {volume and volume.volume_id}"
+        )
+
+
 class ControllerService(csi_pb2_grpc.ControllerServicer):
     """Controller RPCs for every backend that provisions (mixes in ``Provisioning``)."""
 
@@ -91,6 +126,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         self.config = config
         self.node_id = node_id
         self.records = VolumeRecords(config.state_dir)
+        self.snapshots = SnapshotRecords(config.state_dir)
         self.in_flight = InFlight()
 
     def _backend(self, name: str) -> Any:
@@ -123,6 +159,10 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
                     rpc_type.CREATE_DELETE_VOLUME,
                     rpc_type.LIST_VOLUMES,
                     rpc_type.EXPAND_VOLUME,
+                    rpc_type.CREATE_DELETE_SNAPSHOT,
+                    rpc_type.LIST_SNAPSHOTS,
+                    rpc_type.CLONE_VOLUME,
+                    rpc_type.GET_CAPACITY,
                 )
             ]
         )
@@ -134,9 +174,13 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
             raise invalid("name is required")
         if not request.volume_capabilities:
             raise invalid("volume_capabilities is required")
-        if request.HasField("volume_content_source"):
-            raise invalid("volume content sources (snapshots, clones) are not supported yet")
-        size = _size(request.capacity_range)
+        source = (
+            self._content_source(request.volume_content_source)
+            if request.HasField("volume_content_source")
+            else None
+        )
+        unsized = not (request.capacity_range.required_bytes or request.capacity_range.limit_bytes)
+        size = source.size if source is not None and unsized else _size(request.capacity_range)
         parameters = {
             k: v for k, v in request.parameters.items() if not k.startswith(_SIDECAR_PREFIX)
         }
@@ -164,6 +208,8 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
                     raise invalid(reason)
             modes = sorted({_ACCESS_MODES[c.access_mode.mode] for c in request.volume_capabilities})
             node = self._node_of(request.accessibility_requirements)
+            if source is not None:
+                node = self._check_source(source, backend, spec.backend, size)
             # external-provisioner passes the claim's namespace with --extra-create-metadata;
             # without it the claim is taken as the default namespace's
             namespace = request.parameters.get(f"{_SIDECAR_PREFIX}pvc/namespace") or "default"
@@ -175,7 +221,17 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
                 access_modes=tuple(modes),
                 selected_node=node,
             )
-            made = backend.provision(claim, spec.parameters, secrets_of(request.secrets))
+            secrets = secrets_of(request.secrets)
+            if source is None:
+                made = backend.provision(claim, spec.parameters, secrets)
+            elif source.snapshot is not None:
+                made = backend.restore(claim, spec.parameters, source.snapshot["record"], secrets)
+            else:
+                assert source.volume is not None
+                volume = source.volume
+                made = backend.clone(
+                    claim, spec.parameters, volume.options, volume.namespace, secrets
+                )
             if not _fits(made.size, request.capacity_range):
                 raise CsiError(
                     grpc.StatusCode.OUT_OF_RANGE,
@@ -194,8 +250,62 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
                 node=made.node,
             )
             self.records.put(uid, record)
-            LOG.info("created %s (%s, %d bytes)", record.volume_id, name, record.size)
-            return csi_pb2.CreateVolumeResponse(volume=self._volume(record))
+            LOG.info(
+                "created %s (%s, %d bytes%s)",
+                record.volume_id,
+                name,
+                record.size,
+                f", from {source.what}" if source is not None else "",
+            )
+            volume = self._volume(record)
+            if source is not None:
+                volume.content_source.CopyFrom(request.volume_content_source)
+            return csi_pb2.CreateVolumeResponse(volume=volume)
+
+    def _content_source(self, given: Any) -> _Source:
+        """The snapshot or volume a volume is made from (``NOT_FOUND`` when unknown)."""
+        kind = given.WhichOneof("type")
+        if kind == "snapshot":
+            wanted = given.snapshot.snapshot_id
+            uid = uid_of_snapshot(wanted)
+            snapshot = self.snapshots.get(uid) if uid else None
+            if snapshot is None or snapshot["snapshot_id"] != wanted:
+                raise CsiError(grpc.StatusCode.NOT_FOUND, f"no snapshot {wanted[:200]!r}")
+            return _Source(
+                snapshot["backend"], snapshot["node"], int(snapshot["size"]), snapshot=snapshot
+            )
+        if kind == "volume":
+            wanted = given.volume.volume_id
+            uid = _uid_of(wanted)
+            volume = self.records.get(uid) if uid else None
+            if volume is None or volume.volume_id != wanted:
+                raise CsiError(grpc.StatusCode.NOT_FOUND, f"no volume {wanted[:200]!r}")
+            return _Source(volume.backend, volume.node, volume.size, volume=volume)
+        raise invalid("volume_content_source names neither a snapshot nor a volume")
+
+    def _check_source(self, source: _Source, backend: Any, name: str, size: int) -> str:
+        """The node a volume made from ``source`` lives on (the source's, for node-local
+        backends), after the checks: same backend, snapshots served, room for the data."""
+        if source.backend != name:
+            raise invalid(f"the content source is a {source.backend} volume, not {name}")
+        if not type(backend).snapshots:
+            raise invalid(f"backend {name} cannot restore snapshots or clone volumes")
+        if size < source.size:
+            raise CsiError(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"{size} bytes asked, less than the {source.size} of {source.what}",
+            )
+        self._on_its_node(backend, source.node, source.what)
+        return source.node or self.node_id
+
+    def _on_its_node(self, backend: Any, node: str, what: str) -> None:
+        from flexhub.provisioning import NODE
+
+        if type(backend).reclaim_on == NODE and node != self.node_id:
+            raise CsiError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{what} lives on node {node!r}: only that node's plugin can use it",
+            )
 
     def _existing(self, record: VolumeRecord, request: Any, parameters: Mapping[str, str]) -> Any:
         if dict(record.parameters) != parameters:
@@ -331,8 +441,137 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
             capacity_bytes=size, node_expansion_required=isinstance(backend, BlockBackend)
         )
 
+    @rpc
+    def GetCapacity(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """The backend's ``capacity`` for the parameters' ``backend`` (none named: the sum
+        over the configured backends that know theirs). A node-local backend's room is this
+        node's: another node's topology is ``FAILED_PRECONDITION`` (run a controller per node,
+        external-provisioner's ``--node-deployment``)."""
+        from flexhub.errors import NotSupported
+        from flexhub.provisioning import NODE
 
-def _resized(record: VolumeRecord, size: int) -> VolumeRecord:
-    fields = record.to_json()
-    fields["size"] = size
-    return VolumeRecord(**fields)
+        parameters = {
+            k: v for k, v in request.parameters.items() if not k.startswith(_SIDECAR_PREFIX)
+        }
+        named = parameters.pop("backend", "")
+        node = request.accessible_topology.segments.get(TOPOLOGY_NODE_KEY, "")
+        total = 0
+        for name in [named] if named else sorted(self.config.backends):
+            try:
+                backend = self._backend(name)
+            except (CsiError, FlexhubError):
+                if named:
+                    raise
+                continue
+            if node and node != self.node_id and type(backend).reclaim_on == NODE:
+                raise CsiError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"the room of node {node!r} is measured by that node's plugin",
+                )
+            try:
+                total += int(backend.capacity(parameters))
+            except NotSupported:
+                if named:
+                    raise
+        return csi_pb2.GetCapacityResponse(
+            available_capacity=total, maximum_volume_size=Int64Value(value=total)
+        )
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    @rpc
+    def CreateSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if not request.name:
+            raise invalid("name is required")
+        if not request.source_volume_id:
+            raise invalid("source_volume_id is required")
+        uid = snapshot_uid(request.name)
+        with self.in_flight.hold(uid):
+            existing = self.snapshots.get(uid)
+            if existing is not None:
+                if existing["source_volume_id"] != request.source_volume_id:
+                    raise CsiError(
+                        grpc.StatusCode.ALREADY_EXISTS,
+                        f"snapshot {request.name[:200]!r} exists of another volume",
+                    )
+                return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(existing))
+            vuid = _uid_of(request.source_volume_id)
+            source = self.records.get(vuid) if vuid else None
+            if source is None or source.volume_id != request.source_volume_id:
+                raise CsiError(
+                    grpc.StatusCode.NOT_FOUND, f"no volume {request.source_volume_id[:200]!r}"
+                )
+            backend = self._backend(source.backend)
+            if not type(backend).snapshots:
+                raise invalid(f"backend {source.backend} cannot make snapshots")
+            self._on_its_node(backend, source.node, f"volume {source.volume_id}")
+            with self.in_flight.hold(vuid):
+                made = backend.snapshot(
+                    source.options,
+                    source.reclaim,
+                    f"snap-{uid}",
+                    source.namespace,
+                    secrets_of(request.secrets),
+                )
+            record = new_record(request.name, uid, source, dict(made), source.node)
+            self.snapshots.put(uid, record)
+            LOG.info(
+                "snapshot %s of %s: %d bytes, %s",
+                record["snapshot_id"],
+                source.volume_id,
+                record["size"],
+                made.get("how", "copied"),
+            )
+            return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(record))
+
+    @rpc
+    def DeleteSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if not request.snapshot_id:
+            raise invalid("snapshot_id is required")
+        uid = uid_of_snapshot(request.snapshot_id)
+        if not uid:
+            LOG.info("%s was never made here: nothing to delete", request.snapshot_id[:200])
+            return csi_pb2.DeleteSnapshotResponse()
+        with self.in_flight.hold(uid):
+            record = self.snapshots.get(uid)
+            if record is None or record["snapshot_id"] != request.snapshot_id:
+                return csi_pb2.DeleteSnapshotResponse()
+            backend = self._backend(record["backend"])
+            self._on_its_node(backend, record["node"], f"snapshot {record['snapshot_id']}")
+            backend.delete_snapshot(record["record"], secrets_of(request.secrets))
+            self.snapshots.delete(uid)
+            LOG.info("deleted snapshot %s", record["snapshot_id"])
+        return csi_pb2.DeleteSnapshotResponse()
+
+    @rpc
+    def ListSnapshots(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """The snapshots this controller made, by uid, paged as ``ListVolumes``; filtered
+        by ``snapshot_id`` or ``source_volume_id`` (an unknown one: an empty list)."""
+        if request.max_entries < 0:
+            raise invalid("max_entries must not be negative")
+        token = request.starting_token
+        if token and not _UID_SHAPE.fullmatch(token):
+            raise CsiError(grpc.StatusCode.ABORTED, f"starting_token {token[:80]!r} is not ours")
+        if request.snapshot_id:
+            one = uid_of_snapshot(request.snapshot_id)
+            uids = [one] if one and one > token else []
+        else:
+            uids = [u for u in self.snapshots.uids() if u > token]
+        records = []
+        for uid in uids:
+            record = self.snapshots.get(uid)
+            if record is None:
+                continue
+            if request.snapshot_id and record["snapshot_id"] != request.snapshot_id:
+                continue
+            if request.source_volume_id and record["source_volume_id"] != request.source_volume_id:
+                continue
+            records.append((uid, record))
+        page = records[: request.max_entries] if request.max_entries else records
+        more = request.max_entries and len(records) > len(page)
+        return csi_pb2.ListSnapshotsResponse(
+            entries=[
+                csi_pb2.ListSnapshotsResponse.Entry(snapshot=snapshot_message(r)) for _, r in page
+            ],
+            next_token=page[-1][0] if more else "",
+        )

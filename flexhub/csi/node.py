@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from flexhub.backend import BlockBackend
 from flexhub.config import NodeConfig
 from flexhub.csi import TOPOLOGY_NODE_KEY
 from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
+from flexhub.csi.rawpublish import publish_raw, refuse_while_published
 from flexhub.csi.records import StagedContexts
 from flexhub.csi.status import CsiError, InFlight, rpc
-from flexhub.csi.volumes import flexhub_volume, invalid
+from flexhub.csi.volumes import flexhub_volume, invalid, is_block
 
 __all__ = ["NodeService"]
 
@@ -104,14 +107,27 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             if not staging.is_dir():
                 raise invalid(f"staging_target_path {staging} is not a directory")
             self.staged.put(staging, volume_id, request.volume_context)
+            raw = is_block(request.volume_capability)
             try:
-                mount_volume(node, backend, staging, volume)
+                if raw:
+                    from flexhub.node.rawblock import attach_raw
+
+                    assert isinstance(backend, BlockBackend)  # check_capability said so
+                    attach_raw(node, backend, staging, volume)
+                else:
+                    mount_volume(node, backend, staging, volume)
             except BaseException:
-                if not node.mounts.is_mount_point(staging):  # rolled back: nothing staged
+                if not self._staged_here(node, staging):  # rolled back: nothing staged
                     self.staged.delete(staging)
                 raise
-            LOG.info("staged %s on %s", volume_id, staging)
+            LOG.info("staged %s on %s%s", volume_id, staging, " (raw block)" if raw else "")
         return csi_pb2.NodeStageVolumeResponse()
+
+    @staticmethod
+    def _staged_here(node: Any, staging: Path) -> bool:
+        from flexhub.node.rawblock import raw_device
+
+        return bool(node.mounts.is_mount_point(staging) or raw_device(node, staging))
 
     @rpc
     def NodeUnstageVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -122,6 +138,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
 
         with self.in_flight.hold(volume_id):
             node = self._node()
+            refuse_while_published(node, volume_id, staging)
             note = unmount_volume(node, staging, backend_factory(self.config))
             self.staged.delete(staging)
             LOG.info("unstaged %s from %s%s", volume_id, staging, f" ({note})" if note else "")
@@ -140,6 +157,10 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         reason = check_capability(request.volume_capability)
         if reason:
             raise invalid(reason)
+        if is_block(request.volume_capability):
+            with self.in_flight.hold(volume_id):
+                publish_raw(self._node(), volume_id, staging, target, request)
+            return csi_pb2.NodePublishVolumeResponse()
         with self.in_flight.hold(volume_id):
             node = self._node()
             staged = node.mounts.at(staging)
@@ -201,7 +222,10 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             node = self._node()
             node.unmount(target)
             try:
-                target.rmdir()
+                if target.is_dir() or not target.exists():
+                    target.rmdir()
+                else:  # the file a raw block volume was bound on
+                    target.unlink()
             except FileNotFoundError:
                 pass
             except OSError as exc:
@@ -249,9 +273,18 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                 ),
             )
         )
+        from flexhub.node.rawblock import expand_raw, raw_device
         from flexhub.node.volumes import expand_volume
 
         with self.in_flight.hold(volume_id):
+            if raw_device(node, staging) is not None:
+                block = csi_pb2.VolumeCapability(access_mode=capability.access_mode)
+                block.block.SetInParent()
+                volume, backend, node = flexhub_volume(found[1], block, {}, self.config)
+                assert isinstance(backend, BlockBackend)  # check_capability said so
+                expand_raw(node, backend, staging, volume, new_size)
+                LOG.info("expanded raw %s to %d bytes", volume_id, new_size)
+                return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=new_size)
             volume, backend, node = flexhub_volume(found[1], capability, {}, self.config)
             expand_volume(node, backend, staging, volume, new_size)
             LOG.info("expanded %s to %d bytes", volume_id, new_size)
@@ -266,10 +299,16 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             raise CsiError(
                 grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not mounted on {path}"
             )
+        unit = csi_pb2.VolumeUsage.Unit
+        if stat.S_ISBLK(os.stat(path).st_mode):  # a raw block volume: its size, no usage
+            from flexhub.node.rawblock import device_size
+
+            return csi_pb2.NodeGetVolumeStatsResponse(
+                usage=[csi_pb2.VolumeUsage(unit=unit.BYTES, total=device_size(str(path)))]
+            )
         if node.is_corrupted(path):
             raise CsiError(grpc.StatusCode.INTERNAL, f"{path} is a stale or broken mount")
         st = os.statvfs(path)
-        unit = csi_pb2.VolumeUsage.Unit
         return csi_pb2.NodeGetVolumeStatsResponse(
             usage=[
                 csi_pb2.VolumeUsage(

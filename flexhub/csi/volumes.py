@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from flexhub.backend import Backend, FilesystemBackend
+from flexhub.backend import Backend, BlockBackend, FilesystemBackend
 from flexhub.config import NodeConfig
 from flexhub.csi.proto import csi_pb2
 from flexhub.csi.status import CsiError
@@ -31,6 +31,7 @@ __all__ = [
     "backend_class",
     "check_capability",
     "flexhub_volume",
+    "is_block",
     "secrets_of",
 ]
 
@@ -83,14 +84,22 @@ def backend_class(name: str, config: NodeConfig) -> type[Backend]:
     return cls
 
 
+def is_block(capability: Any) -> bool:
+    """Whether the capability asks for a raw block volume (access type ``block``)."""
+    return bool(capability.WhichOneof("access_type") == "block")
+
+
 def check_capability(capability: Any, cls: type[Backend] | None = None) -> str:
     """Refuse a capability flexhub cannot serve; return the reason (``""``: supported).
 
-    Raw block volumes are not served yet; several nodes only for filesystem backends.
+    Raw block volumes (access type ``block``) only for block backends; several nodes only
+    for filesystem backends.
     """
-    if capability.WhichOneof("access_type") == "block":
-        return "raw block volumes (access type block) are not supported yet"
-    if capability.WhichOneof("access_type") != "mount":
+    access = capability.WhichOneof("access_type")
+    if access == "block":
+        if cls is not None and not issubclass(cls, BlockBackend):
+            return f"raw block volumes (access type block): a {cls.__name__} volume has no device"
+    elif access != "mount":
         return "the volume capability has no access type (mount or block)"
     mode = capability.access_mode.mode
     if mode in SINGLE_NODE:

@@ -5,6 +5,7 @@ and nothing is left: no mount, no loop device, no file, no record."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +46,50 @@ def mounted_under(path: Path) -> list[str]:
     ]
 
 
+BLOCK = pb.VolumeCapability(
+    block=pb.VolumeCapability.BlockVolume(),
+    access_mode=pb.VolumeCapability.AccessMode(
+        mode=pb.VolumeCapability.AccessMode.Mode.SINGLE_NODE_WRITER
+    ),
+)
+#: A raw block stage neither formats nor mounts nor binds.
+RAW_CHECKPOINTS = tuple(c for c in CHECKPOINTS if c not in ("staged", "bound"))
+
+
+def _keep(target: Path, raw: bool) -> None:
+    if raw:
+        fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.pwrite(fd, b"kept", 1 << 20)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    else:
+        (target / "data").write_text("kept")
+
+
+def _kept(target: Path, raw: bool) -> bool:
+    if raw:
+        fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return os.pread(fd, 4, 1 << 20) == b"kept"
+        finally:
+            os.close(fd)
+    return (target / "data").read_text() == "kept"
+
+
 @pytest.mark.parametrize(
-    ("phase", "at"),
-    [("stage", c) for c in CHECKPOINTS] + [("unstage", c) for c in UNMOUNT_CHECKPOINTS],
+    ("access", "phase", "at"),
+    [("mount", "stage", c) for c in CHECKPOINTS]
+    + [("mount", "unstage", c) for c in UNMOUNT_CHECKPOINTS]
+    + [("block", "stage", c) for c in RAW_CHECKPOINTS]
+    + [("block", "unstage", c) for c in UNMOUNT_CHECKPOINTS],
 )
 def test_a_plugin_killed_at_a_checkpoint_converges_on_the_retried_call(
-    trusted_dir: Path, phase: str, at: str
+    trusted_dir: Path, access: str, phase: str, at: str
 ) -> None:
+    raw = access == "block"
+    capability = BLOCK if raw else CAPABILITY
     config = node_config(trusted_dir)
     endpoint, log = trusted_dir / "csi.sock", trusted_dir / "plugin.log"
     stage, target = trusted_dir / "stage", trusted_dir / "pod" / "mount"
@@ -62,7 +100,7 @@ def test_a_plugin_killed_at_a_checkpoint_converges_on_the_retried_call(
         return pb.NodeStageVolumeRequest(
             volume_id=volume.volume_id,
             staging_target_path=str(stage),
-            volume_capability=CAPABILITY,
+            volume_capability=capability,
             volume_context=volume.volume_context,
         )
 
@@ -72,9 +110,9 @@ def test_a_plugin_killed_at_a_checkpoint_converges_on_the_retried_call(
     try:
         volume = calls.controller.CreateVolume(
             pb.CreateVolumeRequest(
-                name=f"crash-{phase}-{at}",
+                name=f"crash-{access}-{phase}-{at}",
                 capacity_range=pb.CapacityRange(required_bytes=32 << 20),
-                volume_capabilities=[CAPABILITY],
+                volume_capabilities=[capability],
                 parameters={"backend": "loopfile"},
             )
         ).volume
@@ -110,17 +148,17 @@ def test_a_plugin_killed_at_a_checkpoint_converges_on_the_retried_call(
                 volume_id=volume.volume_id,
                 staging_target_path=str(stage),
                 target_path=str(target),
-                volume_capability=CAPABILITY,
+                volume_capability=capability,
             )
             calls.node.NodePublishVolume(publish)
             calls.node.NodePublishVolume(publish)  # idempotent
-            (target / "data").write_text("kept")
+            _keep(target, raw)
             calls.node.NodeUnpublishVolume(
                 pb.NodeUnpublishVolumeRequest(volume_id=volume.volume_id, target_path=str(target))
             )
             assert not target.exists()
             calls.node.NodePublishVolume(publish)
-            assert (target / "data").read_text() == "kept"
+            assert _kept(target, raw)
             calls.node.NodeUnpublishVolume(
                 pb.NodeUnpublishVolumeRequest(volume_id=volume.volume_id, target_path=str(target))
             )

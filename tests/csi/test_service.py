@@ -3,6 +3,7 @@ and the node's argument checks (the node's real stage and publish: test_sanity.p
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from flexhub.csi.proto import csi_pb2 as pb
 from flexhub.csi.proto import csi_pb2_grpc as rpc
 from flexhub.csi.server import build_server
 from flexhub.errors import UsageError
+from tests.conftest import needs_root
 
 Mode = pb.VolumeCapability.AccessMode.Mode
 S = grpc.StatusCode
@@ -157,7 +159,6 @@ def test_a_retried_create_finds_the_first_volume_and_a_different_one_already_exi
         ({}, None, "backend"),
         ({"backend": "loopfile", "colour": "blue"}, None, "colour"),
         ({"backend": "nosuchbackend"}, None, "nosuchbackend"),
-        ({"backend": "loopfile"}, "block", "raw block"),
         ({"backend": "loopfile"}, "multi", "MULTI_NODE_MULTI_WRITER"),
     ],
 )
@@ -165,7 +166,7 @@ def test_a_bad_create_is_invalid_argument_in_one_line_and_records_nothing(
     serve: Any, parameters: dict[str, str], capability: str | None, words: str
 ) -> None:
     plugin = serve()
-    caps = {None: mount(), "block": block(), "multi": mount(Mode.MULTI_NODE_MULTI_WRITER)}
+    caps = {None: mount(), "multi": mount(Mode.MULTI_NODE_MULTI_WRITER)}
     request = pb.CreateVolumeRequest(
         name="pvc-bad",
         capacity_range=pb.CapacityRange(required_bytes=1 << 20),
@@ -215,12 +216,20 @@ def test_validate_confirms_what_is_served_and_not_found_for_an_unknown_volume(
         )
     )
     assert list(ok.confirmed.volume_capabilities) == [mount()]
-    no = plugin.controller.ValidateVolumeCapabilities(
+    raw = plugin.controller.ValidateVolumeCapabilities(
         pb.ValidateVolumeCapabilitiesRequest(
             volume_id=volume.volume_id, volume_capabilities=[block()]
         )
     )
-    assert not no.HasField("confirmed") and "block" in no.message
+    assert list(raw.confirmed.volume_capabilities) == [block()]  # a block backend's device
+    shared = block()
+    shared.access_mode.mode = Mode.MULTI_NODE_MULTI_WRITER
+    no = plugin.controller.ValidateVolumeCapabilities(
+        pb.ValidateVolumeCapabilitiesRequest(
+            volume_id=volume.volume_id, volume_capabilities=[shared]
+        )
+    )
+    assert not no.HasField("confirmed") and "one node's" in no.message
     code, _ = refused(
         plugin.controller.ValidateVolumeCapabilities,
         pb.ValidateVolumeCapabilitiesRequest(
@@ -386,3 +395,54 @@ def test_controller_expansion_records_the_size_and_leaves_the_loop_file_to_the_n
     )
     assert code == S.INVALID_ARGUMENT
     assert not list((plugin.state.parent / "loopfiles").rglob("*.img"))
+
+
+def _room_allowed(root: Path) -> int:
+    from flexhub_loopfile import _room
+
+    room = _room.measure(root, root)
+    return max(0, room.capacity - room.promised)
+
+
+@needs_root
+@pytest.mark.root
+def test_get_capacity_is_the_loopfile_node_room_for_this_node_only(
+    serve: Any, tmp_path: Path
+) -> None:
+    """What the room account still allows a new sparse file (overcommit 1), for this node's
+    topology; a file promising more than the filesystem holds leaves no room."""
+    plugin = serve()
+    here = pb.Topology(segments={TOPOLOGY_NODE_KEY: "node-1"})
+    request = pb.GetCapacityRequest(parameters={"backend": "loopfile"}, accessible_topology=here)
+    reply = plugin.controller.GetCapacity(request)
+    root = tmp_path / "loopfiles"
+    assert abs(reply.available_capacity - _room_allowed(root)) < 64 << 20
+    assert reply.available_capacity > 0
+    assert reply.maximum_volume_size.value == reply.available_capacity
+    # no parameters: every configured backend that knows its room (here loopfile alone)
+    empty = plugin.controller.GetCapacity(pb.GetCapacityRequest())
+    assert abs(empty.available_capacity - reply.available_capacity) < 64 << 20
+    # another node's room is measured by that node's plugin
+    there = pb.GetCapacityRequest(
+        parameters={"backend": "loopfile"},
+        accessible_topology=pb.Topology(segments={TOPOLOGY_NODE_KEY: "node-2"}),
+    )
+    code, message = refused(plugin.controller.GetCapacity, there)
+    assert code == S.FAILED_PRECONDITION and "node-2" in message
+    # a sparse file that promises more than the filesystem holds: no room left
+    root.mkdir()
+    vfs = os.statvfs(root)
+    with open(root / "huge.img", "wb") as f:
+        f.truncate(2 * vfs.f_blocks * vfs.f_frsize)
+    assert plugin.controller.GetCapacity(request).available_capacity == 0
+    caps = plugin.controller.ControllerGetCapabilities(pb.ControllerGetCapabilitiesRequest())
+    Type = pb.ControllerServiceCapability.RPC.Type
+    assert Type.GET_CAPACITY in {c.rpc.type for c in caps.capabilities}
+
+
+def test_a_backend_without_capacity_says_not_supported() -> None:
+    from flexhub.errors import NotSupported
+    from flexhub.provisioning import Provisioning
+
+    with pytest.raises(NotSupported):
+        Provisioning().capacity({})

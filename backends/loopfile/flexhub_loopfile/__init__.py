@@ -60,12 +60,14 @@ from flexhub.backend import (
     Node,
     NodeConfig,
     NodeRequirements,
+    NoRoom,
     Secrets,
     Volume,
     VolumeError,
 )
 from flexhub.provisioning import Claim, Provisioned, Provisioning
 from flexhub_loopfile import _loop, _provision, _room, _tenancy
+from flexhub_loopfile._copies import Copies
 from flexhub_loopfile._quantity import parse_quantity
 
 __all__ = ["DEFAULT_ROOT", "LoopfileBackend"]
@@ -177,7 +179,7 @@ def _root_of(settings: Mapping[str, Any]) -> Path:
     return root
 
 
-class LoopfileBackend(BlockBackend, Provisioning):
+class LoopfileBackend(BlockBackend, Copies, Provisioning):
     """Block volumes backed by files under the node's loopfile root; StorageClasses make one
     file per claim on the node its pod is scheduled on (:mod:`flexhub_loopfile._provision`)."""
 
@@ -265,6 +267,11 @@ class LoopfileBackend(BlockBackend, Provisioning):
         """
         text = self._relative(volume)
         base = self._base(volume)
+        if base == self._root() and text.split("/", 1)[0] == _tenancy.SNAPSHOTS:
+            raise InvalidOptions(
+                f"option 'file' must not start with {_tenancy.SNAPSHOTS}/ (the loopfile "
+                f"root's snapshots): {text}"
+            )
         return self._inside(base, text)
 
     @staticmethod
@@ -303,13 +310,17 @@ class LoopfileBackend(BlockBackend, Provisioning):
             return None
         root = self._root()
         text = self._relative(volume)
-        if text.split("/", 1)[0] == _tenancy.AREA:
+        if text.split("/", 1)[0] in (_tenancy.AREA, _tenancy.SNAPSHOTS):
             return None
         try:
             legacy = self._inside(root, text)
         except InvalidOptions:
             return None
-        if legacy.is_relative_to(root / _tenancy.AREA) or not legacy.is_file():
+        if (
+            legacy.is_relative_to(root / _tenancy.AREA)
+            or legacy.is_relative_to(root / _tenancy.SNAPSHOTS)
+            or not legacy.is_file()
+        ):
             return None
         return legacy
 
@@ -742,7 +753,7 @@ class LoopfileBackend(BlockBackend, Provisioning):
                 return False
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise VolumeError(
+                raise NoRoom(
                     f"not enough room on the node for {path}: need {_room.human(size)}, "
                     f"{_room.human(_free_bytes(path.parent))} free"
                 ) from None
@@ -781,7 +792,7 @@ class LoopfileBackend(BlockBackend, Provisioning):
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, current)
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise VolumeError(
+                    raise NoRoom(
                         f"not enough room on the node to grow {path}: need "
                         f"{_room.human(target - current)} more, "
                         f"{_room.human(_free_bytes(path.parent))} free"

@@ -66,10 +66,10 @@ def _directory(parameters: Mapping[str, str]) -> str:
             f"parameter 'directory': {text[:80]!r} must be a relative path of at most "
             f"{MAX_DIRECTORY} characters, letters, digits and _ . + - (no '.' or '..' segment)"
         )
-    if parts[0] == _tenancy.AREA:
+    if parts[0] in (_tenancy.AREA, _tenancy.SNAPSHOTS):
         raise InvalidOptions(
-            f"parameter 'directory': {text[:80]!r} must not start with {_tenancy.AREA!r} "
-            "(the loopfile root's namespace areas)"
+            f"parameter 'directory': {text[:80]!r} must not start with {parts[0]!r} "
+            "(the loopfile root's namespace areas and snapshots)"
         )
     return text
 

@@ -33,7 +33,7 @@ import os
 import stat
 from pathlib import Path
 
-from flexhub.backend import VolumeError
+from flexhub.backend import NoRoom, VolumeError
 
 __all__ = ["MAX_DEPTH", "MAX_ENTRIES", "NEW_SUFFIX", "Room", "check", "human", "measure"]
 
@@ -170,7 +170,9 @@ def check(root: Path, path: Path, target: int, *, ratio: float, preallocate: boo
     """Refuse to make ``path`` (new, or existing and growing) ``target`` bytes when the files
     under ``root`` would then promise more than its filesystem can hold times ``ratio``.
 
-    :raises VolumeError: one line with the numbers in binary units.
+    :raises NoRoom: one line with the numbers in binary units (a :class:`VolumeError`: the
+        FlexVolume reply is ``Failure``; CSI's is ``RESOURCE_EXHAUSTED``).
+    :raises VolumeError: the root cannot be measured.
     """
     try:
         st = os.stat(path)
@@ -187,13 +189,13 @@ def check(root: Path, path: Path, target: int, *, ratio: float, preallocate: boo
     else:
         what = f"{path} to grow from {human(current)} to {human(target)}"
     if preallocate and target - current > room.available:
-        raise VolumeError(
+        raise NoRoom(
             f"not enough room for {what}: preallocating {human(target - current)} needs that "
             f"much free, and the loopfile root's filesystem has {human(room.available)} free"
         )
     allowed = int(room.capacity * ratio)
     if promised > allowed:
-        raise VolumeError(
+        raise NoRoom(
             f"not enough room for {what}: the loopfile root's files would promise "
             f"{human(promised)}, and its filesystem can hold {human(room.capacity)} "
             f"({human(room.available)} free + {human(room.occupied)} in those files) "

@@ -30,6 +30,7 @@ __all__ = [
     "ISOLATION",
     "LEGACY",
     "SETTINGS",
+    "SNAPSHOTS",
     "area",
     "check_settings",
     "isolated",
@@ -42,6 +43,8 @@ __all__ = [
 SETTINGS = ("isolation", "legacy", "overcommit")
 #: The directory of the loopfile root that holds the namespaces' areas.
 AREA = "namespaces"
+#: The directory of the loopfile root that holds the snapshots (:mod:`._snapshot`).
+SNAPSHOTS = "snapshots"
 #: The values of ``[loopfile] isolation``; the first is the default.
 ISOLATION = ("namespace", "none")
 #: The values of ``[loopfile] legacy``; the first is the default.

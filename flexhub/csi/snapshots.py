@@ -1,0 +1,119 @@
+"""The CSI controller's snapshots and clones, through the optional snapshot methods of the
+provisioning API (:attr:`~flexhub.provisioning.Provisioning.snapshots`).
+
+``CreateSnapshot`` derives the snapshot's uid from the request's name (uuid5, as volumes), so a
+retry finds what the first call made; the snapshot id is ``<backend>:snapshot:<uid>``, and what
+the backend returned is kept in ``<state_dir>/csi/snapshots/<uid>.json`` (0600, never a
+secret). A snapshot of a node-local volume (loopfile) is made and deleted by the plugin of the
+volume's node, and a volume restored or cloned from it is made on that node, with that node as
+its topology: the scheduler cannot place its first pod elsewhere (csi-driver-host-path's
+restore deadlock under ``WaitForFirstConsumer``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from flexhub.csi.proto import csi_pb2
+from flexhub.csi.records import _UID, _write_json
+from flexhub.csi.status import CsiError
+from flexhub.errors import StateError
+
+__all__ = ["SnapshotRecords", "snapshot_id", "snapshot_message", "snapshot_uid"]
+
+LOG = logging.getLogger(__name__)
+
+_NAMESPACE = uuid.UUID("0b6a3c1e-7d42-5f0e-a1c9-3e8d5b2f4a61")
+_KEYS = ("name", "snapshot_id", "source_volume_id", "backend", "record", "size", "created", "node")
+
+
+def snapshot_uid(name: str) -> str:
+    """The uid of a CreateSnapshot name: the same name, the same uid."""
+    return str(uuid.uuid5(_NAMESPACE, name))
+
+
+def snapshot_id(backend: str, uid: str) -> str:
+    return f"{backend}:snapshot:{uid}"
+
+
+def uid_of_snapshot(text: str) -> str:
+    """The uid of ``<backend>:snapshot:<uid>`` (``""`` for an id not of that shape)."""
+    head, _, uid = text.rpartition(":")
+    return uid if head.endswith(":snapshot") and _UID.fullmatch(uid) else ""
+
+
+class SnapshotRecords:
+    """The records under ``<state_dir>/csi/snapshots``: plain JSON objects of :data:`_KEYS`."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.directory = state_dir / "csi" / "snapshots"
+
+    def _path(self, uid: str) -> Path:
+        if not _UID.fullmatch(uid):
+            raise StateError(f"not a snapshot uid: {uid[:80]!r}")
+        return self.directory / f"{uid}.json"
+
+    def get(self, uid: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self._path(uid).read_text())
+            return {k: data[k] for k in _KEYS}
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StateError(f"snapshot record {uid} unreadable: {exc}") from None
+
+    def uids(self) -> list[str]:
+        try:
+            names = [p.stem for p in self.directory.glob("*.json")]
+        except OSError as exc:
+            raise StateError(f"cannot list the snapshot records: {exc.strerror}") from None
+        return sorted(n for n in names if _UID.fullmatch(n))
+
+    def put(self, uid: str, record: dict[str, Any]) -> None:
+        _write_json(self.directory, self._path(uid), record, f"snapshot record {uid}")
+
+    def delete(self, uid: str) -> None:
+        try:
+            self._path(uid).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StateError(f"cannot remove snapshot record {uid}: {exc.strerror}") from None
+
+
+def snapshot_message(record: dict[str, Any]) -> Any:
+    """The CSI ``Snapshot`` of a record."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    created = Timestamp()
+    created.FromNanoseconds(int(float(record["created"]) * 1e9))
+    return csi_pb2.Snapshot(
+        size_bytes=int(record["size"]),
+        snapshot_id=record["snapshot_id"],
+        source_volume_id=record["source_volume_id"],
+        creation_time=created,
+        ready_to_use=True,
+    )
+
+
+def new_record(name: str, uid: str, source: Any, made: dict[str, str], node: str) -> dict[str, Any]:
+    """The record of a snapshot the backend ``made`` of the volume record ``source``."""
+    if not made.get("size", "").isdigit():
+        raise CsiError(grpc.StatusCode.INTERNAL, f"backend {source.backend} gave no snapshot size")
+    return {
+        "name": name,
+        "snapshot_id": snapshot_id(source.backend, uid),
+        "source_volume_id": source.volume_id,
+        "backend": source.backend,
+        "record": dict(made),
+        "size": int(made["size"]),
+        "created": time.time(),
+        "node": node,
+    }

@@ -1,0 +1,134 @@
+"""Raw block volumes: a block backend's device attached for a consumer that reads and writes
+the device itself (CSI's access type ``block``, Kubernetes' ``volumeMode: Block``).
+
+The device is attached exactly as for a filesystem volume (the journal's intent, the attach,
+the attachment: :mod:`flexhub.node.staging`), with a pod record for the consumer's directory
+(``target``: CSI's staging directory) whose staging directory is flexhub's own, left
+**unmounted**: nothing is ever formatted or mounted. The release is the ordinary one
+(:func:`flexhub.node.volumes.unmount_volume` of ``target``): no pod record binds the staging
+directory, so the device is detached, after the exclusive open that proves nobody holds it.
+
+A device staged with a filesystem on this node is never handed out raw (and the other way
+round, :func:`raw_device` is how the node service tells them apart).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+from flexhub.backend import Attachment, BlockBackend
+from flexhub.errors import VolumeError
+from flexhub.node import Node
+from flexhub.node.checkpoints import checkpoint
+from flexhub.node.journal import PodRecord
+from flexhub.node.podrecords import _backend_name, _volume_locks, pod_dir, staging_dir
+from flexhub.node.statedir import secure_state_dir
+from flexhub.volume import Volume
+
+__all__ = ["attach_raw", "device_size", "expand_raw", "raw_device"]
+
+LOG = logging.getLogger(__name__)
+
+
+def device_size(device: str) -> int:
+    """The size in bytes of the block device ``device`` (its ``/sys/class/block`` entry)."""
+    st = os.stat(device)
+    if not stat.S_ISBLK(st.st_mode):
+        raise VolumeError(f"{device} is not a block device")
+    sectors = Path(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}/size")
+    return int(sectors.read_text()) * 512
+
+
+def _is_block_device(device: str) -> bool:
+    try:
+        return stat.S_ISBLK(os.stat(device).st_mode)
+    except OSError:
+        return False
+
+
+def raw_device(node: Node, target: Path) -> str | None:
+    """The device attached raw for ``target``; ``None`` when none is (or it is mounted)."""
+    record = node.journal.get_pod(pod_dir(target))
+    if record is None or not record.staging:
+        return None
+    if node.mounts.is_mount_point(Path(record.staging)):
+        return None  # staged with a filesystem
+    volume = node.journal.get_volume(record.volume_id)
+    if volume is None or volume.pending or not _is_block_device(volume.device):
+        return None
+    return volume.device
+
+
+def attach_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume) -> str:
+    """Attach ``volume`` raw for ``target``; idempotent, rolled back on failure.
+
+    :returns: the device's path.
+    :raises VolumeError: the volume is staged with a filesystem on this node.
+    """
+    from flexhub.node.staging import _attach_and_record, _check_access, _Progress, _undo_block
+
+    target = pod_dir(target)
+    secure_state_dir(node.state_dir)
+    volume_id = backend.volume_id(volume)
+    name = _backend_name(node, backend, volume)
+    staging = staging_dir(node, volume_id)
+    with node.lock("pod", str(target)), _volume_locks(node, volume_id, staging):
+        if node.mounts.is_mount_point(staging):
+            raise VolumeError(
+                f"volume {volume_id} is mounted with a filesystem on this node: refusing to "
+                "hand its device out as a raw block volume"
+            )
+        record = node.journal.get_pod(target)
+        known = node.journal.get_volume(volume_id)
+        if (
+            record is not None
+            and record.volume_id == volume_id
+            and known is not None
+            and not known.pending
+            and _is_block_device(known.device)
+        ):
+            _check_access(backend, volume, volume_id, known)
+            LOG.info("%s is already attached raw (%s): nothing to do", volume_id, known.device)
+            return known.device
+        progress = _Progress()
+        try:
+            node.journal.put_pod(
+                PodRecord(str(target), name, volume_id, str(staging), volume.read_only)
+            )
+            progress.pod_record = True
+            checkpoint("pod-record")
+            attached = _attach_and_record(
+                node, backend, volume, volume_id, name, staging, None, progress
+            )
+            checkpoint("done")
+        except BaseException:
+            _undo_block(node, backend, target, volume_id, staging, progress)
+            raise
+    LOG.info("attached %s raw (%s) for %s", volume_id, attached.device, target)
+    return attached.device
+
+
+def expand_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume, size: int) -> int:
+    """Grow the device attached raw for ``target`` to ``size`` bytes (no filesystem).
+
+    :returns: the device's size after.
+    :raises VolumeError: nothing is attached raw for ``target``, or the device did not grow.
+    """
+    device = raw_device(node, target)
+    record = node.journal.get_pod(pod_dir(target))
+    if device is None or record is None:
+        raise VolumeError(f"no raw block volume is attached for {target}")
+    volume_id = record.volume_id
+    with _volume_locks(node, volume_id, staging_dir(node, volume_id)):
+        attached = node.journal.get_volume(volume_id)
+        if attached is None:
+            raise VolumeError(f"volume {volume_id} is not attached on this node")
+        backend.expand(Attachment(attached.device, dict(attached.details)), volume, size)
+        now = device_size(attached.device)
+    if now < size:
+        raise VolumeError(f"{device} is {now} bytes after growing it to {size}")
+    LOG.info("expanded raw %s (%s) to %d bytes", volume_id, device, now)
+    return now
