@@ -41,6 +41,10 @@ def csi(
             level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
         )
     root.setLevel(level)
+    from flexhub.driver.logsetup import RememberedRedact
+
+    for handler in root.handlers:  # a secret a request carried never reaches the log
+        handler.addFilter(RememberedRedact())
     node = node_id or os.environ.get("NODE_NAME", "") or socket.gethostname()
     return serve(load_config(config), endpoint, mode, node)
 

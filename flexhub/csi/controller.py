@@ -70,10 +70,13 @@ def volume_uid(name: str) -> str:
     return str(uuid.uuid5(_NAMESPACE, name))
 
 
+_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def _uid_of(volume_id: str) -> str:
     """The uid part of ``<backend>:<uid>`` (``""`` for an id this controller never made)."""
     backend, _, uid = volume_id.rpartition(":")
-    return uid if backend and len(uid) == 36 else ""
+    return uid if backend and _UID.fullmatch(uid) else ""
 
 
 def _size(capacity_range: Any) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -295,12 +296,16 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         volume_id = _require(request.volume_id, "volume_id")
         path = Path(os.path.normpath(_require(request.volume_path, "volume_path")))
         node = self._node()
-        if not path.is_absolute() or not path.exists() or not node.mounts.is_mount_point(path):
+        # mountinfo first (no stat): then every stat of the path is bounded, in a thread of
+        # its own, one at a time per path: a hard NFS mount whose server is gone blocks a
+        # stat for good, and kubelet polls every volume; it must never take the workers
+        if not path.is_absolute() or not node.mounts.is_mount_point(path):
             raise CsiError(
                 grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not mounted on {path}"
             )
+        kind, st = _bounded_stat(str(path))
         unit = csi_pb2.VolumeUsage.Unit
-        if stat.S_ISBLK(os.stat(path).st_mode):  # a raw block volume: its size, no usage
+        if stat.S_ISBLK(kind):  # a raw block volume: its size, no usage
             from flexhub.node.rawblock import device_size
 
             return csi_pb2.NodeGetVolumeStatsResponse(
@@ -308,7 +313,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             )
         if node.is_corrupted(path):
             raise CsiError(grpc.StatusCode.INTERNAL, f"{path} is a stale or broken mount")
-        st = os.statvfs(path)
+        assert st is not None
         return csi_pb2.NodeGetVolumeStatsResponse(
             usage=[
                 csi_pb2.VolumeUsage(
@@ -325,6 +330,45 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                 ),
             ]
         )
+
+
+#: Seconds a stats call's stat of a volume may take before it is answered UNAVAILABLE.
+STAT_BOUND = 5.0
+_statting: set[str] = set()
+_statting_lock = threading.Lock()
+
+
+def _bounded_stat(path: str) -> tuple[int, os.statvfs_result | None]:
+    """``(st_mode, statvfs or None for a device)`` of ``path`` within :data:`STAT_BOUND`;
+    a path whose stat is still stuck from an earlier call is answered at once."""
+    with _statting_lock:
+        if path in _statting:
+            raise CsiError(grpc.StatusCode.UNAVAILABLE, f"{path} did not answer a stat yet")
+        _statting.add(path)
+    found: list[tuple[int, os.statvfs_result | None]] = []
+    failed: list[OSError] = []
+
+    def work() -> None:
+        try:
+            mode = os.stat(path).st_mode
+            found.append((mode, None if stat.S_ISBLK(mode) else os.statvfs(path)))
+        except OSError as exc:
+            failed.append(exc)
+        finally:
+            with _statting_lock:
+                _statting.discard(path)
+
+    thread = threading.Thread(target=work, name="stat", daemon=True)
+    thread.start()
+    thread.join(STAT_BOUND)
+    if found:
+        return found[0]
+    if failed:
+        raise CsiError(grpc.StatusCode.NOT_FOUND, f"{path}: {failed[0].strerror or failed[0]}")
+    raise CsiError(
+        grpc.StatusCode.UNAVAILABLE,
+        f"{path} did not answer a stat within {STAT_BOUND:.0f} s (its server unreachable?)",
+    )
 
 
 def _same_mount(entry: Any, other: Any) -> bool:

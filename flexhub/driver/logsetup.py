@@ -14,7 +14,7 @@ import os
 from flexhub.driver.call import MIN_SECRET_CHARS
 from flexhub.errors import redact
 
-__all__ = ["FORMAT", "install"]
+__all__ = ["FORMAT", "RememberedRedact", "install"]
 
 FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
 
@@ -26,14 +26,27 @@ class _Redact(logging.Filter):
         super().__init__()
         self.secrets = secrets
 
+    #: redact even with no secrets of its own: the values :func:`flexhub.errors.remember_secrets`
+    #: was given (a long-running service's, the CSI plugin's)
+    always = False
+
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.secrets:
+        if self.secrets or self.always:
             record.msg = redact(record.getMessage(), self.secrets, MIN_SECRET_CHARS)
             record.args = None
             if record.exc_info and record.exc_info[1] is not None:
                 formatted = logging.Formatter().formatException(record.exc_info)
                 record.exc_text = redact(formatted, self.secrets, MIN_SECRET_CHARS)
         return True
+
+
+class RememberedRedact(_Redact):
+    """Redact the remembered secret values (and the traceback's) from every record."""
+
+    always = True
+
+    def __init__(self) -> None:
+        super().__init__([])
 
 
 class _ReopeningFileHandler(logging.FileHandler):

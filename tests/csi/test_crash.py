@@ -52,8 +52,10 @@ BLOCK = pb.VolumeCapability(
         mode=pb.VolumeCapability.AccessMode.Mode.SINGLE_NODE_WRITER
     ),
 )
-#: A raw block stage neither formats nor mounts nor binds.
-RAW_CHECKPOINTS = tuple(c for c in CHECKPOINTS if c not in ("staged", "bound"))
+#: A raw block stage neither formats (format-intent, formatted) nor mounts (staged, bound).
+RAW_CHECKPOINTS = tuple(
+    c for c in CHECKPOINTS if c not in ("staged", "bound", "format-intent", "formatted")
+)
 
 
 def _keep(target: Path, raw: bool) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import stat
 import threading
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -123,3 +124,46 @@ def test_only_unix_endpoints_with_absolute_paths_are_served() -> None:
     for bad in ("tcp://0.0.0.0:10000", "unix://relative.sock", "/csi/csi.sock", ""):
         with pytest.raises(UsageError):
             socket_path(bad)
+
+
+def test_a_stat_that_never_answers_does_not_take_a_worker(monkeypatch: Any) -> None:
+    """NodeGetVolumeStats stats the volume: on a hard NFS mount whose server is gone that
+    blocks for good, and kubelet polls every volume. Each stat is bounded, and a path whose
+    stat is still stuck is answered at once, so the plugin's workers stay free."""
+    import os
+    import time
+
+    from flexhub.csi import node
+
+    release = threading.Event()
+    real = os.stat
+
+    def stuck(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path) == "/stuck/volume":
+            release.wait(30)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(node, "STAT_BOUND", 0.5)
+    monkeypatch.setattr(os, "stat", stuck)
+    try:
+        started = time.monotonic()
+        with pytest.raises(CsiError) as first:
+            node._bounded_stat("/stuck/volume")
+        assert first.value.code == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - started < 5
+        started = time.monotonic()
+        with pytest.raises(CsiError, match="did not answer a stat yet"):
+            node._bounded_stat("/stuck/volume")  # no second thread on the same path
+        assert time.monotonic() - started < 0.5
+        _mode, st = node._bounded_stat("/")
+        assert st is not None and st.f_blocks > 0
+    finally:
+        release.set()
+
+
+def test_an_id_of_a_uids_length_but_not_its_shape_is_no_volume_of_ours() -> None:
+    """``loopfile:`` and 36 characters that are no uid: not found (DeleteVolume: done), never
+    an INTERNAL error from the records' own path check."""
+    assert _uid_of("loopfile:../../../../etc/passwd/xxxxxxxxxxxxx") == ""
+    assert _uid_of("loopfile:" + "Z" * 36) == ""
+    assert _uid_of("loopfile:" + volume_uid("claim-1")) == volume_uid("claim-1")
