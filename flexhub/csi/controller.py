@@ -14,7 +14,6 @@ plugin's own node) and is reclaimed only by the plugin of that node.
 from __future__ import annotations
 
 import logging
-import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -25,7 +24,7 @@ from google.protobuf.wrappers_pb2 import Int64Value
 from flexhub.config import NodeConfig
 from flexhub.csi import TOPOLOGY_NODE_KEY
 from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
-from flexhub.csi.records import VolumeRecord, VolumeRecords
+from flexhub.csi.records import UID, VolumeRecord, VolumeRecords
 from flexhub.csi.snapshots import (
     SnapshotRecords,
     new_record,
@@ -52,7 +51,6 @@ DEFAULT_SIZE = 1 << 30
 #: uuid5 namespace of the uids derived from CreateVolume names.
 _NAMESPACE = uuid.UUID("6f1e6d2a-3c1b-5b8e-9d7a-2f4c8e0b1a53")
 _SIDECAR_PREFIX = "csi.storage.k8s.io/"
-_UID_SHAPE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _Mode = csi_pb2.VolumeCapability.AccessMode.Mode
 _ACCESS_MODES = {
     _Mode.SINGLE_NODE_WRITER: "ReadWriteOnce",
@@ -70,13 +68,10 @@ def volume_uid(name: str) -> str:
     return str(uuid.uuid5(_NAMESPACE, name))
 
 
-_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
 def _uid_of(volume_id: str) -> str:
     """The uid part of ``<backend>:<uid>`` (``""`` for an id this controller never made)."""
     backend, _, uid = volume_id.rpartition(":")
-    return uid if backend and _UID.fullmatch(uid) else ""
+    return uid if backend and UID.fullmatch(uid) else ""
 
 
 def _size(capacity_range: Any) -> int:
@@ -399,7 +394,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         if request.max_entries < 0:
             raise invalid("max_entries must not be negative")
         token = request.starting_token
-        if token and not _UID_SHAPE.fullmatch(token):
+        if token and not UID.fullmatch(token):
             raise CsiError(grpc.StatusCode.ABORTED, f"starting_token {token[:80]!r} is not ours")
         uids = [u for u in self.records.uids() if u > token]
         page = uids[: request.max_entries] if request.max_entries else uids
@@ -553,7 +548,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         if request.max_entries < 0:
             raise invalid("max_entries must not be negative")
         token = request.starting_token
-        if token and not _UID_SHAPE.fullmatch(token):
+        if token and not UID.fullmatch(token):
             raise CsiError(grpc.StatusCode.ABORTED, f"starting_token {token[:80]!r} is not ours")
         if request.snapshot_id:
             one = uid_of_snapshot(request.snapshot_id)

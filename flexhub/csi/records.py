@@ -19,14 +19,16 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from flexhub.errors import StateError
 from flexhub.node.frozen import Frozen
 
-__all__ = ["StagedContexts", "VolumeRecord", "VolumeRecords"]
+__all__ = ["UID", "StagedContexts", "UidRecords", "VolumeRecord", "VolumeRecords"]
 
-_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_R = TypeVar("_R")
+#: A volume or snapshot uid (uuid5 of its CreateVolume or CreateSnapshot name).
+UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 class VolumeRecord(Frozen):
@@ -86,36 +88,42 @@ class VolumeRecord(Frozen):
         return {name: getattr(self, name) for name in self.__slots__}
 
 
-class VolumeRecords:
-    """The records under ``<state_dir>/csi/volumes``."""
+class UidRecords(Generic[_R]):
+    """JSON records named by a uid in one private directory (:attr:`kind` names them in
+    errors; :meth:`_decode` makes a record of a file's object)."""
 
-    def __init__(self, state_dir: Path) -> None:
-        self.directory = state_dir / "csi" / "volumes"
+    kind = "volume"
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def _decode(self, data: dict[str, Any]) -> _R:
+        raise NotImplementedError
 
     def _path(self, uid: str) -> Path:
-        if not _UID.fullmatch(uid):
-            raise StateError(f"not a volume uid: {uid[:80]!r}")
+        if not UID.fullmatch(uid):
+            raise StateError(f"not a {self.kind} uid: {uid[:80]!r}")
         return self.directory / f"{uid}.json"
 
-    def get(self, uid: str) -> VolumeRecord | None:
+    def get(self, uid: str) -> _R | None:
         try:
             data = json.loads(self._path(uid).read_text())
-            return VolumeRecord(**{k: data[k] for k in VolumeRecord.__slots__})
+            return self._decode(data)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise StateError(f"volume record {uid} unreadable: {exc}") from None
+            raise StateError(f"{self.kind} record {uid} unreadable: {exc}") from None
 
     def uids(self) -> list[str]:
         """Every recorded uid, sorted."""
         try:
             names = [p.stem for p in self.directory.glob("*.json")]
         except OSError as exc:
-            raise StateError(f"cannot list the volume records: {exc.strerror}") from None
-        return sorted(n for n in names if _UID.fullmatch(n))
+            raise StateError(f"cannot list the {self.kind} records: {exc.strerror}") from None
+        return sorted(n for n in names if UID.fullmatch(n))
 
-    def put(self, uid: str, record: VolumeRecord) -> None:
-        _write_json(self.directory, self._path(uid), record.to_json(), f"volume record {uid}")
+    def _put(self, uid: str, data: dict[str, Any]) -> None:
+        _write_json(self.directory, self._path(uid), data, f"{self.kind} record {uid}")
 
     def delete(self, uid: str) -> None:
         try:
@@ -123,7 +131,20 @@ class VolumeRecords:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            raise StateError(f"cannot remove volume record {uid}: {exc.strerror}") from None
+            raise StateError(f"cannot remove {self.kind} record {uid}: {exc.strerror}") from None
+
+
+class VolumeRecords(UidRecords[VolumeRecord]):
+    """The records under ``<state_dir>/csi/volumes``."""
+
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(state_dir / "csi" / "volumes")
+
+    def _decode(self, data: dict[str, Any]) -> VolumeRecord:
+        return VolumeRecord(**{k: data[k] for k in VolumeRecord.__slots__})
+
+    def put(self, uid: str, record: VolumeRecord) -> None:
+        self._put(uid, record.to_json())
 
 
 class StagedContexts:

@@ -12,7 +12,6 @@ restore deadlock under ``WaitForFirstConsumer``).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -22,9 +21,8 @@ from typing import Any
 import grpc
 
 from flexhub.csi.proto import csi_pb2
-from flexhub.csi.records import _UID, _write_json
+from flexhub.csi.records import UID, UidRecords
 from flexhub.csi.status import CsiError
-from flexhub.errors import StateError
 
 __all__ = ["SnapshotRecords", "snapshot_id", "snapshot_message", "snapshot_uid"]
 
@@ -46,46 +44,22 @@ def snapshot_id(backend: str, uid: str) -> str:
 def uid_of_snapshot(text: str) -> str:
     """The uid of ``<backend>:snapshot:<uid>`` (``""`` for an id not of that shape)."""
     head, _, uid = text.rpartition(":")
-    return uid if head.endswith(":snapshot") and _UID.fullmatch(uid) else ""
+    return uid if head.endswith(":snapshot") and UID.fullmatch(uid) else ""
 
 
-class SnapshotRecords:
+class SnapshotRecords(UidRecords[dict[str, Any]]):
     """The records under ``<state_dir>/csi/snapshots``: plain JSON objects of :data:`_KEYS`."""
 
+    kind = "snapshot"
+
     def __init__(self, state_dir: Path) -> None:
-        self.directory = state_dir / "csi" / "snapshots"
+        super().__init__(state_dir / "csi" / "snapshots")
 
-    def _path(self, uid: str) -> Path:
-        if not _UID.fullmatch(uid):
-            raise StateError(f"not a snapshot uid: {uid[:80]!r}")
-        return self.directory / f"{uid}.json"
-
-    def get(self, uid: str) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self._path(uid).read_text())
-            return {k: data[k] for k in _KEYS}
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise StateError(f"snapshot record {uid} unreadable: {exc}") from None
-
-    def uids(self) -> list[str]:
-        try:
-            names = [p.stem for p in self.directory.glob("*.json")]
-        except OSError as exc:
-            raise StateError(f"cannot list the snapshot records: {exc.strerror}") from None
-        return sorted(n for n in names if _UID.fullmatch(n))
+    def _decode(self, data: dict[str, Any]) -> dict[str, Any]:
+        return {k: data[k] for k in _KEYS}
 
     def put(self, uid: str, record: dict[str, Any]) -> None:
-        _write_json(self.directory, self._path(uid), record, f"snapshot record {uid}")
-
-    def delete(self, uid: str) -> None:
-        try:
-            self._path(uid).unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise StateError(f"cannot remove snapshot record {uid}: {exc.strerror}") from None
+        self._put(uid, record)
 
 
 def snapshot_message(record: dict[str, Any]) -> Any:
