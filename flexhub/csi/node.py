@@ -31,6 +31,7 @@ from flexhub.csi.rawpublish import publish_raw, refuse_while_published
 from flexhub.csi.records import StagedContexts
 from flexhub.csi.status import CsiError, InFlight, rpc
 from flexhub.csi.volumes import flexhub_volume, invalid, is_block
+from flexhub.node.mounts import CORRUPTED_ERRNOS
 
 __all__ = ["NodeService"]
 
@@ -311,8 +312,6 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             return csi_pb2.NodeGetVolumeStatsResponse(
                 usage=[csi_pb2.VolumeUsage(unit=unit.BYTES, total=device_size(str(path)))]
             )
-        if node.is_corrupted(path):
-            raise CsiError(grpc.StatusCode.INTERNAL, f"{path} is a stale or broken mount")
         assert st is not None
         return csi_pb2.NodeGetVolumeStatsResponse(
             usage=[
@@ -339,8 +338,9 @@ _statting_lock = threading.Lock()
 
 
 def _bounded_stat(path: str) -> tuple[int, os.statvfs_result | None]:
-    """``(st_mode, statvfs or None for a device)`` of ``path`` within :data:`STAT_BOUND`;
-    a path whose stat is still stuck from an earlier call is answered at once."""
+    """``(st_mode, statvfs or None for a device)`` of ``path`` within :data:`STAT_BOUND`
+    (one stat and statvfs, also what tells a stale mount: no second probe of it); a path
+    whose stat is still stuck from an earlier call is answered at once."""
     with _statting_lock:
         if path in _statting:
             raise CsiError(grpc.StatusCode.UNAVAILABLE, f"{path} did not answer a stat yet")
@@ -363,6 +363,8 @@ def _bounded_stat(path: str) -> tuple[int, os.statvfs_result | None]:
     thread.join(STAT_BOUND)
     if found:
         return found[0]
+    if failed and failed[0].errno in CORRUPTED_ERRNOS:  # what is_corrupted tells apart
+        raise CsiError(grpc.StatusCode.INTERNAL, f"{path} is a stale or broken mount")
     if failed:
         raise CsiError(grpc.StatusCode.NOT_FOUND, f"{path}: {failed[0].strerror or failed[0]}")
     raise CsiError(

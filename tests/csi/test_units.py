@@ -167,3 +167,27 @@ def test_an_id_of_a_uids_length_but_not_its_shape_is_no_volume_of_ours() -> None
     assert _uid_of("loopfile:../../../../etc/passwd/xxxxxxxxxxxxx") == ""
     assert _uid_of("loopfile:" + "Z" * 36) == ""
     assert _uid_of("loopfile:" + volume_uid("claim-1")) == volume_uid("claim-1")
+
+
+def test_a_stale_mount_is_told_from_a_missing_path_by_the_one_bounded_stat(
+    monkeypatch: Any,
+) -> None:
+    import errno
+    import os
+
+    from flexhub.csi import node
+
+    real = os.stat
+
+    def stale(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path) == "/stale/volume":
+            raise OSError(errno.ESTALE, "Stale file handle")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stale)
+    with pytest.raises(CsiError, match="stale or broken mount") as found:
+        node._bounded_stat("/stale/volume")
+    assert found.value.code == grpc.StatusCode.INTERNAL
+    with pytest.raises(CsiError) as missing:
+        node._bounded_stat("/nonexistent/flexhub-volume")
+    assert missing.value.code == grpc.StatusCode.NOT_FOUND
