@@ -50,9 +50,6 @@ class _Bucket:
 class Recorder:
     """Write core/v1 Events; a failure to write one is logged, never raised."""
 
-    #: whether a repeat patches the Event written before
-    counts = False
-
     def __init__(
         self,
         core: Any,
@@ -105,7 +102,7 @@ class Recorder:
             if not bucket.take(self._clock()):
                 LOG.debug("event %s on %s dropped (rate limit)", reason, subject)
                 return
-            seen = self._written.pop(key, None) if self.counts else None
+            seen = self._written.pop(key, None)
             if seen is not None:
                 seen[2] += 1
                 self._written[key] = seen
@@ -158,8 +155,6 @@ class CountingRecorder(Recorder):
     ``lastTimestamp``): the provisioner's. The node agent's is a plain :class:`Recorder`:
     its token (on every node) may not patch Events, which in ``default`` are every node's
     and every PV's."""
-
-    counts = True
 
     def _count(self, seen: list[Any], now: str) -> bool:
         """False when the Event is gone (expired, or deleted): a new one is written then."""
