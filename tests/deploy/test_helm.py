@@ -234,7 +234,7 @@ def test_the_provisioner_gets_a_deployment_and_exactly_the_rbac_it_calls(helm: P
     assert cluster_role["apiVersion"] == "rbac.authorization.k8s.io/v1"
     assert rules(cluster_role) == {
         ("", "persistentvolumes", ("create", "delete", "get", "list", "patch", "watch")),
-        ("", "persistentvolumeclaims", ("get", "list", "watch")),
+        ("", "persistentvolumeclaims", ("get", "list", "patch", "watch")),
         ("storage.k8s.io", "storageclasses", ("get",)),
         ("", "nodes", ("get",)),
         ("", "secrets", ("get",)),
