@@ -416,14 +416,39 @@ def test_the_node_agents_admission_policy_binds_its_account(helm: Path) -> None:
     docs = render_list(helm, "nodeAgent.enabled=true", "nodeAgent.admissionPolicy=false")
     assert not {d["kind"] for d in docs} & {"ValidatingAdmissionPolicy"}
     assert one(docs, "ClusterRole", "flexhub-node-agent")
-    # a cluster that does not serve admissionregistration.k8s.io/v1 policies (before 1.30)
-    for version, kinds in (("1.29.9", set()), ("1.30.0", {"ValidatingAdmissionPolicy"})):
-        argv = [str(helm), "template", "x", str(CHART), "--set", "nodeAgent.enabled=true"]
-        out = subprocess.run([*argv, "--kube-version", version], capture_output=True,
-                             text=True, check=True).stdout  # fmt: skip
-        rendered = {d["kind"] for d in yaml.safe_load_all(out) if d}
-        assert rendered & {"ValidatingAdmissionPolicy"} == kinds, version
-        assert "ClusterRole" in rendered
+
+
+def template(helm: Path, version: str, *values: str) -> subprocess.CompletedProcess[str]:
+    argv = [str(helm), "template", "x", str(CHART), "--kube-version", version]
+    for value in values:
+        argv += ["--set", value]
+    return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+
+def test_the_node_agents_admission_policy_is_never_dropped_silently(helm: Path) -> None:
+    """Before 1.30 the cluster serves no admissionregistration.k8s.io/v1 policy: with the node
+    agent on and ``nodeAgent.admissionPolicy`` not set to false, the chart refuses to render
+    (one line saying what to do) rather than install the agent's token without its limits."""
+    for version in ("1.29.0", "1.29.9"):
+        for values in (("nodeAgent.enabled=true",), ("storageClasses[0].name=l",
+                       "storageClasses[0].parameters.backend=loopfile")):  # fmt: skip
+            proc = template(helm, version, *values)
+            assert proc.returncode != 0, (version, values)
+            (line,) = [ln for ln in proc.stderr.splitlines() if "admissionPolicy" in ln]
+            assert "Kubernetes 1.30" in line and "nodeAgent.admissionPolicy=false" in line
+        # the operator's explicit choice: the agent and its RBAC, no policy
+        proc = template(helm, version, "nodeAgent.enabled=true", "nodeAgent.admissionPolicy=false")
+        assert proc.returncode == 0, proc.stderr
+        rendered = {d["kind"] for d in yaml.safe_load_all(proc.stdout) if d}
+        assert "ClusterRole" in rendered and "ValidatingAdmissionPolicy" not in rendered
+        # no node agent, no token to narrow: nothing to refuse
+        proc = template(helm, version)
+        assert proc.returncode == 0, proc.stderr
+    for version in ("1.30.0", render_manifest.KUBE_VERSION):
+        proc = template(helm, version, "nodeAgent.enabled=true")
+        assert proc.returncode == 0, proc.stderr
+        rendered = {d["kind"] for d in yaml.safe_load_all(proc.stdout) if d}
+        assert {"ValidatingAdmissionPolicy", "ClusterRole"} <= rendered, version
 
 
 def test_a_node_agent_value_other_than_true_false_or_auto_is_refused(helm: Path) -> None:
