@@ -342,18 +342,7 @@ class Controller:
             spec = self.read_class(sc)
             claim = pvs.claim_from(pvc)
         except InvalidOptions as exc:
-            # nothing says what was made any more: say what to look for, and let the claim go
-            self.events.claim(
-                pvc,
-                "Warning",
-                "ProvisioningLeftover",
-                event_text(
-                    f"{exc}: flexhub cannot find what it may have made for this claim; "
-                    f"look for storage named with its uid {meta['uid']}"
-                ),
-            )
-            LOG.warning("%s: %s: any storage made for it is left", where, exc)
-            let_claim_go(self.core, pvc)
+            self._leftover(pvc, exc)
             return
         if spec.reclaim_on != "provisioner" or (sc.get("reclaimPolicy") or "Delete") != "Delete":
             let_claim_go(self.core, pvc)  # made on its node at a first mount, or kept by policy
@@ -361,7 +350,12 @@ class Controller:
         secrets = self._class_secrets(pvc, spec)
         backend = self.backend_for(spec.backend)
         try:
-            pv = self._pv(claim, sc, spec, backend.provision(claim, spec.parameters, secrets))
+            try:
+                made = backend.provision(claim, spec.parameters, secrets)
+            except InvalidOptions as exc:  # refused as it was at provisioning: none made
+                self._leftover(pvc, exc)
+                return
+            pv = self._pv(claim, sc, spec, made)
             backend.reclaim(
                 dict(pv["spec"]["flexVolume"].get("options") or {}),
                 backend_record(pv),
@@ -380,6 +374,23 @@ class Controller:
             f"the claim was deleted before its PV was saved: flexhub reclaimed the "
             f"{spec.backend} storage it had made for it (onDelete {spec.on_delete})",
         )
+        let_claim_go(self.core, pvc)
+
+    def _leftover(self, pvc: Mapping[str, Any], why: Exception) -> None:
+        """Nothing says any more what was made for a deleted claim (its class is gone, or
+        refuses it): say what to look for, and let the claim go."""
+        meta = pvc["metadata"]
+        self.events.claim(
+            pvc,
+            "Warning",
+            "ProvisioningLeftover",
+            event_text(
+                f"{why}: flexhub cannot find what it may have made for this claim; "
+                f"look for storage named with its uid {meta['uid']}"
+            ),
+        )
+        LOG.warning("claim %s/%s: %s: anything made for it is left", meta["namespace"],
+                    meta["name"], event_text(why))  # fmt: skip
         let_claim_go(self.core, pvc)
 
     def _failed(self, pvc: Mapping[str, Any], message: str) -> NoReturn:

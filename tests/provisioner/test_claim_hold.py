@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from flexhub.errors import FlexhubError
-from flexhub.provisioner.controller import Controller
+from flexhub.errors import FlexhubError, InvalidOptions
+from flexhub.provisioner.controller import Controller, _Later
 from flexhub.provisioner.pvapi import CLAIM_FINALIZER
 from flexhub.provisioning import Claim, Provisioned
 from flexhub.volume import Secrets
@@ -170,3 +170,25 @@ def test_no_finalizer_is_added_to_a_claim_being_deleted() -> None:
     controller.sync_claim("team-a", "data")
     assert backend.provisioned == [] and not api.volumes
     assert claim["metadata"]["finalizers"] == ["kubernetes.io/pvc-protection"]
+
+
+def test_a_claim_its_backend_refuses_can_still_be_deleted() -> None:
+    """A claim the backend refused (a parameter, an annotation its pattern refuses) holds the
+    finalizer too; deleted, it must not wait forever for a reclaim that cannot be derived."""
+    api, _, controller = _setup()
+    claim = _claim(api)
+
+    class Refusing(Recording):
+        def provision(self, c: Claim, parameters: Any, secrets: Secrets) -> Provisioned:
+            raise InvalidOptions("parameters.pathPattern: annotation team is refused")
+
+    refusing = Refusing()
+    controller.backend_for = lambda _name: refusing
+    with pytest.raises(_Later):
+        controller.sync_claim("team-a", "data")
+    assert claim["metadata"]["finalizers"] == [CLAIM_FINALIZER]
+    _delete(api, claim)
+    controller.sync_claim("team-a", "data")
+    assert ("team-a", "data") not in api.claims
+    assert refusing.reclaimed == []
+    assert "pathPattern" in api.events[-1]["message"]
