@@ -15,7 +15,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from flexhub.errors import FlexhubError, InvalidOptions
-from flexhub.provisioner.controller import Controller, _Later
+from flexhub.provisioner.controller import Controller, Later
 from flexhub.provisioner.pvapi import CLAIM_FINALIZER
 from flexhub.provisioning import Claim, Provisioned
 from flexhub.volume import Secrets
@@ -184,7 +184,7 @@ def test_a_claim_its_backend_refuses_can_still_be_deleted() -> None:
 
     refusing = Refusing()
     controller.backend_for = lambda _name: refusing
-    with pytest.raises(_Later):
+    with pytest.raises(Later):
         controller.sync_claim("team-a", "data")
     assert claim["metadata"]["finalizers"] == [CLAIM_FINALIZER]
     _delete(api, claim)
