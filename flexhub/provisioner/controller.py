@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-from flexhub.errors import FlexhubError, InvalidOptions
+from flexhub.errors import FlexhubError, InvalidOptions, NoRoom, NotSupported
 from flexhub.node.checkpoints import checkpoint
 from flexhub.provisioner import pvs
 from flexhub.provisioner.events import CountingRecorder
@@ -341,7 +341,7 @@ class Controller(Volumes):
         try:
             try:
                 made = backend.provision(claim, spec.parameters, secrets)
-            except InvalidOptions as exc:  # refused as it was at provisioning: none made
+            except (InvalidOptions, NoRoom, NotSupported) as exc:  # refused: none made
                 self._leftover(pvc, exc)
                 return
             pv = self._pv(claim, sc, spec, made)

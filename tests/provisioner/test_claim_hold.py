@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from flexhub.errors import FlexhubError, InvalidOptions
+from flexhub.errors import FlexhubError, InvalidOptions, NoRoom
 from flexhub.provisioner.controller import Controller, Later
 from flexhub.provisioner.pvapi import CLAIM_FINALIZER
 from flexhub.provisioning import Claim, Provisioned
@@ -172,19 +172,28 @@ def test_no_finalizer_is_added_to_a_claim_being_deleted() -> None:
     assert claim["metadata"]["finalizers"] == ["kubernetes.io/pvc-protection"]
 
 
-def test_a_claim_its_backend_refuses_can_still_be_deleted() -> None:
-    """A claim the backend refused (a parameter, an annotation its pattern refuses) holds the
-    finalizer too; deleted, it must not wait forever for a reclaim that cannot be derived."""
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        InvalidOptions("parameters.pathPattern: annotation team is refused"),
+        NoRoom("pathPattern: 100Ti asked, the target holds 2Ti"),
+    ],
+    ids=["invalid", "no-room"],
+)
+def test_a_claim_its_backend_refuses_can_still_be_deleted(refusal: Exception) -> None:
+    """A claim the backend refused (a parameter, an annotation its pattern refuses, a size
+    the target has no room for) holds the finalizer too; deleted, it must not wait forever
+    for a reclaim that cannot be derived."""
     api, _, controller = _setup()
     claim = _claim(api)
 
     class Refusing(Recording):
         def provision(self, c: Claim, parameters: Any, secrets: Secrets) -> Provisioned:
-            raise InvalidOptions("parameters.pathPattern: annotation team is refused")
+            raise refusal
 
     refusing = Refusing()
     controller.backend_for = lambda _name: refusing
-    with pytest.raises(Later):
+    with pytest.raises((Later, FlexhubError)):
         controller.sync_claim("team-a", "data")
     assert claim["metadata"]["finalizers"] == [CLAIM_FINALIZER]
     _delete(api, claim)
