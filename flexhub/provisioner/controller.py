@@ -22,6 +22,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from flexhub.errors import FlexhubError, InvalidOptions, NoRoom, NotSupported
@@ -252,9 +253,21 @@ class Controller(Volumes):
             f"flexhub is provisioning a {spec.backend} volume for the claim",
         )
         backend = self.backend_for(spec.backend)
-        # from here until the PV is saved, storage may exist that no PV names: a claim
-        # deleted meanwhile waits for _undo to remove it
-        pvc = hold_claim(self.api, self.core, pvc)
+        from kubernetes.client.rest import ApiException
+
+        try:
+            # from here until the PV is saved, storage may exist that no PV names: a claim
+            # deleted meanwhile waits for _undo to remove it
+            pvc = hold_claim(self.api, self.core, pvc)
+        except ApiException as exc:
+            message = f"flexhub could not hold the claim (finalizer {CLAIM_FINALIZER}): "
+            if exc.status == 403:
+                message += "the provisioner's account may not patch claims (its RBAC)"
+            self.events.claim(
+                pvc, "Warning", "ProvisioningFailed", event_text(message + api_reason(exc))
+            )
+            raise
+        claim = pvs.claim_from(pvc)  # its annotations as frozen by the hold
         try:
             made = backend.provision(claim, spec.parameters, secrets)
         except InvalidOptions as exc:
@@ -268,8 +281,6 @@ class Controller(Volumes):
             ref = pv["spec"]["flexVolume"]["secretRef"]
             self._check_pv_secret(pvc, (ref["namespace"], ref["name"]))
         pv["metadata"]["annotations"][ANN_SEAL] = self.sealer.seal(pv)
-        from kubernetes.client.rest import ApiException
-
         try:
             self.core.create_persistent_volume(pv, _request_timeout=30)
         except ApiException as exc:
@@ -316,29 +327,41 @@ class Controller(Volumes):
         """A claim deleted while it holds :data:`CLAIM_FINALIZER`: its storage may have been
         made without a PV being saved (the provisioner killed in between, the PV refused).
         What its backend made for it is found again (a backend's provision finds what an
-        earlier call made for the claim's uid) and reclaimed as its PV would have been, then
-        the claim may go. With a PV saved, the PV's own reclaim takes care of the storage."""
+        earlier call made for the claim's uid, from the claim's annotations as frozen when
+        it was held) and deleted: no PV ever named it, so no pod wrote to it, whatever the
+        class's onDelete or reclaim policy; then the claim may go. With a PV saved, the PV's
+        own reclaim takes care of the storage."""
         meta = pvc["metadata"]
         where = f"claim {meta['namespace']}/{meta['name']}"
         if self._get(self.core.read_persistent_volume, f"pvc-{meta['uid']}") is not None:
             let_claim_go(self.core, pvc)
             return
-        class_name = pvc["spec"].get("storageClassName") or ""
+        spec_of = pvc["spec"]
+        class_name = spec_of.get("storageClassName") or ""
         sc = self._get(self.storage.read_storage_class, class_name) if class_name else None
         try:
+            if spec_of.get("volumeName"):
+                # bound to a PV once (gone since): its storage is that PV's, which may hold
+                # data; never deleted here
+                raise InvalidOptions(f"the claim names PV {spec_of['volumeName'][:80]!r}")
             if sc is None or sc.get("provisioner") != self.name:
                 raise InvalidOptions(f"StorageClass {class_name[:80]!r} is gone")
-            spec = self.read_class(sc)
+            refused = self._never_held(pvc, sc)
+            if refused:  # provisioning never held such a claim: nothing was made for it
+                LOG.info("%s: %s: nothing to undo", where, refused)
+                let_claim_go(self.core, pvc)
+                return
+            spec = replace(self.read_class(sc), on_delete="delete")
             claim = pvs.claim_from(pvc)
         except InvalidOptions as exc:
             self._leftover(pvc, exc)
             return
-        if spec.reclaim_on != "provisioner" or (sc.get("reclaimPolicy") or "Delete") != "Delete":
-            let_claim_go(self.core, pvc)  # made on its node at a first mount, or kept by policy
+        if spec.reclaim_on != "provisioner":
+            let_claim_go(self.core, pvc)  # made on its node at a first mount: nothing yet
             return
-        secrets = self._class_secrets(pvc, spec)
-        backend = self.backend_for(spec.backend)
         try:
+            backend = self.backend_for(spec.backend)
+            secrets = self._class_secrets(pvc, spec)
             try:
                 made = backend.provision(claim, spec.parameters, secrets)
             except (InvalidOptions, NoRoom, NotSupported) as exc:  # refused: none made
@@ -350,20 +373,39 @@ class Controller(Volumes):
                 backend_record(pv),
                 self._volume_secrets(pv, read_record(pv)),
             )
-        except FlexhubError as exc:
-            self.events.claim(pvc, "Warning", "ProvisioningLeftover", event_text(exc))
+        except (FlexhubError, Later) as exc:
+            self.events.claim(
+                pvc,
+                "Warning",
+                "ProvisioningLeftover",
+                event_text(f"the claim waits until flexhub can delete its storage: {exc}"),
+            )
             raise
-        LOG.info(
-            "%s deleted before its PV was saved: its %s storage reclaimed", where, spec.backend
-        )
+        LOG.info("%s deleted before its PV was saved: its %s storage deleted", where, spec.backend)
         self.events.claim(
             pvc,
             "Normal",
             "ProvisioningUndone",
-            f"the claim was deleted before its PV was saved: flexhub reclaimed the "
-            f"{spec.backend} storage it had made for it (onDelete {spec.on_delete})",
+            f"the claim was deleted before its PV was saved: flexhub deleted the "
+            f"{spec.backend} storage its backend had (or would have) made for it",
         )
         let_claim_go(self.core, pvc)
+
+    def _never_held(self, pvc: Mapping[str, Any], sc: Mapping[str, Any]) -> str:
+        """Why provisioning refuses ``pvc`` before holding it ('' when it does not)."""
+        spec = pvc["spec"]
+        if spec.get("dataSourceRef") or spec.get("dataSource"):
+            return "a dataSource"
+        if spec.get("selector"):
+            return "a selector"
+        if spec.get("volumeMode") == "Block":
+            return "volumeMode Block"
+        annotations = pvc["metadata"].get("annotations") or {}
+        if sc.get("volumeBindingMode") == "WaitForFirstConsumer" and not annotations.get(
+            pvs.ANN_SELECTED_NODE
+        ):
+            return "no node selected"
+        return ""
 
     def _leftover(self, pvc: Mapping[str, Any], why: Exception) -> None:
         """Nothing says any more what was made for a deleted claim (its class is gone, or
