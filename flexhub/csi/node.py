@@ -8,6 +8,10 @@
 * ``NodePublishVolume`` bind-mounts the staged directory on the pod's target path (read-only
   when asked, verified), ``NodeUnpublishVolume`` unmounts it and removes the target path.
 * ``NodeGetVolumeStats`` is ``statvfs`` of a mounted volume path (bytes and inodes).
+* ``NodeGetVolumeHealth`` (``GET_VOLUME_HEALTH``, v1.13's successor of ``VOLUME_CONDITION``):
+  ``INACCESSIBLE`` with a reason and a one-line message for a path that holds no mount, is a
+  stale mount or does not answer a stat in time; no entry for a healthy volume
+  (:mod:`flexhub.csi.health`).
 
 A second call on a volume while one runs is refused with ``ABORTED`` (:class:`InFlight`).
 """
@@ -17,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,6 @@ from flexhub.csi.rawpublish import publish_raw, refuse_while_published
 from flexhub.csi.records import StagedContexts
 from flexhub.csi.status import CsiError, InFlight, rpc
 from flexhub.csi.volumes import flexhub_volume, invalid, is_block
-from flexhub.node.mounts import CORRUPTED_ERRNOS
 
 __all__ = ["NodeService"]
 
@@ -87,6 +89,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                     _Cap.GET_VOLUME_STATS,
                     _Cap.EXPAND_VOLUME,
                     _Cap.SINGLE_NODE_MULTI_WRITER,
+                    _Cap.GET_VOLUME_HEALTH,
                 )
             ]
         )
@@ -330,47 +333,61 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             ]
         )
 
+    @rpc
+    def NodeGetVolumeHealth(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """The volume's health from this node (:mod:`flexhub.csi.health`): its staging and
+        publish paths when the request names them, else where this node staged it; a volume
+        this node never staged is ``NOT_FOUND``."""
+        from flexhub.csi.health import volume_health
 
-#: Seconds a stats call's stat of a volume may take before it is answered UNAVAILABLE.
+        volume_id = _require(request.volume_id, "volume_id")
+        paths = [
+            _path(value, what)
+            for value, what in (
+                (request.staging_target_path, "staging_target_path"),
+                (request.volume_publish_path, "volume_publish_path"),
+            )
+            if value
+        ]
+        if request.staging_target_path:
+            found = self.staged.get(paths[0])
+            if found is not None and found[0] != volume_id:
+                raise CsiError(
+                    grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not staged on {paths[0]}"
+                )
+        if not paths:
+            paths = self.staged.of_volume(volume_id)
+            if not paths:
+                raise CsiError(
+                    grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not staged on this node"
+                )
+        node = self._node()
+        health = volume_health(
+            volume_id, paths, lambda path: self._staged_here(node, path), STAT_BOUND
+        )
+        for entry in health.health_statuses:
+            LOG.warning("volume %s: %s: %s", volume_id, entry.reason, entry.message)
+        return csi_pb2.NodeGetVolumeHealthResponse(volume_health=health)
+
+
+#: Seconds a stats or health call's stat of a volume path may take.
 STAT_BOUND = 5.0
-_statting: set[str] = set()
-_statting_lock = threading.Lock()
 
 
 def _bounded_stat(path: str) -> tuple[int, os.statvfs_result | None]:
     """``(st_mode, statvfs or None for a device)`` of ``path`` within :data:`STAT_BOUND`
-    (one stat and statvfs, also what tells a stale mount: no second probe of it); a path
-    whose stat is still stuck from an earlier call is answered at once."""
-    with _statting_lock:
-        if path in _statting:
-            raise CsiError(grpc.StatusCode.UNAVAILABLE, f"{path} did not answer a stat yet")
-        _statting.add(path)
-    found: list[tuple[int, os.statvfs_result | None]] = []
-    failed: list[OSError] = []
+    (:func:`flexhub.csi.health.probe`: one stat and statvfs, also what tells a stale mount);
+    a stuck stat is ``UNAVAILABLE``, a stale mount ``INTERNAL``, a missing path ``NOT_FOUND``."""
+    from flexhub.csi.health import probe
 
-    def work() -> None:
-        try:
-            mode = os.stat(path).st_mode
-            found.append((mode, None if stat.S_ISBLK(mode) else os.statvfs(path)))
-        except OSError as exc:
-            failed.append(exc)
-        finally:
-            with _statting_lock:
-                _statting.discard(path)
-
-    thread = threading.Thread(target=work, name="stat", daemon=True)
-    thread.start()
-    thread.join(STAT_BOUND)
-    if found:
-        return found[0]
-    if failed and failed[0].errno in CORRUPTED_ERRNOS:  # what is_corrupted tells apart
+    found = probe(path, STAT_BOUND)
+    if not found.reason:
+        return found.mode, found.statvfs
+    if found.reason == "StaleMount":
         raise CsiError(grpc.StatusCode.INTERNAL, f"{path} is a stale or broken mount")
-    if failed:
-        raise CsiError(grpc.StatusCode.NOT_FOUND, f"{path}: {failed[0].strerror or failed[0]}")
-    raise CsiError(
-        grpc.StatusCode.UNAVAILABLE,
-        f"{path} did not answer a stat within {STAT_BOUND:.0f} s (its server unreachable?)",
-    )
+    if found.reason == "StatFailed":
+        raise CsiError(grpc.StatusCode.NOT_FOUND, found.message)
+    raise CsiError(grpc.StatusCode.UNAVAILABLE, found.message)
 
 
 def _same_mount(entry: Any, other: Any) -> bool:
