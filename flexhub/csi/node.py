@@ -7,6 +7,9 @@
   (:func:`flexhub.node.volumes.unmount_volume`): the last user releases the device.
 * ``NodePublishVolume`` bind-mounts the staged directory on the pod's target path (read-only
   when asked, verified), ``NodeUnpublishVolume`` unmounts it and removes the target path.
+* ``VOLUME_MOUNT_GROUP``: the capability's ``volume_mount_group`` (the pod's fsGroup) is
+  applied at stage and at each read-write publish as the FlexVolume driver applies fsGroup
+  (:func:`flexhub.csi.volumes.mount_group`).
 * ``NodeGetVolumeStats`` is ``statvfs`` of a mounted volume path (bytes and inodes).
 * ``NodeGetVolumeHealth`` (``GET_VOLUME_HEALTH``, v1.13's successor of ``VOLUME_CONDITION``):
   ``INACCESSIBLE`` with a reason and a one-line message for a path that holds no mount, is a
@@ -33,7 +36,13 @@ from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
 from flexhub.csi.rawpublish import publish_raw, refuse_while_published
 from flexhub.csi.records import StagedContexts
 from flexhub.csi.status import CsiError, InFlight, rpc
-from flexhub.csi.volumes import flexhub_volume, invalid, is_block
+from flexhub.csi.volumes import (
+    READ_ONLY_MODES,
+    flexhub_volume,
+    invalid,
+    is_block,
+    mount_group,
+)
 
 __all__ = ["NodeService"]
 
@@ -90,6 +99,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                     _Cap.EXPAND_VOLUME,
                     _Cap.SINGLE_NODE_MULTI_WRITER,
                     _Cap.GET_VOLUME_HEALTH,
+                    _Cap.VOLUME_MOUNT_GROUP,
                 )
             ]
         )
@@ -162,6 +172,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         reason = check_capability(request.volume_capability)
         if reason:
             raise invalid(reason)
+        fs_group = mount_group(request.volume_capability)
         if is_block(request.volume_capability):
             with self.in_flight.hold(volume_id):
                 publish_raw(self._node(), volume_id, staging, target, request)
@@ -184,6 +195,9 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                 )
             if request.volume_capability.access_mode.mode == _SINGLE_WRITER:
                 self._refuse_second_writer(node, volume_id, staging, target, staged)
+            mode = request.volume_capability.access_mode.mode
+            if fs_group is not None and not request.readonly and mode not in READ_ONLY_MODES:
+                self._apply_mount_group(volume_id, staging, fs_group)
             target.mkdir(mode=0o750, parents=True, exist_ok=True)
             bind_mount(
                 node.runner,
@@ -195,6 +209,20 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             )
             LOG.info("published %s on %s%s", volume_id, target, " (ro)" if request.readonly else "")
         return csi_pb2.NodePublishVolumeResponse()
+
+    def _apply_mount_group(self, volume_id: str, staging: Path, gid: int) -> None:
+        """A pod's fsGroup on a read-write publish, as the FlexVolume driver applies it at each
+        pod's mount: a block backend's filesystem root (the staged one) gets the group,
+        ``g+rwx`` and setgid, the last pod's group winning; a filesystem backend's group was
+        its mount's (cifs ``gid=``, at stage) or is never applied (NFS)."""
+        from flexhub.csi.volumes import backend_class
+        from flexhub.node.staging import apply_fs_group
+
+        found = self.staged.get(staging)
+        if found is None or found[0] != volume_id:
+            return
+        if issubclass(backend_class(found[1].get("backend", ""), self.config), BlockBackend):
+            apply_fs_group(staging, gid)
 
     def _refuse_second_writer(
         self, node: Any, volume_id: str, staging: Path, target: Path, staged: Any
