@@ -300,3 +300,26 @@ def test_a_room_refusal_is_answered_as_no_room(
         "error": "not enough room for /srv/iscsi/x.img (1.0 GiB): ...",
         "room": True,
     }
+
+
+def test_a_delete_that_finds_its_claim_gone_still_drops_it_from_the_saved_file(
+    saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delete killed after removing the target and backstore but before its save left
+    them in the saved file (a reboot would bring a LUN back on a missing file): the retry,
+    which finds nothing left to delete, drops them from the file."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the fileio directory must be root's")
+    directory = tmp_path / "luns"
+    directory.mkdir(mode=0o700)
+    so, target = other(1)
+    config = {
+        "storage_objects": [so, {"plugin": "fileio", "name": NAME, "dev": "x", "size": MiB}],
+        "targets": [target, {"wwn": IQN, "fabric": "iscsi", "tpgs": []}],
+    }
+    write(saved, config)
+    lib = Lib(present=False)
+    monkeypatch.setattr(_lio_remote, "rts", lambda: lib)
+    spec = {"name": NAME, "iqn": IQN, "directory": str(directory), "file": f"{NAME}.img"}
+    assert _lio_remote.delete(spec) == {"deleted": []}
+    assert json.loads(saved.read_text()) == {"storage_objects": [so], "targets": [target]}

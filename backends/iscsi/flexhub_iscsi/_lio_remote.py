@@ -446,8 +446,9 @@ def delete(spec: dict[str, Any]) -> dict[str, Any]:
     if so is not None:
         so.delete()
         gone.append("backstore")
-    if gone:
-        save(lib, spec)  # before the zeroing, which may take long or be cut short
+    # before the zeroing, which may take long or be cut short; also when nothing was left
+    # to delete: a call killed before its save left the claim in the saved file
+    save(lib, spec)
     if block:
         if lv is not None and delete_lv(spec):  # checked again, zeroed, removed
             gone.append("logical volume")
