@@ -323,3 +323,31 @@ def test_a_delete_that_finds_its_claim_gone_still_drops_it_from_the_saved_file(
     spec = {"name": NAME, "iqn": IQN, "directory": str(directory), "file": f"{NAME}.img"}
     assert _lio_remote.delete(spec) == {"deleted": []}
     assert json.loads(saved.read_text()) == {"storage_objects": [so], "targets": [target]}
+
+
+def test_a_claims_storage_objects_are_found_without_reading_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """configfs's core/ of a target with 200 other claims (a directory tree of the same
+    shape): the claim's storage objects are built from their own directories only (rtslib's
+    walk of every storage object instantiated each of them)."""
+    core = tmp_path / "core"
+    for i in range(200):
+        (core / f"fileio_{i}" / other(i)[0]["name"]).mkdir(parents=True)
+    (core / "iblock_200" / NAME).mkdir(parents=True)
+    (core / "fileio_201" / NAME).mkdir(parents=True)
+    (core / "iblock_202").mkdir()
+    built: list[str] = []
+
+    class StorageObject:
+        @staticmethod
+        def so_from_path(path: str) -> str:
+            built.append(path)
+            return os.path.basename(path)
+
+    class WalkingLib(Lib):
+        tcm = type("tcm", (), {"StorageObject": StorageObject})
+
+    monkeypatch.setattr(_lio_remote, "CORE", str(core))
+    assert _lio_remote.named(WalkingLib(), NAME) == [NAME, NAME]
+    assert sorted(built) == [f"{core}/fileio_201/{NAME}", f"{core}/iblock_200/{NAME}"]

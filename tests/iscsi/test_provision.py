@@ -700,7 +700,7 @@ class _Lvm:
 
 
 def _remote_with(
-    monkeypatch: pytest.MonkeyPatch, fake: _Lvm, events: list[str], so_vg: str = ""
+    monkeypatch: pytest.MonkeyPatch, fake: _Lvm, events: list[str], tmp: Path, so_vg: str = ""
 ) -> Any:
     """The remote program with a recording rtslib (a block storage object of the claim's name
     on ``/dev/<so_vg>/<name>``, a target), ``fake`` for lvm and blkdiscard; the LV's device
@@ -725,6 +725,12 @@ def _remote_with(
         class RTSLibNotInCFS(Exception):
             pass
 
+        class tcm:  # rtslib's module
+            class StorageObject:
+                @staticmethod
+                def so_from_path(path: str) -> SO:
+                    return SO()
+
         def RTSRoot(self) -> Any:
             return type("R", (), {"storage_objects": [SO()]})()
 
@@ -735,6 +741,9 @@ def _remote_with(
             return Target()
 
     monkeypatch.setattr(r, "rts", Lib)
+    core = tmp / "core"  # configfs's core/: the claim's storage object's directory
+    (core / "iblock_0" / name).mkdir(parents=True, exist_ok=True)
+    monkeypatch.setattr(r, "CORE", str(core))
     monkeypatch.setattr(r, "save", lambda lib, spec: events.append("saved"))
     for module in (r, _lio_lvm):  # the names each module calls (one namespace when sent)
         monkeypatch.setattr(module, "lvm", fake.lvm)
@@ -751,33 +760,33 @@ def _spec(vg: str = "vg_iscsi") -> dict[str, Any]:
 
 
 def test_remote_refused_block_delete_has_changed_nothing(
-    monkeypatch: pytest.MonkeyPatch, loop: str
+    monkeypatch: pytest.MonkeyPatch, loop: str, tmp_path: Path
 ) -> None:
     """Recording rtslib and lvm (no LIO or LVM on the host): a delete whose checks fail (the
     backstore's device is not in the record's group; the LV lacks the claim's tag) refuses
     before the target, the backstore or the LV is touched."""
     events: list[str] = []
     fake = _Lvm(_spec("vg_other"), loop)
-    r = _remote_with(monkeypatch, fake, events, so_vg="vg_real")
+    r = _remote_with(monkeypatch, fake, events, tmp_path, so_vg="vg_real")
     with pytest.raises(r.Refused, match="another backing store"):
         r.delete(_spec("vg_other"))
     assert events == []
     fake = _Lvm(_spec(), loop, tags="flexhub:" + OTHER)
-    r = _remote_with(monkeypatch, fake, events)
+    r = _remote_with(monkeypatch, fake, events, tmp_path)
     with pytest.raises(r.Refused, match="without the tag"):
         r.delete(_spec())
     assert events == [] and "lvremove" not in fake.events
 
 
 def test_remote_block_delete_zeroes_the_lv_before_removing_it_and_retries_the_zeroing(
-    monkeypatch: pytest.MonkeyPatch, loop: str
+    monkeypatch: pytest.MonkeyPatch, loop: str, tmp_path: Path
 ) -> None:
     """Recording rtslib, lvm and blkdiscard (the real ones are the VM test's): the LV is zeroed
     whole before lvremove; a zeroing that times out (or a program killed in it) leaves the
     LV, never removes it, and the retry zeroes it again, then removes it."""
     events: list[str] = []
     fake = _Lvm(_spec(), loop)
-    r = _remote_with(monkeypatch, fake, events)
+    r = _remote_with(monkeypatch, fake, events, tmp_path)
     fake.zero_fails = r.Refused("zero: blkdiscard timed out after 60 s")
     with pytest.raises(r.Refused, match="timed out"):
         r.delete(_spec())
@@ -792,7 +801,7 @@ def test_remote_block_delete_zeroes_the_lv_before_removing_it_and_retries_the_ze
 
 
 def test_remote_block_expand_zeroes_the_new_range_and_a_retry_finishes_it(
-    monkeypatch: pytest.MonkeyPatch, loop: str
+    monkeypatch: pytest.MonkeyPatch, loop: str, tmp_path: Path
 ) -> None:
     """Recording lvm and blkdiscard: the range lvextend adds is zeroed (LIO holds the LV, so
     not exclusively) before the new size is answered; a zeroing that fails after lvextend
@@ -800,7 +809,7 @@ def test_remote_block_expand_zeroes_the_new_range_and_a_retry_finishes_it(
     zeroes that range still, then drops the tag."""
     events: list[str] = []
     fake = _Lvm(_spec(), loop)
-    r = _remote_with(monkeypatch, fake, events)
+    r = _remote_with(monkeypatch, fake, events, tmp_path)
     fake.zero_fails = r.Refused("zero: blkdiscard timed out after 60 s")
     with pytest.raises(r.Refused, match="timed out"):
         r.expand({**_spec(), "size": 20 * MiB})

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import json
 import os
 import stat
@@ -73,6 +74,8 @@ if __name__ != "__main__":  # imported on the host; sent, the parts' texts come 
     from flexhub_iscsi._lio_save import SAVE_FILE, merged, read_saved, write_saved
 
 MARK = "FLEXHUB-LIO "
+#: configfs's storage objects: ``core/<kind>_<index>/<name>``.
+CORE = "/sys/kernel/config/target/core"
 LOCK = "/run/flexhub-lio.lock"
 
 
@@ -169,8 +172,10 @@ def users_of(lib: Any, path: str, name: str) -> list[str]:
 
 
 def named(lib: Any, name: str) -> list[Any]:
-    """Every storage object called ``name``, of any kind."""
-    return [so for so in lib.RTSRoot().storage_objects if so.name == name]
+    """Every storage object called ``name``, of any kind: built from its own configfs
+    directory (``core/<kind>_<index>/<name>``), the others' never read."""
+    paths = glob.glob(os.path.join(CORE, "*_*", glob.escape(name)))
+    return [lib.tcm.StorageObject.so_from_path(p) for p in sorted(paths) if os.path.isdir(p)]
 
 
 def block_object(lib: Any, spec: dict[str, Any]) -> Any:
