@@ -451,6 +451,37 @@ def test_the_node_agents_admission_policy_is_never_dropped_silently(helm: Path) 
         assert {"ValidatingAdmissionPolicy", "ClusterRole"} <= rendered, version
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--set", "nodeAgent.admissionPolicy=0"],
+        ["--set-string", "nodeAgent.admissionPolicy="],
+        ["--set-string", "nodeAgent.admissionPolicy=false"],
+        ["--set", "nodeAgent.admissionPolicy=null"],
+        ["--set-string", "admissionPolicies.acknowledgeInlineUndoesIsolation=false",
+         "--set", "admissionPolicies.enabled=true",
+         "--set", "admissionPolicies.inlineAllowedBackends[0]=loopfile"],
+    ],
+    ids=["zero", "empty", "string-false", "null", "ack-string"],
+)  # fmt: skip
+def test_only_a_boolean_false_drops_a_policy(helm: Path, argv: list[str]) -> None:
+    """A key left empty in a values overlay, 0 or a string: the policy is kept (null: helm
+    deletes the key, the default holds) or the render fails naming the value, never a
+    node agent without its policy or an inline allow-list acknowledged by a string."""
+    base = [str(helm), "template", "x", str(CHART), "--kube-version", "1.31.0",
+            "--set", "storageClasses[0].name=l",
+            "--set", "storageClasses[0].parameters.backend=loopfile"]  # fmt: skip
+    proc = subprocess.run([*base, *argv], capture_output=True, text=True, check=False)
+    if "null" in argv[-1]:
+        # helm deletes a null key: the default, true, holds
+        assert proc.returncode == 0, proc.stderr
+        kinds = [d["kind"] for d in yaml.safe_load_all(proc.stdout) if d]
+        assert "ValidatingAdmissionPolicy" in kinds, argv
+    else:
+        assert proc.returncode != 0
+        assert "must be true or false" in proc.stderr, proc.stderr
+
+
 def test_a_node_agent_value_other_than_true_false_or_auto_is_refused(helm: Path) -> None:
     argv = [str(helm), "template", "x", str(CHART), "--set", "nodeAgent.enabled=yes"]
     argv += ["--kube-version", render_manifest.KUBE_VERSION]
