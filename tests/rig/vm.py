@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.rig import net
+
 RIG_DIR = Path(__file__).resolve().parent
 CACHE_ROOT = Path(os.environ.get("FLEXHUB_RIG_CACHE", "/var/tmp/flexhub-rig"))
 GUEST_PYTHON = sys.executable
@@ -328,6 +330,9 @@ class VM:
     agent_python: str = field(
         default_factory=lambda: SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else GUEST_PYTHON
     )
+    #: Opt-in: a host TCP port on 127.0.0.1 the guest reaches, and nothing else, at
+    #: ``net.GUEST_ADDRESS:net.GUEST_PORT`` (:mod:`tests.rig.net`); ``None``: no network device.
+    forward_port: int | None = None
     boot_seconds: float = 0.0
     workdir: Path | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
@@ -403,6 +408,8 @@ class VM:
             "-device",
             "virtserialport,chardev=rig,name=rig",
         ]
+        if self.forward_port is not None:
+            argv += net.qemu_args(self.forward_port)
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -416,6 +423,8 @@ class VM:
             self._wait_agent(t0 + self.boot_timeout)
             if self.runtime:
                 self._install_runtime_python()
+            if self.forward_port is not None:
+                net.configure_guest(self)
         except BaseException:
             self.close()
             raise
