@@ -13,7 +13,10 @@ no control character, each at most :data:`MAX_SEGMENT` characters. Anything else
 Two claims never share a directory: the pattern's *last* segment must hold ``${uid}`` or
 ``${pvName}``, and an annotation's value must be one segment (no ``/``), so every claim of a
 class renders the same number of segments and ends in its own uid: no claim's directory is
-another's, nor inside another's (whose reclaim would delete it).
+another's. Nor inside another's (whose reclaim would delete it), whatever class made that one:
+every claim's directory's last segment holds its uid, so a segment *before* the last that holds
+a uid (in any letter case: an SMB server may match names without it) could be another claim's
+directory, and is refused (from an annotation, a namespace, or the pattern itself).
 
 Public, for every backend that makes a directory per claim (nfs and cifs use it).
 
@@ -52,6 +55,8 @@ _ANNOTATION = re.compile(r"annotations\['([^'\]]{1,253})'\]")
 _FIELDS = ("namespace", "name", "uid", "pvName")
 _SEGMENT = re.compile(r"[A-Za-z0-9_.+@~=-]+")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+#: What a claim's directory's name holds (its uid), in any case: a parent must not hold it.
+_ANY_UID = re.compile(_UUID.pattern, re.IGNORECASE)
 
 #: A claim that stands for every claim when a pattern is checked without one.
 _SAMPLE = Claim(
@@ -139,9 +144,21 @@ def check_path(path: str, what: str = "pathPattern") -> None:
             raise bad(f"renders a segment longer than {MAX_SEGMENT} characters")
 
 
+def _check_parents(path: str) -> None:
+    """Refuse a segment before the last that holds a uid: it could be (or later become)
+    another claim's directory, which this claim's would then be inside (and its reclaim would
+    delete this one's data)."""
+    for segment in path.split("/")[:-1]:
+        if _ANY_UID.search(segment):
+            raise _bad(
+                f"renders the segment {_shown(segment)} before the last one: it holds a uid, as "
+                "a claim's directory does, and a claim's directory is never inside another's"
+            )
+
+
 def check_pattern(pattern: str) -> None:
     """Check a pattern without a claim: known placeholders, a safe path for any claim, and
-    ``${uid}`` or ``${pvName}`` in the last segment.
+    ``${uid}`` or ``${pvName}`` in the last segment and in no segment before it.
 
     :raises InvalidOptions: naming ``pathPattern``.
     """
@@ -151,18 +168,22 @@ def check_pattern(pattern: str) -> None:
             "its last segment must hold ${uid} or ${pvName}, so that no two claims share a "
             "directory (and one claim's reclaim never deletes another's data)"
         )
-    check_path(_render(pattern, _SAMPLE, sample=True))
+    path = _render(pattern, _SAMPLE, sample=True)
+    check_path(path)
+    _check_parents(path)
 
 
 def render(pattern: str, claim: Claim) -> str:
     """The directory of ``claim``, relative to the export's root, checked.
 
     :raises InvalidOptions: naming ``pathPattern``: a bad pattern, a missing or multi-segment
-        annotation, or a result that is not a plain relative path.
+        annotation, a result that is not a plain relative path, or one with a uid in a segment
+        before the last (it could be inside another claim's directory).
     """
     check_pattern(pattern)
     path = _render(pattern, claim, sample=False)
     check_path(path)
+    _check_parents(path)
     return path
 
 

@@ -22,13 +22,27 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-from flexhub.errors import FlexhubError, InvalidOptions, one_line
+from flexhub.errors import FlexhubError, InvalidOptions
 from flexhub.node.checkpoints import checkpoint
 from flexhub.provisioner import pvs
 from flexhub.provisioner.events import CountingRecorder
+from flexhub.provisioner.pvapi import (
+    CLAIM_FINALIZER,
+    api_reason,
+    backend_record,
+    event_text,
+    finish_reclaim,
+    get,
+    hold_claim,
+    let_claim_go,
+    pointer,
+    read_record,
+    remove_finalizer,
+    seconds_since,
+)
 from flexhub.provisioner.queue import WorkQueue, watch_forever
 from flexhub.provisioner.seal import ANN_SEAL, Sealer, sealed_content
-from flexhub.provisioning import Provisioning
+from flexhub.provisioning import Claim, Provisioned, Provisioning
 from flexhub.volume import Secrets
 
 LOG = logging.getLogger(__name__)
@@ -49,8 +63,6 @@ NODE_AGENT_GRACE = 600.0
 WORKERS = 4
 #: A node name as the API server accepts one (a DNS subdomain).
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-#: A provisioned PV's name: ``pvc-<claim uid>``.
-_PV_NAME = re.compile(r"pvc-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
 
 
 class Controller:
@@ -176,7 +188,7 @@ class Controller:
             return
         except Exception as exc:
             delay = self.queue.retry(key)
-            LOG.warning("%s: %s (again in %.0f s)", key, _one_line(exc), delay)
+            LOG.warning("%s: %s (again in %.0f s)", key, event_text(exc), delay)
             return
         self.queue.forget(key)
 
@@ -191,16 +203,25 @@ class Controller:
 
     def sync_claim(self, namespace: str, name: str) -> None:
         pvc = self._get(self.core.read_namespaced_persistent_volume_claim, name, namespace)
-        if pvc is None or pvc["metadata"].get("deletionTimestamp"):
+        if pvc is None:
+            return
+        uid = pvc["metadata"]["uid"]
+        holding = CLAIM_FINALIZER in (pvc["metadata"].get("finalizers") or [])
+        if pvc["metadata"].get("deletionTimestamp"):
+            if holding:
+                self._undo(pvc)
             return
         if pvc["spec"].get("volumeName"):
+            if holding and pvc["spec"]["volumeName"] == f"pvc-{uid}":
+                let_claim_go(self.core, pvc)  # saved before a crash, bound since
             self._expand(pvc)
             return
         if not self._owns_claim(pvc):
             return
-        uid = pvc["metadata"]["uid"]
         source = pvc["spec"].get("dataSourceRef") or pvc["spec"].get("dataSource")
         if self._get(self.core.read_persistent_volume, f"pvc-{uid}") is not None:
+            if holding:
+                let_claim_go(self.core, pvc)
             return  # made already (by us before a crash, or by another instance)
         class_name = pvc["spec"].get("storageClassName") or ""
         sc = self._get(self.storage.read_storage_class, class_name) if class_name else None
@@ -242,32 +263,21 @@ class Controller:
             f"flexhub is provisioning a {spec.backend} volume for the claim",
         )
         backend = self.backend_for(spec.backend)
+        # from here until the PV is saved, storage may exist that no PV names: a claim
+        # deleted meanwhile waits for _undo to remove it
+        pvc = hold_claim(self.api, self.core, pvc)
         try:
             made = backend.provision(claim, spec.parameters, secrets)
         except InvalidOptions as exc:
             self._failed(pvc, str(exc))
         except FlexhubError as exc:
-            self.events.claim(pvc, "Warning", "ProvisioningFailed", _one_line(exc))
+            self.events.claim(pvc, "Warning", "ProvisioningFailed", event_text(exc))
             raise
         checkpoint("provisioner-made")  # test hook: a crash between the storage and the PV
-        if made.secret is None and spec.secret is not None:
-            made = made.replace(secret=spec.secret)  # the class's Secret
-        if made.secret is not None:
-            self._check_pv_secret(pvc, made.secret)
-        hostname = self._hostname(made.node) if made.node else ""
-        pv = pvs.build_pv(
-            claim,
-            class_name,
-            sc.get("reclaimPolicy") or "Delete",
-            spec.backend,
-            spec.on_delete,
-            spec.reclaim_on,
-            made,
-            self.driver,
-            self.name,
-            hostname,
-            spec.secret,
-        )
+        pv = self._pv(claim, sc, spec, made)
+        if pv["spec"]["flexVolume"].get("secretRef"):
+            ref = pv["spec"]["flexVolume"]["secretRef"]
+            self._check_pv_secret(pvc, (ref["namespace"], ref["name"]))
         pv["metadata"]["annotations"][ANN_SEAL] = self.sealer.seal(pv)
         from kubernetes.client.rest import ApiException
 
@@ -282,8 +292,10 @@ class Controller:
             if exc.status != 409:
                 raise  # retried: provision finds the same storage, nothing is deleted
             LOG.info("PV %s exists already: done", pv["metadata"]["name"])
+            let_claim_go(self.core, pvc)
             return
         LOG.info("provisioned %s for claim %s/%s", pv["metadata"]["name"], namespace, name)
+        let_claim_go(self.core, pvc)
         self.events.claim(
             pvc,
             "Normal",
@@ -291,12 +303,102 @@ class Controller:
             f"Successfully provisioned volume {pv['metadata']['name']}",
         )
 
+    def _pv(
+        self, claim: Claim, sc: Mapping[str, Any], spec: Any, made: Provisioned
+    ) -> dict[str, Any]:
+        """The PV of ``claim`` for what its backend ``made`` (not sealed yet)."""
+        if made.secret is None and spec.secret is not None:
+            made = made.replace(secret=spec.secret)  # the class's Secret
+        return pvs.build_pv(
+            claim,
+            sc["metadata"]["name"],
+            sc.get("reclaimPolicy") or "Delete",
+            spec.backend,
+            spec.on_delete,
+            spec.reclaim_on,
+            made,
+            self.driver,
+            self.name,
+            self._hostname(made.node) if made.node else "",
+            spec.secret,
+        )
+
+    def _undo(self, pvc: Mapping[str, Any]) -> None:
+        """A claim deleted while it holds :data:`CLAIM_FINALIZER`: its storage may have been
+        made without a PV being saved (the provisioner killed in between, the PV refused).
+        What its backend made for it is found again (a backend's provision finds what an
+        earlier call made for the claim's uid) and reclaimed as its PV would have been, then
+        the claim may go. With a PV saved, the PV's own reclaim takes care of the storage."""
+        meta = pvc["metadata"]
+        where = f"claim {meta['namespace']}/{meta['name']}"
+        if self._get(self.core.read_persistent_volume, f"pvc-{meta['uid']}") is not None:
+            let_claim_go(self.core, pvc)
+            return
+        class_name = pvc["spec"].get("storageClassName") or ""
+        sc = self._get(self.storage.read_storage_class, class_name) if class_name else None
+        try:
+            if sc is None or sc.get("provisioner") != self.name:
+                raise InvalidOptions(f"StorageClass {class_name[:80]!r} is gone")
+            spec = self.read_class(sc)
+            claim = pvs.claim_from(pvc)
+        except InvalidOptions as exc:
+            self._leftover(pvc, exc)
+            return
+        if spec.reclaim_on != "provisioner" or (sc.get("reclaimPolicy") or "Delete") != "Delete":
+            let_claim_go(self.core, pvc)  # made on its node at a first mount, or kept by policy
+            return
+        secrets = self._class_secrets(pvc, spec)
+        backend = self.backend_for(spec.backend)
+        try:
+            try:
+                made = backend.provision(claim, spec.parameters, secrets)
+            except InvalidOptions as exc:  # refused as it was at provisioning: none made
+                self._leftover(pvc, exc)
+                return
+            pv = self._pv(claim, sc, spec, made)
+            backend.reclaim(
+                dict(pv["spec"]["flexVolume"].get("options") or {}),
+                backend_record(pv),
+                self._volume_secrets(pv, read_record(pv)),
+            )
+        except FlexhubError as exc:
+            self.events.claim(pvc, "Warning", "ProvisioningLeftover", event_text(exc))
+            raise
+        LOG.info(
+            "%s deleted before its PV was saved: its %s storage reclaimed", where, spec.backend
+        )
+        self.events.claim(
+            pvc,
+            "Normal",
+            "ProvisioningUndone",
+            f"the claim was deleted before its PV was saved: flexhub reclaimed the "
+            f"{spec.backend} storage it had made for it (onDelete {spec.on_delete})",
+        )
+        let_claim_go(self.core, pvc)
+
+    def _leftover(self, pvc: Mapping[str, Any], why: Exception) -> None:
+        """Nothing says any more what was made for a deleted claim (its class is gone, or
+        refuses it): say what to look for, and let the claim go."""
+        meta = pvc["metadata"]
+        self.events.claim(
+            pvc,
+            "Warning",
+            "ProvisioningLeftover",
+            event_text(
+                f"{why}: flexhub cannot find what it may have made for this claim; "
+                f"look for storage named with its uid {meta['uid']}"
+            ),
+        )
+        LOG.warning("claim %s/%s: %s: anything made for it is left", meta["namespace"],
+                    meta["name"], event_text(why))  # fmt: skip
+        let_claim_go(self.core, pvc)
+
     def _failed(self, pvc: Mapping[str, Any], message: str) -> NoReturn:
         """A mistake an operator must fix: an Event naming it, and a slow retry."""
         LOG.warning(
             "claim %s/%s: %s", pvc["metadata"]["namespace"], pvc["metadata"]["name"], message
         )
-        self.events.claim(pvc, "Warning", "ProvisioningFailed", _one_line(message))
+        self.events.claim(pvc, "Warning", "ProvisioningFailed", event_text(message))
         raise _Later(MISTAKE_RETRY)
 
     def _class_secrets(self, pvc: Mapping[str, Any], spec: Any) -> Secrets:
@@ -368,7 +470,7 @@ class Controller:
         pv = self._get(self.core.read_persistent_volume, volume)
         if pv is None or not self._ours(pv):
             return
-        record = _record(pv)
+        record = read_record(pv)
         backend = self.backend_for(record["backend"])
         if not getattr(backend, "expands_storage", False):
             return
@@ -430,9 +532,9 @@ class Controller:
                     "path": "/metadata/resourceVersion",
                     "value": pv["metadata"]["resourceVersion"],
                 },
-                {"op": "add", "path": f"/metadata/annotations/{_pointer(pvs.ANN_RECLAIM)}",
+                {"op": "add", "path": f"/metadata/annotations/{pointer(pvs.ANN_RECLAIM)}",
                  "value": text},
-                {"op": "add", "path": f"/metadata/annotations/{_pointer(ANN_SEAL)}",
+                {"op": "add", "path": f"/metadata/annotations/{pointer(ANN_SEAL)}",
                  "value": self.sealer.seal(resealed)},
             ]  # fmt: skip
             try:
@@ -486,7 +588,7 @@ class Controller:
             return
         if (pv.get("status") or {}).get("phase") != "Released":
             return
-        record = _record(pv)
+        record = read_record(pv)
         where = record.get("reclaimOn", "")
         if where not in ("provisioner", "node"):
             # a record this version does not know (a newer flexhub's, or an edited one):
@@ -520,7 +622,7 @@ class Controller:
         try:
             backend.reclaim(options, backend_record(pv), self._volume_secrets(pv, record))
         except FlexhubError as exc:
-            self.events.volume(pv, "Warning", "VolumeFailedDelete", _one_line(exc))
+            self.events.volume(pv, "Warning", "VolumeFailedDelete", event_text(exc))
             raise
         finish_reclaim(self.core, pv)
         LOG.info("reclaimed %s (%s, onDelete %s)", name, record["backend"], record["onDelete"])
@@ -542,7 +644,7 @@ class Controller:
     def _agent_overdue(self, pv: Mapping[str, Any], node: str) -> None:
         """A PV its node's agent should have reclaimed long ago: never a silent leak (no agent
         there: ``nodeAgent.enabled`` off, or the node outside the DaemonSet's selector)."""
-        since = _seconds_since((pv.get("status") or {}).get("lastPhaseTransitionTime"))
+        since = seconds_since((pv.get("status") or {}).get("lastPhaseTransitionTime"))
         if since is None:  # an API server without the field: since this instance saw it
             first = self._released.setdefault(pv["metadata"]["name"], time.monotonic())
             since = time.monotonic() - first
@@ -594,20 +696,6 @@ class _Later(Exception):
         self.seconds = seconds
 
 
-def get(api: Any, read: Callable[..., Any], *args: str) -> dict[str, Any] | None:
-    """``read(*args)`` as a plain dict, or None when the object does not exist."""
-    from kubernetes.client.rest import ApiException
-
-    try:
-        found = read(*args, _request_timeout=30)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    plain: dict[str, Any] = api.sanitize_for_serialization(found)
-    return plain
-
-
 def _in_topology(labels: Mapping[str, str], terms: list[Any]) -> bool:
     """Whether a node's labels satisfy one of a StorageClass's ``allowedTopologies`` terms
     (every ``matchLabelExpressions`` entry of that term: the label's value is listed)."""
@@ -616,124 +704,3 @@ def _in_topology(labels: Mapping[str, str], terms: list[Any]) -> bool:
         if all(labels.get(e.get("key")) in (e.get("values") or []) for e in expressions):
             return True
     return False
-
-
-def _pointer(key: str) -> str:
-    """``key`` as one JSON-pointer segment (``flexhub/seal`` → ``flexhub~1seal``)."""
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def api_reason(exc: Any) -> str:
-    """The API server's own message of an ``ApiException`` (its Status body), one line;
-    never the HTTP headers."""
-    try:
-        body = json.loads(exc.body or "{}")
-    except (TypeError, ValueError):
-        body = {}
-    message = body.get("message") if isinstance(body, dict) else None
-    return _one_line(message or f"{exc.status} {exc.reason}")
-
-
-def _seconds_since(stamp: object) -> float | None:
-    import datetime
-
-    if not isinstance(stamp, str | datetime.datetime):
-        return None
-    try:
-        when = (
-            stamp
-            if isinstance(stamp, datetime.datetime)
-            else datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-        )
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.UTC)
-    return (datetime.datetime.now(datetime.UTC) - when).total_seconds()
-
-
-def _record(pv: Mapping[str, Any]) -> dict[str, str]:
-    raw = (pv["metadata"].get("annotations") or {}).get(pvs.ANN_RECLAIM, "{}")
-    try:
-        record = json.loads(raw)
-    except ValueError:
-        raise FlexhubError(
-            f"PV {pv['metadata']['name']}: annotation {pvs.ANN_RECLAIM} is not JSON"
-        ) from None
-    if not isinstance(record, dict) or "backend" not in record:
-        raise FlexhubError(
-            f"PV {pv['metadata']['name']}: annotation {pvs.ANN_RECLAIM} names no backend"
-        )
-    found = {str(k): str(v) for k, v in record.items()}
-    uid = found.get("claimUid")
-    if uid is not None and pv["metadata"]["name"] != f"pvc-{uid}":
-        # the PV's name cannot be edited, its annotation can: a record naming another
-        # claim's directory (its uid) would make this PV's reclaim delete that one
-        raise FlexhubError(
-            f"PV {pv['metadata']['name']}: annotation {pvs.ANN_RECLAIM} names claim uid "
-            f"{uid[:80]!r}, not this PV's: refusing to reclaim"
-        )
-    return found
-
-
-def backend_record(pv: Mapping[str, Any]) -> dict[str, str]:
-    """The PV's reclaim record as its backend's reclaim and expansion get it: checked by
-    :func:`_record`, and with the ``claimUid`` the PV's name holds when the record has none
-    (one saved before its backend wrote it), so the backend's own check that the PV's options
-    name this claim's storage (an iSCSI iqn ``...:pvc-<uid>``) runs on every PV. The name of
-    a PV cannot be edited; its options and annotations can."""
-    record = _record(pv)
-    found = _PV_NAME.fullmatch(str(pv["metadata"]["name"]))
-    if "claimUid" not in record and found is not None:
-        record["claimUid"] = found.group(1)
-    return record
-
-
-def finish_reclaim(core: Any, pv: Mapping[str, Any]) -> None:
-    """The storage is gone: delete the PV object, then let it go (remove the finalizer).
-    Interrupted in between, the next sync reclaims again (a no-op) and finishes."""
-    from kubernetes.client.rest import ApiException
-
-    name = pv["metadata"]["name"]
-    if not pv["metadata"].get("deletionTimestamp"):
-        try:
-            core.delete_persistent_volume(name, _request_timeout=30)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-    for _ in range(5):  # the API server itself updates a PV just deleted: read, try again
-        fresh = get(core.api_client, core.read_persistent_volume, name)
-        if fresh is None or pvs.FINALIZER not in (fresh["metadata"].get("finalizers") or []):
-            return
-        try:
-            remove_finalizer(core, fresh)
-            return
-        except ApiException as exc:
-            if exc.status not in (409, 422):
-                raise
-    raise FlexhubError(
-        f"PV {name}: could not remove the finalizer {pvs.FINALIZER} (it changes "
-        "under every try); retried"
-    )
-
-
-def remove_finalizer(core: Any, pv: Mapping[str, Any]) -> None:
-    """Remove flexhub's finalizer with a compare-and-swap on the PV's resourceVersion."""
-    finalizers = [f for f in pv["metadata"].get("finalizers") or [] if f != pvs.FINALIZER]
-    patch = [
-        {
-            "op": "test",
-            "path": "/metadata/resourceVersion",
-            "value": pv["metadata"]["resourceVersion"],
-        },
-        {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
-    ]
-    core.patch_persistent_volume(pv["metadata"]["name"], patch, _request_timeout=30)
-
-
-def _one_line(error: object) -> str:
-    """An Event's or log line's text: the errors module's folding, at an Event's length."""
-    return one_line(str(error), limit=400)
-
-
-__all__ += ["api_reason", "backend_record", "finish_reclaim", "get", "remove_finalizer"]

@@ -19,14 +19,14 @@ from typing import Any
 
 from flexhub.errors import FlexhubError
 from flexhub.provisioner import pvs
-from flexhub.provisioner.controller import (
-    _one_line,
+from flexhub.provisioner.events import Recorder
+from flexhub.provisioner.pvapi import (
     backend_record,
+    event_text,
     finish_reclaim,
     get,
     remove_finalizer,
 )
-from flexhub.provisioner.events import Recorder
 from flexhub.provisioner.queue import WorkQueue, watch_forever
 
 LOG = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class NodeAgent:
                 self.sync(key)
             except Exception as exc:
                 delay = self.queue.retry(key)
-                LOG.warning("PV %s: %s (again in %.0f s)", key, _one_line(exc), delay)
+                LOG.warning("PV %s: %s (again in %.0f s)", key, event_text(exc), delay)
             else:
                 self.queue.forget(key)
             finally:
@@ -141,7 +141,7 @@ class NodeAgent:
             self.reclaim(record["backend"], options, record)
         except FlexhubError as exc:
             self.events.volume(
-                pv, "Warning", "VolumeFailedDelete", f"on {self.node}: {_one_line(exc)}"
+                pv, "Warning", "VolumeFailedDelete", f"on {self.node}: {event_text(exc)}"
             )
             raise
         finish_reclaim(self.core, pv)

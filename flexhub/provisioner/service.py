@@ -148,7 +148,7 @@ def seal_volumes(
     PV. Run with rights to read the key Secret (an administrator's kubeconfig)."""
     from kubernetes import client
 
-    from flexhub.provisioner.controller import get
+    from flexhub.provisioner.pvapi import get
     from flexhub.provisioner.pvs import ANN_PROVISIONED_BY, ANN_RECLAIM
     from flexhub.provisioner.seal import ANN_SEAL, Sealer, load_key
 

@@ -54,6 +54,7 @@ def test_a_class_its_pv_options_and_secret() -> None:
         ({"fileMode": "x"}, "fileMode"),
         ({"uid": "99999999999"}, "uid"),
         ({"pathPattern": "/${pvName}"}, "pathPattern"),
+        ({"pathPattern": "${pvName}/${uid}"}, "pathPattern"),  # a claim inside a claim
         ({"username": "u"}, "username"),
     ],
 )

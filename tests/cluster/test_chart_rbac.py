@@ -184,7 +184,7 @@ def test_node_root_with_the_agents_token_is_refused_what_the_chart_does_not_give
     record, labels, owners or other finalizers edited, no PV deleted that is not Released, nothing done to a PV flexhub did not make
     (the chart's admission policy). What it needs still works: an Event on a PV, flexhub's
     finalizer removed as the node agent's own code removes it."""
-    from flexhub.provisioner.controller import remove_finalizer
+    from flexhub.provisioner.pvapi import remove_finalizer
 
     other = f"pv-{uuid.uuid4().hex[:8]}"  # a PV of anyone else (made by an admin)
     cluster.core.create_persistent_volume(

@@ -276,6 +276,65 @@ def test_killed_between_storage_and_pv(cluster: Cluster, tmp_path: Path) -> None
         again.stop()
 
 
+def test_a_claim_deleted_while_the_provisioner_is_dead_waits_for_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """SIGKILL between the storage and the PV, then the claim deleted while no provisioner
+    runs: the claim waits (Terminating, held by ``flexhub/provisioning``) instead of leaving
+    its storage behind, and goes once a provisioner runs again, with no PV made for it. With
+    the chart's RBAC (the finalizer is a claim patch). The storage itself reclaimed: the VM
+    tier's NFS test; loopfile makes its file at the first mount, so here there is none."""
+    ns = namespace(cluster, "undo")
+    _class(cluster, "loop-undo", {"backend": "loopfile"})
+    trace = tmp_path / "trace"
+    paused = provisioner(
+        cluster,
+        "prov-undo",
+        FLEXHUB_TEST_PAUSE_AT="provisioner-made",
+        FLEXHUB_TEST_TRACE=str(trace),
+    )
+    claim = _claim(cluster, ns, "c", "loop-undo")
+    cluster.core.create_namespaced_pod(ns, _claim_pod("p", "c"))
+    eventually(
+        "paused after the storage was made",
+        lambda: trace.exists() and "provisioner-made" in trace.read_text(),
+        timeout=120,
+    )
+    os.killpg(paused.popen.pid, signal.SIGKILL)
+    paused.popen.wait()
+    cluster.core.delete_namespaced_pod("p", ns, grace_period_seconds=0)
+    cluster.core.delete_namespaced_persistent_volume_claim("c", ns)
+    eventually(
+        "the pod gone",
+        lambda: not cluster.core.list_namespaced_pod(ns).items,
+        timeout=120,
+    )
+    # the controller-manager's pvc-protection lets go once no pod uses it; flexhub's stays
+    eventually(
+        "only flexhub's finalizer holding the claim",
+        lambda: (
+            cluster.core.read_namespaced_persistent_volume_claim("c", ns).metadata.finalizers
+            == ["flexhub/provisioning"]
+        ),
+        timeout=60,
+    )
+    assert cluster.core.read_namespaced_persistent_volume_claim("c", ns).metadata.deletion_timestamp
+    again = provisioner(cluster, "prov-undo-again")
+    try:
+
+        def gone() -> bool:
+            try:
+                cluster.core.read_namespaced_persistent_volume_claim("c", ns)
+            except ApiException as exc:
+                return exc.status == 404
+            return False
+
+        eventually("the claim gone", gone, timeout=120)
+        assert _pv(cluster, claim.metadata.uid) is None
+    finally:
+        again.stop()
+
+
 def test_a_node_that_is_gone_leaves_the_pv_released_with_an_event(
     cluster: Cluster, leader: Process
 ) -> None:

@@ -234,7 +234,7 @@ def test_the_provisioner_gets_a_deployment_and_exactly_the_rbac_it_calls(helm: P
     assert cluster_role["apiVersion"] == "rbac.authorization.k8s.io/v1"
     assert rules(cluster_role) == {
         ("", "persistentvolumes", ("create", "delete", "get", "list", "patch", "watch")),
-        ("", "persistentvolumeclaims", ("get", "list", "watch")),
+        ("", "persistentvolumeclaims", ("get", "list", "patch", "watch")),
         ("storage.k8s.io", "storageclasses", ("get",)),
         ("", "nodes", ("get",)),
         ("", "secrets", ("get",)),
@@ -416,14 +416,39 @@ def test_the_node_agents_admission_policy_binds_its_account(helm: Path) -> None:
     docs = render_list(helm, "nodeAgent.enabled=true", "nodeAgent.admissionPolicy=false")
     assert not {d["kind"] for d in docs} & {"ValidatingAdmissionPolicy"}
     assert one(docs, "ClusterRole", "flexhub-node-agent")
-    # a cluster that does not serve admissionregistration.k8s.io/v1 policies (before 1.30)
-    for version, kinds in (("1.29.9", set()), ("1.30.0", {"ValidatingAdmissionPolicy"})):
-        argv = [str(helm), "template", "x", str(CHART), "--set", "nodeAgent.enabled=true"]
-        out = subprocess.run([*argv, "--kube-version", version], capture_output=True,
-                             text=True, check=True).stdout  # fmt: skip
-        rendered = {d["kind"] for d in yaml.safe_load_all(out) if d}
-        assert rendered & {"ValidatingAdmissionPolicy"} == kinds, version
-        assert "ClusterRole" in rendered
+
+
+def template(helm: Path, version: str, *values: str) -> subprocess.CompletedProcess[str]:
+    argv = [str(helm), "template", "x", str(CHART), "--kube-version", version]
+    for value in values:
+        argv += ["--set", value]
+    return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+
+def test_the_node_agents_admission_policy_is_never_dropped_silently(helm: Path) -> None:
+    """Before 1.30 the cluster serves no admissionregistration.k8s.io/v1 policy: with the node
+    agent on and ``nodeAgent.admissionPolicy`` not set to false, the chart refuses to render
+    (one line saying what to do) rather than install the agent's token without its limits."""
+    for version in ("1.29.0", "1.29.9"):
+        for values in (("nodeAgent.enabled=true",), ("storageClasses[0].name=l",
+                       "storageClasses[0].parameters.backend=loopfile")):  # fmt: skip
+            proc = template(helm, version, *values)
+            assert proc.returncode != 0, (version, values)
+            (line,) = [ln for ln in proc.stderr.splitlines() if "admissionPolicy" in ln]
+            assert "Kubernetes 1.30" in line and "nodeAgent.admissionPolicy=false" in line
+        # the operator's explicit choice: the agent and its RBAC, no policy
+        proc = template(helm, version, "nodeAgent.enabled=true", "nodeAgent.admissionPolicy=false")
+        assert proc.returncode == 0, proc.stderr
+        rendered = {d["kind"] for d in yaml.safe_load_all(proc.stdout) if d}
+        assert "ClusterRole" in rendered and "ValidatingAdmissionPolicy" not in rendered
+        # no node agent, no token to narrow: nothing to refuse
+        proc = template(helm, version)
+        assert proc.returncode == 0, proc.stderr
+    for version in ("1.30.0", render_manifest.KUBE_VERSION):
+        proc = template(helm, version, "nodeAgent.enabled=true")
+        assert proc.returncode == 0, proc.stderr
+        rendered = {d["kind"] for d in yaml.safe_load_all(proc.stdout) if d}
+        assert {"ValidatingAdmissionPolicy", "ClusterRole"} <= rendered, version
 
 
 def test_a_node_agent_value_other_than_true_false_or_auto_is_refused(helm: Path) -> None:
@@ -508,3 +533,88 @@ def test_the_provisioning_values_render_only_api_versions_the_cluster_serves(hel
         "DaemonSet": "apps/v1",
         "Deployment": "apps/v1",
     }
+
+
+# -- the cluster's admission policies (deploy/admission-policy.yaml) ----------------------------
+
+POLICY_FILE = REPO / "deploy" / "admission-policy.yaml"
+INLINE = "flexhub-inline-volumes"
+
+
+def policies(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The admission policies and bindings but the node agent's, in one order (helm sorts)."""
+    kinds = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    found = [d for d in docs if d["kind"] in kinds and not d["metadata"]["name"].endswith("agent")]
+    return sorted(found, key=lambda d: (d["kind"], d["metadata"]["name"]))
+
+
+def allowed_inline(docs: list[dict[str, Any]]) -> str:
+    policy = one(docs, "ValidatingAdmissionPolicy", INLINE)
+    (variable,) = [v for v in policy["spec"]["variables"] if v["name"] == "allowedBackends"]
+    expression: str = variable["expression"]
+    return expression
+
+
+def test_the_chart_renders_the_clusters_admission_policies_only_when_asked(helm: Path) -> None:
+    """``admissionPolicies.enabled`` renders deploy/admission-policy.yaml itself (one source:
+    the file is the chart's), with the chart's inline allow-list as its allowedBackends."""
+    assert policies(render_list(helm)) == []
+    the_file = policies([d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d])
+    assert len(the_file) == 6
+    assert policies(render_list(helm, "admissionPolicies.enabled=true")) == the_file
+    docs = render_list(
+        helm, "admissionPolicies.enabled=true", "admissionPolicies.inlineAllowedBackends={nfs,cifs}"
+    )
+    assert allowed_inline(docs) == '["nfs","cifs"]'
+    rest = [d for d in policies(docs) if d["metadata"]["name"] != INLINE]
+    assert rest == [d for d in the_file if d["metadata"]["name"] != INLINE]
+
+
+def test_an_inline_allow_list_that_undoes_provisioned_isolation_is_refused(helm: Path) -> None:
+    """Finding 13: an inline volume of a backend that one of the chart's classes provisions can
+    mount that class's export (or target) root and read every claim's directory. The chart
+    refuses to render such an allow-list, one line, unless the operator acknowledges it."""
+    nfs_class = (
+        "storageClasses[0].name=nfs-team",
+        "storageClasses[0].parameters.backend=nfs",
+        "storageClasses[0].parameters.server=nfs1.example.com",
+        "storageClasses[0].parameters.share=/exports/k8s",
+    )
+    on = "admissionPolicies.enabled=true"
+    proc = template(
+        helm, render_manifest.KUBE_VERSION, *nfs_class, on,
+        "admissionPolicies.inlineAllowedBackends={cifs,nfs}",
+    )  # fmt: skip
+    assert proc.returncode != 0
+    (line,) = [ln for ln in proc.stderr.splitlines() if "inlineAllowedBackends" in ln]
+    assert "nfs" in line and "nfs-team" in line
+    assert "admissionPolicies.acknowledgeInlineUndoesIsolation=true" in line
+    # acknowledged: rendered as asked
+    proc = template(
+        helm, render_manifest.KUBE_VERSION, *nfs_class, on,
+        "admissionPolicies.inlineAllowedBackends={cifs,nfs}",
+        "admissionPolicies.acknowledgeInlineUndoesIsolation=true",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert allowed_inline([d for d in yaml.safe_load_all(proc.stdout) if d]) == '["cifs","nfs"]'
+    # a backend no class of the chart provisions is no concern of the chart's
+    proc = template(
+        helm, render_manifest.KUBE_VERSION, *nfs_class, on,
+        "admissionPolicies.inlineAllowedBackends={cifs}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    # an allow-list that would render nothing, or a name that is not a backend's, is refused
+    for values, words in [
+        (("admissionPolicies.inlineAllowedBackends={cifs}",), "admissionPolicies.enabled"),
+        ((on, "admissionPolicies.inlineAllowedBackends={nfs']}"), "not a backend name"),
+    ]:
+        proc = template(helm, render_manifest.KUBE_VERSION, *values)
+        assert proc.returncode != 0, values
+        assert words in proc.stderr, proc.stderr
+
+
+def test_the_clusters_admission_policies_need_kubernetes_1_30(helm: Path) -> None:
+    proc = template(helm, "1.29.0", "admissionPolicies.enabled=true")
+    assert proc.returncode != 0
+    assert "admissionPolicies.enabled needs Kubernetes 1.30 or later" in proc.stderr
+    assert template(helm, "1.30.0", "admissionPolicies.enabled=true").returncode == 0

@@ -41,6 +41,7 @@ WHERE: dict[tuple[str, str, str], str | None] = {
     ("provisioner", "persistentvolumeclaims", "get"): None,  # every claim of the cluster
     ("provisioner", "persistentvolumeclaims", "list"): None,
     ("provisioner", "persistentvolumeclaims", "watch"): None,
+    ("provisioner", "persistentvolumeclaims", "patch"): None,  # its finalizer (pvapi.hold_claim)
     ("provisioner", "secrets", "get"): None,  # a class's secretNamespace: any namespace
     ("provisioner", "secrets", "create"): NS,  # its own sealing key, made once (seal.py)
     ("provisioner", "events", "create"): None,  # a claim's Events, in the claim's namespace

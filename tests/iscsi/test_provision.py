@@ -24,7 +24,7 @@ from flexhub.driver.validation import validate_options, validator_for
 from flexhub.errors import FlexhubError, InvalidOptions
 from flexhub.node import Node
 from flexhub.node.runner import RecordingRunner, Result
-from flexhub.provisioner import controller, pvs
+from flexhub.provisioner import pvapi, pvs
 from flexhub.provisioning import Claim, Provisioned, Provisioning
 from flexhub.volume import Secret, Secrets
 
@@ -499,7 +499,7 @@ def test_an_older_fileio_pv_without_claim_uid_reclaims_and_its_name_is_checked(
     )
     pv = _pv(old, PARAMS)
     options = {k: v for k, v in pv["spec"]["flexVolume"]["options"].items() if k != "backend"}
-    record = controller.backend_record(pv)
+    record = pvapi.backend_record(pv)
     assert record["claimUid"] == UID
     runner = Ssh({"ok": {"deleted": ["target", "backstore", "file"]}})
     backend(runner, tmp_path).reclaim(options, record, secrets())
@@ -516,7 +516,7 @@ def test_an_older_fileio_pv_without_claim_uid_reclaims_and_its_name_is_checked(
         pvs.ANN_RECLAIM: json.dumps({**record, "claimUid": OTHER}),
     }}}  # fmt: skip
     with pytest.raises(FlexhubError, match="refusing to reclaim"):
-        controller.backend_record(forged)
+        pvapi.backend_record(forged)
     blocked = backend(Ssh(), tmp_path).provision(claim(), BLOCK, secrets())
     without = {k: v for k, v in blocked.reclaim.items() if k != "claimUid"}
     with pytest.raises(InvalidOptions, match="claimUid"):

@@ -11,8 +11,10 @@ from flexhub_nfs._provision import DEFAULT_MODE, directory, read
 
 from flexhub.driver.validation import validate_options
 from flexhub.errors import InvalidOptions
+from flexhub.node.runner import RecordingRunner
 from flexhub.pathpattern import DEFAULT_PATTERN, check_pattern, check_recorded, render
 from flexhub.provisioning import Claim
+from flexhub.volume import Secrets
 
 UID = "3f9a1c2e-5b7d-4e8f-9a0b-1c2d3e4f5a6b"
 CLAIM = Claim(
@@ -90,6 +92,62 @@ def test_pattern_checked_without_a_claim() -> None:
 def test_two_claims_never_share_a_directory() -> None:
     other = Claim(uid=UID.replace("3f", "4f"), namespace="team-a", name="db", size=1)
     assert render(DEFAULT_PATTERN, CLAIM) != render(DEFAULT_PATTERN, other)
+
+
+def test_a_claim_directory_is_never_inside_another_claims() -> None:
+    """Finding 15: classes on one export with different segment counts, or an annotation a
+    claim's author chooses, could render a segment equal to another claim's directory (whose
+    name always holds that claim's uid), nesting this claim inside it (that one's delete then
+    removes this one's data). A segment before the last that holds a uid is refused, in any
+    letter case (an SMB server may match names without it)."""
+    other = "9e8d7c6b-5a49-4382-a170-6f5e4d3c2b1a"
+    claim = Claim(
+        uid=UID,
+        namespace=f"pvc-{other}",
+        name="db",
+        size=1,
+        annotations={
+            "pv": f"pvc-{other}",
+            "default": f"team-a-db-pvc-{other}",
+            "upper": f"PVC-{other.upper()}",
+        },
+    )
+    for pattern, segment in [
+        ("${annotations['pv']}/${pvName}", f"pvc-{other}"),
+        ("k8s/${annotations['default']}/${pvName}", f"team-a-db-pvc-{other}"),
+        ("${annotations['upper']}/${pvName}", f"PVC-{other.upper()}"),
+        ("${namespace}/${name}-${uid}", f"pvc-{other}"),
+    ]:
+        with pytest.raises(
+            InvalidOptions, match=r"^invalid parameter \$\['pathPattern'\]: "
+        ) as info:
+            render(pattern, claim)
+        assert repr(segment) in str(info.value) and "\n" not in str(info.value), pattern
+    # a class whose own pattern puts the uid before the last segment is refused beforehand
+    for pattern in ("${pvName}/${uid}", "x/${uid}-data/${pvName}"):
+        with pytest.raises(InvalidOptions, match=r"pathPattern.*claim's directory"):
+            check_pattern(pattern)
+        with pytest.raises(InvalidOptions, match="pathPattern"):
+            NfsBackend.check_parameters({**CLASS, "pathPattern": pattern})
+    # a segment with no uid, and a uid in the last segment only, stay as they were
+    assert render("${annotations['example.com/team']}/${pvName}", CLAIM) == f"payments/pvc-{UID}"
+
+
+def test_a_nested_claim_directory_is_refused_before_any_mount(
+    backend: NfsBackend, runner: RecordingRunner
+) -> None:
+    """The refusal comes before the provisioner mounts the export: nothing is made."""
+    claim = Claim(
+        uid=UID,
+        namespace="team-a",
+        name="db",
+        size=1,
+        annotations={"x": "pvc-9e8d7c6b-5a49-4382-a170-6f5e4d3c2b1a"},
+    )
+    parameters = {**CLASS, "pathPattern": "${annotations['x']}/${pvName}"}
+    with pytest.raises(InvalidOptions, match="pathPattern"):
+        backend.provision(claim, parameters, Secrets())
+    assert runner.calls == []
 
 
 # -- the reclaim record --------------------------------------------------------------------------

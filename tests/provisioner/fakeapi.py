@@ -72,6 +72,48 @@ class FakeCore:
         except KeyError:
             raise _missing("persistentvolumeclaims", name) from None
 
+    def patch_namespaced_persistent_volume_claim(
+        self, name: str, namespace: str, body: Any, **_: Any
+    ) -> Any:
+        """The finalizer patches the controller sends: a strategic merge that appends one,
+        a JSON patch that swaps the list if the resourceVersion is unchanged."""
+        self.api.calls.append(f"patch claim {namespace}/{name}")
+        try:
+            pvc = self.api.claims[(namespace, name)]
+        except KeyError:
+            raise _missing("persistentvolumeclaims", name) from None
+        meta = pvc["metadata"]
+        if isinstance(body, list):
+            for op in body:
+                if op["op"] == "test" and op["path"] == "/metadata/resourceVersion":
+                    if meta["resourceVersion"] != op["value"]:
+                        raise ApiException(status=409, reason="Conflict")
+                elif op["op"] == "replace" and op["path"] == "/metadata/finalizers":
+                    meta["finalizers"] = op["value"]
+                else:
+                    raise AssertionError(f"the fake API does not do {op}")
+        else:
+            added = [
+                f for f in body["metadata"]["finalizers"] if f not in meta.get("finalizers", [])
+            ]
+            if added and meta.get("deletionTimestamp"):
+                # as the API server: no new finalizer on an object being deleted
+                raise ApiException(status=422, reason="Unprocessable Entity")
+            meta["finalizers"] = [*meta.get("finalizers", []), *added]
+        meta["resourceVersion"] = str(next(_versions))
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            del self.api.claims[(namespace, name)]
+        return pvc
+
+    def delete_namespaced_persistent_volume_claim(self, name: str, namespace: str, **_: Any) -> Any:
+        """A tenant's delete (the controller never deletes a claim)."""
+        pvc = self.api.claims[(namespace, name)]
+        if pvc["metadata"].get("finalizers"):
+            pvc["metadata"]["deletionTimestamp"] = "2026-12-05T00:00:00Z"
+            pvc["metadata"]["resourceVersion"] = str(next(_versions))
+        else:
+            del self.api.claims[(namespace, name)]
+
     def read_persistent_volume(self, name: str, **_: Any) -> Any:
         self.api.calls.append(f"get pv {name}")
         try:
