@@ -35,7 +35,7 @@ from tests.cluster import build
 from tests.cluster.accounts import NAMESPACE, Accounts, audited, forbidden
 from tests.cluster.accounts import install as install_accounts
 from tests.cluster.cluster import Cluster
-from tests.cluster.kube import eventually, namespace
+from tests.cluster.kube import events, eventually, namespace
 from tests.rig import net, services
 from tests.rig.fixtures import require_rig
 from tests.rig.vm import VM, RigError
@@ -52,6 +52,8 @@ EXPORT = services.NFS_EXPORT
 CLASS = "nfs-now"
 PARAMETERS = {"backend": "nfs", "server": "127.0.0.1", "share": "/export", "nfsVersion": "4.2"}
 MADE = "provisioner-made"
+#: What a claim holds from just before its storage is made until its PV is saved.
+HOLD = "flexhub/provisioning"
 #: Seconds a guest provisioner may take for a step (python's start-up under TCG is most of it).
 SLOW = 300
 
@@ -165,6 +167,20 @@ def _guest_kubeconfig(cluster: Cluster, accounts: Accounts) -> str:
     return json.dumps(host)
 
 
+#: In the guest: the forwarded address answers; the host's own address (the API server's real
+#: port, and the port qemu's user network would NAT) does not, nor does the world.
+_ONLY_ONE_WAY = """
+import socket, sys
+socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=20).close()
+for host, port in (("10.0.2.2", int(sys.argv[3])), ("10.0.2.2", 22), ("192.0.2.1", 443)):
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError:
+        continue
+    sys.exit(f"the guest reached {host}:{port}")
+"""
+
+
 @pytest.fixture(scope="module")
 def rig(control_plane: Cluster) -> Iterator[Rig]:
     accounts = install_accounts(control_plane)
@@ -174,6 +190,8 @@ def rig(control_plane: Cluster) -> Iterator[Rig]:
     except RigError as exc:
         pytest.fail(f"VM rig failed to start: {exc}", pytrace=False)
     try:
+        port = str(control_plane.ports["apiserver"])
+        vm.run(["python3", "-c", _ONLY_ONE_WAY, net.GUEST_ADDRESS, str(net.GUEST_PORT), port])
         short_nfs_grace(vm)
         services.start_nfs_server(vm)
         # The first v4 client of a fresh server waits out its grace period: not ours to time.
@@ -276,7 +294,16 @@ def _paused_after_made(rig: Rig, ns: str, name: str) -> tuple[GuestProvisioner, 
     directory = f"{ns}-{name}-pvc-{uid}"
     assert export_tree(rig) - before == {f"./{directory}"}
     assert _pvs_of(rig, uid) == [] and _pv(rig, uid) is None
+    assert HOLD in _finalizers(rig, ns, name)
     return paused, uid, directory
+
+
+def _claim_now(rig: Rig, ns: str, name: str) -> Any:
+    return _read(rig.cluster.core.read_namespaced_persistent_volume_claim, name, ns)
+
+
+def _finalizers(rig: Rig, ns: str, name: str) -> list[str]:
+    return list(_claim_now(rig, ns, name).metadata.finalizers or [])
 
 
 def test_killed_between_storage_and_pv_then_restarted(rig: Rig) -> None:
@@ -305,6 +332,7 @@ def test_killed_between_storage_and_pv_then_restarted(rig: Rig) -> None:
             "subPath": directory,
         }
         assert export_tree(rig) - before == {f"./{directory}"}
+        eventually("the claim let go", lambda: HOLD not in _finalizers(rig, ns, "a"), timeout=60)
 
         rig.cluster.core.delete_namespaced_persistent_volume_claim("a", ns)
         eventually(
@@ -322,30 +350,27 @@ def test_killed_between_storage_and_pv_then_restarted(rig: Rig) -> None:
 
 def test_killed_then_claim_deleted_before_a_retry(rig: Rig) -> None:
     """SIGKILL between the directory and the PV, then the claim deleted while no provisioner
-    runs, then a provisioner: the claim goes, no PV is made, and its directory is removed (the
-    storage a crash left does not outlive the claim)."""
+    runs: the claim waits (it holds flexhub/provisioning); then a provisioner finds the
+    directory again and removes it (ProvisioningUndone), and only then lets the claim go; no
+    PV is made, no private mount left: the storage a crash left does not outlive the claim."""
     started = time.monotonic()
     ns = namespace(rig.cluster, "gone")
     before = export_tree(rig)
-    paused, uid, directory = _paused_after_made(rig, ns, "b")
+    paused, uid, _ = _paused_after_made(rig, ns, "b")
     paused.kill()
     rig.cluster.core.delete_namespaced_persistent_volume_claim("b", ns)
+    time.sleep(5)  # the claim protection controller's turn: it lets an unused claim go at once
+    waiting = _claim_now(rig, ns, "b")
+    assert waiting is not None and waiting.metadata.deletion_timestamp is not None
+    assert HOLD in (waiting.metadata.finalizers or [])
     again = start_provisioner(rig, "again-b")
     try:
-        eventually(
-            "the claim gone",
-            lambda: (
-                _read(rig.cluster.core.read_namespaced_persistent_volume_claim, "b", ns) is None
-            ),
-            timeout=SLOW,
-        )
-        eventually(
-            f"no directory {directory} left on the export",
-            lambda: export_tree(rig) == before,
-            timeout=120,
-        )
-        assert _pvs_of(rig, uid) == []
-        assert _pv(rig, uid) is None
+        eventually("the claim gone", lambda: _claim_now(rig, ns, "b") is None, timeout=SLOW)
+        left = export_tree(rig) - before
+        assert not left, f"left on the export after the claim went: {sorted(left)}"
+        assert _pvs_of(rig, uid) == [] and _pv(rig, uid) is None
+        shown = events(rig.cluster, ns, "b")
+        assert any(e.startswith("ProvisioningUndone") for e in shown), shown
         no_private_mount_left(rig)
     finally:
         again.stop()
@@ -386,6 +411,7 @@ def test_two_provisioners_race_for_one_claim(rig: Rig) -> None:
         assert [p.metadata.name for p in _pvs_of(rig, uid)] == [f"pvc-{uid}"]
         assert pv.spec.flex_volume.options["subPath"] == directory
         assert export_tree(rig) - before == {f"./{directory}"}
+        eventually("the claim let go", lambda: HOLD not in _finalizers(rig, ns, "c"), timeout=60)
 
         rig.cluster.core.delete_namespaced_persistent_volume_claim("c", ns)
         eventually(
