@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,10 @@ STATE = f"{BASE}/state"
 EXPORT = services.NFS_EXPORT
 CLASS = "nfs-now"
 PARAMETERS = {"backend": "nfs", "server": "127.0.0.1", "share": "/export", "nfsVersion": "4.2"}
+CIFS_CLASS = "cifs-now"
+#: The cifs class's Secret (type k8s/flexhub, in the chart's namespace), read by the provisioner.
+CIFS_SECRET = "smb-credentials"
+CIFS_PASSWORD = "Pw-" + uuid.uuid4().hex + "-prov"
 MADE = "provisioner-made"
 #: What a claim holds from just before its storage is made until its PV is saved.
 HOLD = "flexhub/provisioning"
@@ -62,11 +67,24 @@ def _on_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+@dataclass(frozen=True)
+class Kind:
+    """A backend's class and where its server keeps what it makes."""
+
+    backend: str
+    storage_class: str
+    local_dir: str
+
+
+NFS = Kind("nfs", CLASS, EXPORT)
+
+
 @dataclass
 class Rig:
     vm: VM
     cluster: Cluster
     accounts: Accounts
+    cifs: Kind
 
     def sh(self, script: str, check: bool = True) -> str:
         return self.vm.sh(script, check=check).stdout
@@ -203,7 +221,9 @@ def rig(control_plane: Cluster) -> Iterator[Rig]:
         vm.write_file(KUBECONFIG, _guest_kubeconfig(control_plane, accounts), mode=0o600)
         vm.write_file(
             CONFIG,
-            f'state_dir = "{STATE}"\nlog_dir = "{BASE}/log"\nlog_level = "debug"\n',
+            f'state_dir = "{STATE}"\nlog_dir = "{BASE}/log"\nlog_level = "debug"\n'
+            # a fresh smbd under TCG may take more than 8 s to answer a first mount
+            "mount_timeout = 20\n",
         )
         control_plane.storage.create_storage_class(
             {
@@ -216,7 +236,33 @@ def rig(control_plane: Cluster) -> Iterator[Rig]:
                 "volumeBindingMode": "Immediate",
             }
         )
-        yield Rig(vm, control_plane, accounts)
+        smb = services.start_smb_server(vm, CIFS_PASSWORD)
+        control_plane.core.create_namespaced_secret(
+            NAMESPACE,
+            {
+                "metadata": {"name": CIFS_SECRET},
+                "type": "k8s/flexhub",
+                "stringData": {"username": smb.username, "password": CIFS_PASSWORD},
+            },
+        )
+        control_plane.storage.create_storage_class(
+            {
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "StorageClass",
+                "metadata": {"name": CIFS_CLASS},
+                "provisioner": "flexhub",
+                "parameters": {
+                    "backend": "cifs",
+                    "server": smb.host,
+                    "share": smb.share,
+                    "secretName": CIFS_SECRET,
+                    "secretNamespace": NAMESPACE,
+                },
+                "reclaimPolicy": "Delete",
+                "volumeBindingMode": "Immediate",
+            }
+        )
+        yield Rig(vm, control_plane, accounts, Kind("cifs", CIFS_CLASS, smb.local_dir))
     finally:
         vm.close()
 
@@ -233,7 +279,7 @@ def nothing_refused(rig: Rig) -> Iterator[None]:
     assert not refused, f"calls the chart's RBAC or policy refused: {refused}"
 
 
-def _claim(rig: Rig, ns: str, name: str) -> str:
+def _claim(rig: Rig, ns: str, name: str, kind: Kind = NFS) -> str:
     made = rig.cluster.core.create_namespaced_persistent_volume_claim(
         ns,
         {
@@ -242,7 +288,7 @@ def _claim(rig: Rig, ns: str, name: str) -> str:
             "metadata": {"name": name},
             "spec": {
                 "accessModes": ["ReadWriteMany"],
-                "storageClassName": CLASS,
+                "storageClassName": kind.storage_class,
                 "resources": {"requests": {"storage": "1Gi"}},
             },
         },
@@ -274,25 +320,30 @@ def _pvs_of(rig: Rig, uid: str) -> list[Any]:
     ]
 
 
-def export_tree(rig: Rig) -> set[str]:
-    """Everything on the export, as the server has it."""
-    return set(rig.sh(f"cd {EXPORT} && find . -mindepth 1").split())
+def export_tree(rig: Rig, kind: Kind = NFS) -> set[str]:
+    """Everything on the export (or share), as the server has it."""
+    return set(rig.sh(f"cd {kind.local_dir} && find . -mindepth 1").split())
 
 
-def no_private_mount_left(rig: Rig) -> None:
-    assert rig.sh(f"grep -c ' {STATE}/nfs-tmp' /proc/mounts", check=False) == "0\n"
-    assert rig.sh(f"ls -A {STATE}/nfs-tmp 2>/dev/null || true") == ""
+def no_private_mount_left(rig: Rig, kind: Kind = NFS) -> None:
+    """No private mount of the export (or share) left, nor a cifs credentials file."""
+    private = f"{STATE}/{kind.backend}-tmp"
+    assert rig.sh(f"grep -c ' {private}' /proc/mounts", check=False) == "0\n"
+    for directory in (private, f"{STATE}/cifs-creds"):
+        assert rig.sh(f"ls -A {directory} 2>/dev/null || true") == "", directory
 
 
-def _paused_after_made(rig: Rig, ns: str, name: str) -> tuple[GuestProvisioner, str, str]:
+def _paused_after_made(
+    rig: Rig, ns: str, name: str, kind: Kind = NFS
+) -> tuple[GuestProvisioner, str, str]:
     """A provisioner paused between the storage and the PV for a new claim ``name``: it,
     the claim's uid and its directory (which exists on the export, with no PV)."""
-    before = export_tree(rig)
+    before = export_tree(rig, kind)
     paused = start_provisioner(rig, f"paused-{name}", pause_at=MADE)
-    uid = _claim(rig, ns, name)
+    uid = _claim(rig, ns, name, kind)
     eventually("paused after the directory was made", lambda: MADE in paused.trace, timeout=SLOW)
     directory = f"{ns}-{name}-pvc-{uid}"
-    assert export_tree(rig) - before == {f"./{directory}"}
+    assert export_tree(rig, kind) - before == {f"./{directory}"}
     assert _pvs_of(rig, uid) == [] and _pv(rig, uid) is None
     assert HOLD in _finalizers(rig, ns, name)
     return paused, uid, directory
@@ -348,33 +399,38 @@ def test_killed_between_storage_and_pv_then_restarted(rig: Rig) -> None:
     LOG.warning("nfs provisioner killed/restarted: %.1fs", time.monotonic() - started)
 
 
-def test_killed_then_claim_deleted_before_a_retry(rig: Rig) -> None:
+@pytest.mark.parametrize("backend", ["nfs", "cifs"])
+def test_killed_then_claim_deleted_before_a_retry(rig: Rig, backend: str) -> None:
     """SIGKILL between the directory and the PV, then the claim deleted while no provisioner
     runs: the claim waits (it holds flexhub/provisioning); then a provisioner finds the
-    directory again and removes it (ProvisioningUndone), and only then lets the claim go; no
-    PV is made, no private mount left: the storage a crash left does not outlive the claim."""
+    directory again and removes it (ProvisioningUndone; cifs: with the class's Secret), and
+    only then lets the claim go; no PV is made, no private mount (nor credentials file) left:
+    the storage a crash left does not outlive the claim."""
     started = time.monotonic()
+    kind = NFS if backend == "nfs" else rig.cifs
     ns = namespace(rig.cluster, "gone")
-    before = export_tree(rig)
-    paused, uid, _ = _paused_after_made(rig, ns, "b")
+    name = f"b-{backend}"
+    before = export_tree(rig, kind)
+    paused, uid, _ = _paused_after_made(rig, ns, name, kind)
     paused.kill()
-    rig.cluster.core.delete_namespaced_persistent_volume_claim("b", ns)
+    rig.cluster.core.delete_namespaced_persistent_volume_claim(name, ns)
     time.sleep(5)  # the claim protection controller's turn: it lets an unused claim go at once
-    waiting = _claim_now(rig, ns, "b")
+    waiting = _claim_now(rig, ns, name)
     assert waiting is not None and waiting.metadata.deletion_timestamp is not None
     assert HOLD in (waiting.metadata.finalizers or [])
-    again = start_provisioner(rig, "again-b")
+    again = start_provisioner(rig, f"again-{name}")
     try:
-        eventually("the claim gone", lambda: _claim_now(rig, ns, "b") is None, timeout=SLOW)
-        left = export_tree(rig) - before
-        assert not left, f"left on the export after the claim went: {sorted(left)}"
+        eventually("the claim gone", lambda: _claim_now(rig, ns, name) is None, timeout=SLOW)
+        left = export_tree(rig, kind) - before
+        assert not left, f"left on the {backend} server after the claim went: {sorted(left)}"
         assert _pvs_of(rig, uid) == [] and _pv(rig, uid) is None
-        shown = events(rig.cluster, ns, "b")
+        shown = events(rig.cluster, ns, name)
         assert any(e.startswith("ProvisioningUndone") for e in shown), shown
-        no_private_mount_left(rig)
+        no_private_mount_left(rig, kind)
+        assert CIFS_PASSWORD not in again.log
     finally:
         again.stop()
-    LOG.warning("nfs provisioner killed, claim deleted: %.1fs", time.monotonic() - started)
+    LOG.warning("%s provisioner killed, claim deleted: %.1fs", backend, time.monotonic() - started)
 
 
 def test_two_provisioners_race_for_one_claim(rig: Rig) -> None:
