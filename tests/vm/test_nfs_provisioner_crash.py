@@ -8,7 +8,8 @@ test fails when the API server refused any of its calls (its audit log).
 The guest reaches the API server and nothing else: one ``guestfwd`` of qemu's user-mode
 network with ``restrict=on`` (tests/rig/net.py), verifying the API server's certificate (its
 CA, ``tls-server-name: kubernetes``). The kernel NFS server runs in the guest
-(tests/rig/services.py); the classes bind ``Immediate`` (no kubelet, no scheduler).
+(tests/rig/services.py), and Samba's smbd for the one cifs case; the classes bind
+``Immediate`` (no kubelet, no scheduler).
 
 One VM and one control plane for the module; each test starts the provisioner processes it
 needs, so that a kill and a second instance are real processes too.
