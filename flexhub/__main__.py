@@ -1,6 +1,6 @@
 """Entry point: who is calling, kubelet or a person?
 
-The rule (the README's "kubelet's calls and people's commands"):
+The rule (docs/operators/troubleshoot.md, "kubelet's calls and people's commands"):
 
 1. no argument: the help (kubelet always names an operation);
 2. a kubelet operation (``init``, ``mount``, ...): the kubelet protocol, one JSON reply

@@ -190,7 +190,8 @@ def daemonset(
     ] = False,
 ) -> None:
     """The DaemonSet's entrypoint: install this runtime and the driver onto the host, check
-    the driver's init as kubelet runs it, then stay up (never uninstalls: see the README).
+    the driver's init as kubelet runs it, then stay up (never uninstalls: see
+    docs/operators/upgrade.md).
     With --node-agent it stays up as the node agent: the storage of released PVs on this
     node (loop files) is reclaimed by the installed driver, in the host, with its config."""
     import os

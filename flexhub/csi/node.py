@@ -7,7 +7,14 @@
   (:func:`flexhub.node.volumes.unmount_volume`): the last user releases the device.
 * ``NodePublishVolume`` bind-mounts the staged directory on the pod's target path (read-only
   when asked, verified), ``NodeUnpublishVolume`` unmounts it and removes the target path.
+* ``VOLUME_MOUNT_GROUP``: the capability's ``volume_mount_group`` (the pod's fsGroup) is
+  applied at stage and at each read-write publish as the FlexVolume driver applies fsGroup
+  (:func:`flexhub.csi.volumes.mount_group`).
 * ``NodeGetVolumeStats`` is ``statvfs`` of a mounted volume path (bytes and inodes).
+* ``NodeGetVolumeHealth`` (``GET_VOLUME_HEALTH``, v1.13's successor of ``VOLUME_CONDITION``):
+  ``INACCESSIBLE`` with a reason and a one-line message for a path that holds no mount, is a
+  stale mount or does not answer a stat in time; no entry for a healthy volume
+  (:mod:`flexhub.csi.health`).
 
 A second call on a volume while one runs is refused with ``ABORTED`` (:class:`InFlight`).
 """
@@ -17,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +36,13 @@ from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
 from flexhub.csi.rawpublish import publish_raw, refuse_while_published
 from flexhub.csi.records import StagedContexts
 from flexhub.csi.status import CsiError, InFlight, rpc
-from flexhub.csi.volumes import flexhub_volume, invalid, is_block
-from flexhub.node.mounts import CORRUPTED_ERRNOS
+from flexhub.csi.volumes import (
+    READ_ONLY_MODES,
+    flexhub_volume,
+    invalid,
+    is_block,
+    mount_group,
+)
 
 __all__ = ["NodeService"]
 
@@ -87,6 +98,8 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                     _Cap.GET_VOLUME_STATS,
                     _Cap.EXPAND_VOLUME,
                     _Cap.SINGLE_NODE_MULTI_WRITER,
+                    _Cap.GET_VOLUME_HEALTH,
+                    _Cap.VOLUME_MOUNT_GROUP,
                 )
             ]
         )
@@ -159,6 +172,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         reason = check_capability(request.volume_capability)
         if reason:
             raise invalid(reason)
+        fs_group = mount_group(request.volume_capability)
         if is_block(request.volume_capability):
             with self.in_flight.hold(volume_id):
                 publish_raw(self._node(), volume_id, staging, target, request)
@@ -181,6 +195,9 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                 )
             if request.volume_capability.access_mode.mode == _SINGLE_WRITER:
                 self._refuse_second_writer(node, volume_id, staging, target, staged)
+            mode = request.volume_capability.access_mode.mode
+            if fs_group is not None and not request.readonly and mode not in READ_ONLY_MODES:
+                self._apply_mount_group(volume_id, staging, fs_group)
             target.mkdir(mode=0o750, parents=True, exist_ok=True)
             bind_mount(
                 node.runner,
@@ -192,6 +209,20 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             )
             LOG.info("published %s on %s%s", volume_id, target, " (ro)" if request.readonly else "")
         return csi_pb2.NodePublishVolumeResponse()
+
+    def _apply_mount_group(self, volume_id: str, staging: Path, gid: int) -> None:
+        """A pod's fsGroup on a read-write publish, as the FlexVolume driver applies it at each
+        pod's mount: a block backend's filesystem root (the staged one) gets the group,
+        ``g+rwx`` and setgid, the last pod's group winning; a filesystem backend's group was
+        its mount's (cifs ``gid=``, at stage) or is never applied (NFS)."""
+        from flexhub.csi.volumes import backend_class
+        from flexhub.node.staging import apply_fs_group
+
+        found = self.staged.get(staging)
+        if found is None or found[0] != volume_id:
+            return
+        if issubclass(backend_class(found[1].get("backend", ""), self.config), BlockBackend):
+            apply_fs_group(staging, gid)
 
     def _refuse_second_writer(
         self, node: Any, volume_id: str, staging: Path, target: Path, staged: Any
@@ -330,47 +361,61 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             ]
         )
 
+    @rpc
+    def NodeGetVolumeHealth(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """The volume's health from this node (:mod:`flexhub.csi.health`): its staging and
+        publish paths when the request names them, else where this node staged it; a volume
+        this node never staged is ``NOT_FOUND``."""
+        from flexhub.csi.health import volume_health
 
-#: Seconds a stats call's stat of a volume may take before it is answered UNAVAILABLE.
+        volume_id = _require(request.volume_id, "volume_id")
+        paths = [
+            _path(value, what)
+            for value, what in (
+                (request.staging_target_path, "staging_target_path"),
+                (request.volume_publish_path, "volume_publish_path"),
+            )
+            if value
+        ]
+        if request.staging_target_path:
+            found = self.staged.get(paths[0])
+            if found is not None and found[0] != volume_id:
+                raise CsiError(
+                    grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not staged on {paths[0]}"
+                )
+        if not paths:
+            paths = self.staged.of_volume(volume_id)
+            if not paths:
+                raise CsiError(
+                    grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not staged on this node"
+                )
+        node = self._node()
+        health = volume_health(
+            volume_id, paths, lambda path: self._staged_here(node, path), STAT_BOUND
+        )
+        for entry in health.health_statuses:
+            LOG.warning("volume %s: %s: %s", volume_id, entry.reason, entry.message)
+        return csi_pb2.NodeGetVolumeHealthResponse(volume_health=health)
+
+
+#: Seconds a stats or health call's stat of a volume path may take.
 STAT_BOUND = 5.0
-_statting: set[str] = set()
-_statting_lock = threading.Lock()
 
 
 def _bounded_stat(path: str) -> tuple[int, os.statvfs_result | None]:
     """``(st_mode, statvfs or None for a device)`` of ``path`` within :data:`STAT_BOUND`
-    (one stat and statvfs, also what tells a stale mount: no second probe of it); a path
-    whose stat is still stuck from an earlier call is answered at once."""
-    with _statting_lock:
-        if path in _statting:
-            raise CsiError(grpc.StatusCode.UNAVAILABLE, f"{path} did not answer a stat yet")
-        _statting.add(path)
-    found: list[tuple[int, os.statvfs_result | None]] = []
-    failed: list[OSError] = []
+    (:func:`flexhub.csi.health.probe`: one stat and statvfs, also what tells a stale mount);
+    a stuck stat is ``UNAVAILABLE``, a stale mount ``INTERNAL``, a missing path ``NOT_FOUND``."""
+    from flexhub.csi.health import probe
 
-    def work() -> None:
-        try:
-            mode = os.stat(path).st_mode
-            found.append((mode, None if stat.S_ISBLK(mode) else os.statvfs(path)))
-        except OSError as exc:
-            failed.append(exc)
-        finally:
-            with _statting_lock:
-                _statting.discard(path)
-
-    thread = threading.Thread(target=work, name="stat", daemon=True)
-    thread.start()
-    thread.join(STAT_BOUND)
-    if found:
-        return found[0]
-    if failed and failed[0].errno in CORRUPTED_ERRNOS:  # what is_corrupted tells apart
+    found = probe(path, STAT_BOUND)
+    if not found.reason:
+        return found.mode, found.statvfs
+    if found.reason == "StaleMount":
         raise CsiError(grpc.StatusCode.INTERNAL, f"{path} is a stale or broken mount")
-    if failed:
-        raise CsiError(grpc.StatusCode.NOT_FOUND, f"{path}: {failed[0].strerror or failed[0]}")
-    raise CsiError(
-        grpc.StatusCode.UNAVAILABLE,
-        f"{path} did not answer a stat within {STAT_BOUND:.0f} s (its server unreachable?)",
-    )
+    if found.reason == "StatFailed":
+        raise CsiError(grpc.StatusCode.NOT_FOUND, found.message)
+    raise CsiError(grpc.StatusCode.UNAVAILABLE, found.message)
 
 
 def _same_mount(entry: Any, other: Any) -> bool:

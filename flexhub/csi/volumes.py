@@ -6,7 +6,10 @@ key is the backend's, validated against its schema), plus ``flexhub.csi/fsType``
 FlexVolume driver's path
 (:func:`flexhub.driver.loader.load_backend`, :func:`flexhub.settings.check_backend_table`,
 :func:`flexhub.driver.validation.validate_options`, the backend's ``check_options`` and
-``check``). The capability's ``mount_flags`` join the options' ``mountOptions``, so the
+``check``). The capability's ``volume_mount_group`` is the volume's fsGroup, applied as the
+FlexVolume driver applies ``kubernetes.io/mounterArgs.FsGroup`` (a read-write block volume's
+filesystem root gets the group, ``g+rwx`` and setgid; cifs mounts with ``gid=``; NFS is never
+chowned). The capability's ``mount_flags`` join the options' ``mountOptions``, so the
 backend's schema and the core's allow-list judge them as they judge a PV's.
 """
 
@@ -32,6 +35,7 @@ __all__ = [
     "check_capability",
     "flexhub_volume",
     "is_block",
+    "mount_group",
     "secrets_of",
 ]
 
@@ -89,6 +93,22 @@ def is_block(capability: Any) -> bool:
     return bool(capability.WhichOneof("access_type") == "block")
 
 
+def mount_group(capability: Any) -> int | None:
+    """The capability's ``volume_mount_group`` (node capability ``VOLUME_MOUNT_GROUP``: the
+    pod's fsGroup, delegated to the driver) as a group id, ``None`` when absent.
+
+    :raises CsiError: ``INVALID_ARGUMENT`` when it is no decimal group id.
+    """
+    if capability.WhichOneof("access_type") != "mount":
+        return None
+    raw = capability.mount.volume_mount_group
+    if not raw:
+        return None
+    if not raw.isdigit() or not raw.isascii() or len(raw) > 10 or int(raw) > 0xFFFFFFFE:
+        raise invalid(f"volume_mount_group {raw[:40]!r} is not a decimal group id")
+    return int(raw)
+
+
 def check_capability(capability: Any, cls: type[Backend] | None = None) -> str:
     """Refuse a capability flexhub cannot serve; return the reason (``""``: supported).
 
@@ -133,6 +153,7 @@ def flexhub_volume(
     }
     if not options.get("backend"):
         raise invalid("the volume context names no backend (key 'backend')")
+    fs_group = mount_group(capability)
     cls = backend_class(options["backend"], config)
     reason = check_capability(capability, cls)
     if reason:
@@ -148,6 +169,7 @@ def flexhub_volume(
         options=options,
         fs_type=capability.mount.fs_type or context.get(CONTEXT_FS_TYPE, ""),
         read_only=read_only or capability.access_mode.mode in READ_ONLY_MODES,
+        fs_group=fs_group,
         pod=PodInfo(namespace=context.get(CONTEXT_NAMESPACE, "")),
         secrets=secrets_of(secrets),
     )

@@ -26,7 +26,7 @@ from flexhub.node.plainconfig import _LEVELS, _NUMBERS, _STRINGS, read_plain_con
 
 __all__ = ["CAPABILITIES", "serve"]
 
-#: The reply to ``init``. See the README ("Capabilities") for why each is set so.
+#: The reply to ``init``. See docs/backends/protocol.md ("Capabilities") for why each is set so.
 CAPABILITIES = {
     "attach": False,
     "selinuxRelabel": True,

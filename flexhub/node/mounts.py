@@ -394,7 +394,7 @@ def check_block_mount_options(options: Iterable[str]) -> tuple[str, ...]:
         lowered = option.lower()
         reason = _BLOCK_REFUSED.get(lowered) or next(
             (why for prefix, why in _BLOCK_REFUSED_PREFIXES.items() if lowered.startswith(prefix)),
-            "is not on the allow-list of block-volume mount options (see the README)",
+            "is not on the allow-list of block-volume mount options (see docs/security.md)",
         )
         raise InvalidOptions(f"mount option {option!r} is not allowed: it {reason}")
     return checked

@@ -1,28 +1,31 @@
 """The provisioner's control loop: claims become PVs, released PVs give their storage back.
 
-Two watches (claims, PVs) feed one work queue; one worker syncs one key at a time, reading
-the object fresh from the API server before it acts (never from a cache that may be stale).
-A sync that fails is retried with per-key backoff; a claim with a StorageClass mistake is
-retried slowly (an operator fixes the class, the claim then provisions).
+Two watches (claims, PVs) feed one work queue; a few workers sync keys, one key never by
+two at once, reading the object fresh from the API server before acting (never from a cache
+that may be stale). A sync that fails is retried with per-key backoff; a claim with a
+StorageClass mistake is retried slowly (an operator fixes the class, the claim then
+provisions). This module is the loop and the claim half; the PV half (reclaim, growth) is
+:mod:`flexhub.provisioner.volumes`.
 
 Safe without the leader election (``--leader-elect=false``, or two leaders during a handover):
 the PV is named ``pvc-<claim uid>``, a backend's provision finds what an earlier one made for
 that uid, a PV that already exists (AlreadyExists) counts as done, a failed PV save is
-retried (the storage is never deleted for it), and a PV's storage is reclaimed only while the
-PV holds flexhub's finalizer, which is removed after the backend confirmed the reclaim.
+retried (the storage is never deleted for it), a claim holds ``flexhub/provisioning`` while
+its storage may lack a PV (deleted then, its storage is found again and reclaimed), and a
+PV's storage is reclaimed only while the PV holds flexhub's finalizer, which is removed
+after the backend confirmed the reclaim.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
-import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, NoReturn
 
-from flexhub.errors import FlexhubError, InvalidOptions
+from flexhub.errors import FlexhubError, InvalidOptions, NoRoom, NotSupported
 from flexhub.node.checkpoints import checkpoint
 from flexhub.provisioner import pvs
 from flexhub.provisioner.events import CountingRecorder
@@ -31,41 +34,28 @@ from flexhub.provisioner.pvapi import (
     api_reason,
     backend_record,
     event_text,
-    finish_reclaim,
-    get,
     hold_claim,
     let_claim_go,
-    pointer,
     read_record,
-    remove_finalizer,
-    seconds_since,
 )
 from flexhub.provisioner.queue import WorkQueue, watch_forever
-from flexhub.provisioner.seal import ANN_SEAL, Sealer, sealed_content
+from flexhub.provisioner.seal import ANN_SEAL, Sealer
+from flexhub.provisioner.volumes import MISTAKE_RETRY, SECRET_TYPE, Later, Volumes
 from flexhub.provisioning import Claim, Provisioned, Provisioning
 from flexhub.volume import Secrets
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["DRIVER", "Controller"]
+__all__ = ["DRIVER", "MISTAKE_RETRY", "Controller", "Later"]
 
 DRIVER = "k8s/flexhub"
-#: The type kubelet demands of a FlexVolume PV's Secret: the driver's name.
-SECRET_TYPE = DRIVER
-#: How soon a claim whose StorageClass is wrong is looked at again.
-MISTAKE_RETRY = 60.0
-#: How often a released PV whose node is gone is reported again.
-NODE_GONE_RETRY = 600.0
-#: How long a PV reclaimed on its node may stay Released before the provisioner says that
-#: no node agent seems to run there.
-NODE_AGENT_GRACE = 600.0
 #: How many keys are synced at once (one key never twice at once).
 WORKERS = 4
 #: A node name as the API server accepts one (a DNS subdomain).
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
-class Controller:
+class Controller(Volumes):
     """Provision and reclaim for the StorageClasses whose ``provisioner`` is ``name``."""
 
     def __init__(
@@ -183,7 +173,7 @@ class Controller:
                 self.sync_claim(namespace, name)
             else:
                 self.sync_volume(rest)
-        except _Later as later:
+        except Later as later:
             self.queue.add(key, later.seconds)
             return
         except Exception as exc:
@@ -263,9 +253,21 @@ class Controller:
             f"flexhub is provisioning a {spec.backend} volume for the claim",
         )
         backend = self.backend_for(spec.backend)
-        # from here until the PV is saved, storage may exist that no PV names: a claim
-        # deleted meanwhile waits for _undo to remove it
-        pvc = hold_claim(self.api, self.core, pvc)
+        from kubernetes.client.rest import ApiException
+
+        try:
+            # from here until the PV is saved, storage may exist that no PV names: a claim
+            # deleted meanwhile waits for _undo to remove it
+            pvc = hold_claim(self.api, self.core, pvc)
+        except ApiException as exc:
+            message = f"flexhub could not hold the claim (finalizer {CLAIM_FINALIZER}): "
+            if exc.status == 403:
+                message += "the provisioner's account may not patch claims (its RBAC)"
+            self.events.claim(
+                pvc, "Warning", "ProvisioningFailed", event_text(message + api_reason(exc))
+            )
+            raise
+        claim = pvs.claim_from(pvc)  # its annotations as frozen by the hold
         try:
             made = backend.provision(claim, spec.parameters, secrets)
         except InvalidOptions as exc:
@@ -279,8 +281,6 @@ class Controller:
             ref = pv["spec"]["flexVolume"]["secretRef"]
             self._check_pv_secret(pvc, (ref["namespace"], ref["name"]))
         pv["metadata"]["annotations"][ANN_SEAL] = self.sealer.seal(pv)
-        from kubernetes.client.rest import ApiException
-
         try:
             self.core.create_persistent_volume(pv, _request_timeout=30)
         except ApiException as exc:
@@ -327,32 +327,44 @@ class Controller:
         """A claim deleted while it holds :data:`CLAIM_FINALIZER`: its storage may have been
         made without a PV being saved (the provisioner killed in between, the PV refused).
         What its backend made for it is found again (a backend's provision finds what an
-        earlier call made for the claim's uid) and reclaimed as its PV would have been, then
-        the claim may go. With a PV saved, the PV's own reclaim takes care of the storage."""
+        earlier call made for the claim's uid, from the claim's annotations as frozen when
+        it was held) and deleted: no PV ever named it, so no pod wrote to it, whatever the
+        class's onDelete or reclaim policy; then the claim may go. With a PV saved, the PV's
+        own reclaim takes care of the storage."""
         meta = pvc["metadata"]
         where = f"claim {meta['namespace']}/{meta['name']}"
         if self._get(self.core.read_persistent_volume, f"pvc-{meta['uid']}") is not None:
             let_claim_go(self.core, pvc)
             return
-        class_name = pvc["spec"].get("storageClassName") or ""
+        spec_of = pvc["spec"]
+        class_name = spec_of.get("storageClassName") or ""
         sc = self._get(self.storage.read_storage_class, class_name) if class_name else None
         try:
+            if spec_of.get("volumeName"):
+                # bound to a PV once (gone since): its storage is that PV's, which may hold
+                # data; never deleted here
+                raise InvalidOptions(f"the claim names PV {spec_of['volumeName'][:80]!r}")
             if sc is None or sc.get("provisioner") != self.name:
                 raise InvalidOptions(f"StorageClass {class_name[:80]!r} is gone")
-            spec = self.read_class(sc)
+            refused = self._never_held(pvc, sc)
+            if refused:  # provisioning never held such a claim: nothing was made for it
+                LOG.info("%s: %s: nothing to undo", where, refused)
+                let_claim_go(self.core, pvc)
+                return
+            spec = replace(self.read_class(sc), on_delete="delete")
             claim = pvs.claim_from(pvc)
         except InvalidOptions as exc:
             self._leftover(pvc, exc)
             return
-        if spec.reclaim_on != "provisioner" or (sc.get("reclaimPolicy") or "Delete") != "Delete":
-            let_claim_go(self.core, pvc)  # made on its node at a first mount, or kept by policy
+        if spec.reclaim_on != "provisioner":
+            let_claim_go(self.core, pvc)  # made on its node at a first mount: nothing yet
             return
-        secrets = self._class_secrets(pvc, spec)
-        backend = self.backend_for(spec.backend)
         try:
+            backend = self.backend_for(spec.backend)
+            secrets = self._class_secrets(pvc, spec)
             try:
                 made = backend.provision(claim, spec.parameters, secrets)
-            except InvalidOptions as exc:  # refused as it was at provisioning: none made
+            except (InvalidOptions, NoRoom, NotSupported) as exc:  # refused: none made
                 self._leftover(pvc, exc)
                 return
             pv = self._pv(claim, sc, spec, made)
@@ -361,20 +373,39 @@ class Controller:
                 backend_record(pv),
                 self._volume_secrets(pv, read_record(pv)),
             )
-        except FlexhubError as exc:
-            self.events.claim(pvc, "Warning", "ProvisioningLeftover", event_text(exc))
+        except (FlexhubError, Later) as exc:
+            self.events.claim(
+                pvc,
+                "Warning",
+                "ProvisioningLeftover",
+                event_text(f"the claim waits until flexhub can delete its storage: {exc}"),
+            )
             raise
-        LOG.info(
-            "%s deleted before its PV was saved: its %s storage reclaimed", where, spec.backend
-        )
+        LOG.info("%s deleted before its PV was saved: its %s storage deleted", where, spec.backend)
         self.events.claim(
             pvc,
             "Normal",
             "ProvisioningUndone",
-            f"the claim was deleted before its PV was saved: flexhub reclaimed the "
-            f"{spec.backend} storage it had made for it (onDelete {spec.on_delete})",
+            f"the claim was deleted before its PV was saved: flexhub deleted the "
+            f"{spec.backend} storage its backend had (or would have) made for it",
         )
         let_claim_go(self.core, pvc)
+
+    def _never_held(self, pvc: Mapping[str, Any], sc: Mapping[str, Any]) -> str:
+        """Why provisioning refuses ``pvc`` before holding it ('' when it does not)."""
+        spec = pvc["spec"]
+        if spec.get("dataSourceRef") or spec.get("dataSource"):
+            return "a dataSource"
+        if spec.get("selector"):
+            return "a selector"
+        if spec.get("volumeMode") == "Block":
+            return "volumeMode Block"
+        annotations = pvc["metadata"].get("annotations") or {}
+        if sc.get("volumeBindingMode") == "WaitForFirstConsumer" and not annotations.get(
+            pvs.ANN_SELECTED_NODE
+        ):
+            return "no node selected"
+        return ""
 
     def _leftover(self, pvc: Mapping[str, Any], why: Exception) -> None:
         """Nothing says any more what was made for a deleted claim (its class is gone, or
@@ -399,7 +430,7 @@ class Controller:
             "claim %s/%s: %s", pvc["metadata"]["namespace"], pvc["metadata"]["name"], message
         )
         self.events.claim(pvc, "Warning", "ProvisioningFailed", event_text(message))
-        raise _Later(MISTAKE_RETRY)
+        raise Later(MISTAKE_RETRY)
 
     def _class_secrets(self, pvc: Mapping[str, Any], spec: Any) -> Secrets:
         if spec.secret is None:
@@ -459,241 +490,6 @@ class Controller:
         if found is None:
             return node
         return str((found["metadata"].get("labels") or {}).get(pvs.HOSTNAME_LABEL, node))
-
-    def _expand(self, pvc: Mapping[str, Any]) -> None:
-        """Grow storage the provisioner holds (a LUN) when its claim asks for more.
-
-        Only for the claim the PV is bound to (``claimRef``: namespace, name and uid; any
-        claim may name any PV in ``spec.volumeName``), of a class that allows expansion, and
-        for a PV that still carries this provisioner's seal."""
-        volume = pvc["spec"]["volumeName"]
-        pv = self._get(self.core.read_persistent_volume, volume)
-        if pv is None or not self._ours(pv):
-            return
-        record = read_record(pv)
-        backend = self.backend_for(record["backend"])
-        if not getattr(backend, "expands_storage", False):
-            return
-        meta = pvc["metadata"]
-        ref = pv["spec"].get("claimRef") or {}
-        if (ref.get("namespace"), ref.get("name"), ref.get("uid")) != (
-            meta["namespace"],
-            meta["name"],
-            meta["uid"],
-        ) or (pv.get("status") or {}).get("phase") != "Bound":
-            return  # not this claim's volume: another tenant's, or not bound to it yet
-        wanted = pvs.claim_from(pvc).size
-        if wanted <= int(record.get("size", "0")):
-            return
-        class_name = pvc["spec"].get("storageClassName") or ""
-        sc = self._get(self.storage.read_storage_class, class_name) if class_name else None
-        if (
-            sc is None
-            or not sc.get("allowVolumeExpansion")
-            or class_name != pv["spec"].get("storageClassName")
-        ):
-            self.events.claim(
-                pvc,
-                "Warning",
-                "ExpansionRefused",
-                f"StorageClass {class_name[:80]!r} does not allow volume expansion",
-            )
-            raise _Later(MISTAKE_RETRY)
-        self._check_seal(pv, "grow its storage")
-        options = dict(pv["spec"]["flexVolume"].get("options") or {})
-        secrets = self._volume_secrets(pv, record)
-        grown = backend.expand_storage(options, backend_record(pv), wanted, secrets)
-        record["size"] = str(max(grown, wanted))
-        self._reseal(pv, record)
-        self.events.claim(
-            pvc,
-            "Normal",
-            "StorageExpanded",
-            f"flexhub grew the {record['backend']} storage to {pvs.quantity(grown)}",
-        )
-
-    def _reseal(self, pv: Mapping[str, Any], record: Mapping[str, str]) -> None:
-        """Write the grown ``record`` and seal it again, only onto a PV whose sealed fields
-        are still as read before the growth (which may take long): other fields (the
-        controller-manager's capacity, the status) may change meanwhile; an administrator's
-        fix (sealed again) may not be rolled back, so then this raises and the next sync
-        reads it again (and grows again: a no-op)."""
-        from kubernetes.client.rest import ApiException
-
-        before = sealed_content(pv)
-        text = json.dumps(record, sort_keys=True)
-        name = pv["metadata"]["name"]
-        for _ in range(5):
-            annotations = {**(pv["metadata"].get("annotations") or {}), pvs.ANN_RECLAIM: text}
-            resealed = {**pv, "metadata": {**pv["metadata"], "annotations": annotations}}
-            patch = [
-                {
-                    "op": "test",
-                    "path": "/metadata/resourceVersion",
-                    "value": pv["metadata"]["resourceVersion"],
-                },
-                {"op": "add", "path": f"/metadata/annotations/{pointer(pvs.ANN_RECLAIM)}",
-                 "value": text},
-                {"op": "add", "path": f"/metadata/annotations/{pointer(ANN_SEAL)}",
-                 "value": self.sealer.seal(resealed)},
-            ]  # fmt: skip
-            try:
-                self.core.patch_persistent_volume(name, patch, _request_timeout=30)
-                return
-            except ApiException as exc:
-                if exc.status not in (409, 422):  # a failed JSON-patch test is a 422
-                    raise
-            fresh = self._get(self.core.read_persistent_volume, name)
-            if fresh is None or sealed_content(fresh) != before:
-                raise FlexhubError(
-                    f"PV {name} changed while its storage grew: read again, grown again"
-                )
-            pv = fresh
-        raise FlexhubError(f"PV {name}: it changes under every try; sealed again later")
-
-    def _check_seal(self, pv: Mapping[str, Any], what: str) -> None:
-        """Refuse (an Event, a slow retry) to act with the provisioner's rights on a PV whose
-        record or options are not what this provisioner wrote and sealed."""
-        if self.sealer.sealed(pv):
-            return
-        self.events.volume(
-            pv,
-            "Warning",
-            "VolumeUnsealed",
-            f"flexhub will not {what}: the PV's options or reclaim record are not as this "
-            "provisioner wrote them (edited, or written by a flexhub that did not seal its PVs); "
-            f"check them, then run: flexhub provisioner-seal {pv['metadata']['name']} "
-            "--namespace <the provisioner's>",
-        )
-        raise _Later(NODE_GONE_RETRY)
-
-    # ----------------------------------------------------------------------------- volumes
-
-    def _ours(self, pv: Mapping[str, Any]) -> bool:
-        annotations = pv["metadata"].get("annotations") or {}
-        return (
-            annotations.get(pvs.ANN_PROVISIONED_BY) == self.name and pvs.ANN_RECLAIM in annotations
-        )
-
-    def sync_volume(self, name: str) -> None:
-        pv = self._get(self.core.read_persistent_volume, name)
-        if pv is None or (pv.get("status") or {}).get("phase") != "Released":
-            self._released.pop(name, None)
-        if pv is None or not self._ours(pv):
-            return
-        if pvs.FINALIZER not in (pv["metadata"].get("finalizers") or []):
-            return
-        if pv["spec"].get("persistentVolumeReclaimPolicy") != "Delete":
-            remove_finalizer(self.core, pv)  # Retain now: the storage stays, so may the PV go
-            return
-        if (pv.get("status") or {}).get("phase") != "Released":
-            return
-        record = read_record(pv)
-        where = record.get("reclaimOn", "")
-        if where not in ("provisioner", "node"):
-            # a record this version does not know (a newer flexhub's, or an edited one):
-            # reclaiming it here could remove storage the way its writer never meant
-            self.events.volume(
-                pv,
-                "Warning",
-                "VolumeFailedDelete",
-                f"reclaim record names reclaimOn {where[:40]!r}: this flexhub does not know "
-                "where to reclaim it (upgrade the provisioner)",
-            )
-            raise _Later(MISTAKE_RETRY)
-        if where == "node":
-            node = record.get("node", "")
-            if self._label_node(pv, node):
-                raise _Later(NODE_AGENT_GRACE)  # its agent sees it only now: its grace first
-            if self._get(self.core.read_node, node) is None:
-                self.events.volume(
-                    pv,
-                    "Warning",
-                    "NodeGone",
-                    f"node {node!r} is gone: the storage on it was not "
-                    "reclaimed; the PV stays Released until you delete it",
-                )
-                raise _Later(NODE_GONE_RETRY)
-            self._agent_overdue(pv, node)
-            return  # the flexhub pod of that node reclaims it
-        self._check_seal(pv, "reclaim its storage")
-        backend = self.backend_for(record["backend"])
-        options = dict(pv["spec"]["flexVolume"].get("options") or {})
-        try:
-            backend.reclaim(options, backend_record(pv), self._volume_secrets(pv, record))
-        except FlexhubError as exc:
-            self.events.volume(pv, "Warning", "VolumeFailedDelete", event_text(exc))
-            raise
-        finish_reclaim(self.core, pv)
-        LOG.info("reclaimed %s (%s, onDelete %s)", name, record["backend"], record["onDelete"])
-
-    def _label_node(self, pv: Mapping[str, Any], node: str) -> bool:
-        """Label a node-reclaimed PV with its node (one made before PVs were labelled), so
-        that its node's agent, which watches only its own node's label, sees it; whether it
-        was labelled now."""
-        wanted = pvs.node_label(node)
-        if (pv["metadata"].get("labels") or {}).get(pvs.NODE_LABEL) == wanted or not node:
-            return False
-        self.core.patch_persistent_volume(
-            pv["metadata"]["name"],
-            {"metadata": {"labels": {pvs.NODE_LABEL: wanted}}},
-            _request_timeout=30,
-        )
-        return True
-
-    def _agent_overdue(self, pv: Mapping[str, Any], node: str) -> None:
-        """A PV its node's agent should have reclaimed long ago: never a silent leak (no agent
-        there: ``nodeAgent.enabled`` off, or the node outside the DaemonSet's selector)."""
-        since = seconds_since((pv.get("status") or {}).get("lastPhaseTransitionTime"))
-        if since is None:  # an API server without the field: since this instance saw it
-            first = self._released.setdefault(pv["metadata"]["name"], time.monotonic())
-            since = time.monotonic() - first
-        if since < NODE_AGENT_GRACE:
-            raise _Later(NODE_AGENT_GRACE - since + 1)
-        self.events.volume(
-            pv,
-            "Warning",
-            "NodeAgentMissing",
-            f"Released {since / 60:.0f} min ago and not reclaimed: no flexhub node agent "
-            f"reclaims on node {node!r} (is nodeAgent enabled, and does the flexhub "
-            "DaemonSet run on that node?)",
-        )
-        raise _Later(NODE_GONE_RETRY)
-
-    def _volume_secrets(self, pv: Mapping[str, Any], record: Mapping[str, str]) -> Secrets:
-        """The Secret the storage side authenticates with: the class's, named in the record
-        (the class may be gone; iSCSI's holds the target host's key, which nodes never get),
-        else the one the PV's ``secretRef`` names."""
-        ref: Mapping[str, str] | None = pv["spec"]["flexVolume"].get("secretRef")
-        if record.get("classSecret"):
-            namespace, _, name = record["classSecret"].partition("/")
-            ref = {"namespace": namespace, "name": name}
-        if not ref:
-            return Secrets()
-        secret = self._get(
-            self.core.read_namespaced_secret, ref["name"], ref.get("namespace") or "default"
-        )
-        if secret is None:
-            raise FlexhubError(f"Secret {ref.get('namespace')}/{ref['name']} not found")
-        if secret.get("type") != SECRET_TYPE:
-            # kubelet mounts a PV only with a Secret of the driver's type: a secretRef naming
-            # another (a hand-edited PV) must not hand an unrelated Secret to a backend
-            raise FlexhubError(
-                f"Secret {ref.get('namespace')}/{ref['name']} has type "
-                f"{str(secret.get('type'))[:80]!r}, not {SECRET_TYPE!r}: refusing to reclaim"
-            )
-        return Secrets(encoded=dict(secret.get("data") or {}))
-
-    # ----------------------------------------------------------------------------- API
-
-    def _get(self, read: Callable[..., Any], *args: str) -> dict[str, Any] | None:
-        return get(self.api, read, *args)
-
-
-class _Later(Exception):
-    def __init__(self, seconds: float) -> None:
-        super().__init__(f"again in {seconds:.0f} s")
-        self.seconds = seconds
 
 
 def _in_topology(labels: Mapping[str, str], terms: list[Any]) -> bool:

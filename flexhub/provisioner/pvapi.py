@@ -168,11 +168,14 @@ def hold_claim(api: Any, core: Any, pvc: Mapping[str, Any]) -> dict[str, Any]:
     meta = pvc["metadata"]
     if CLAIM_FINALIZER in (meta.get("finalizers") or []):
         return dict(pvc)
+    body = {  # a strategic merge: the finalizer appended, the annotation set
+        "metadata": {
+            "finalizers": [CLAIM_FINALIZER],
+            "annotations": {pvs.ANN_FROZEN: pvs.frozen_annotations(pvc)},
+        }
+    }
     held = core.patch_namespaced_persistent_volume_claim(
-        meta["name"],
-        meta["namespace"],
-        {"metadata": {"finalizers": [CLAIM_FINALIZER]}},  # a strategic merge: appended
-        _request_timeout=30,
+        meta["name"], meta["namespace"], body, _request_timeout=30
     )
     plain: dict[str, Any] = api.sanitize_for_serialization(held)
     return plain
@@ -206,9 +209,10 @@ def let_claim_go(core: Any, pvc: Mapping[str, Any]) -> None:
 
 
 def _without(obj: Mapping[str, Any], finalizer: str) -> list[dict[str, Any]]:
-    """A JSON patch that removes ``finalizer`` from ``obj`` only if ``obj`` is unchanged."""
+    """A JSON patch that removes ``finalizer`` (and a claim's frozen annotations, which
+    only that finalizer's window needs) from ``obj`` only if ``obj`` is unchanged."""
     meta = obj["metadata"]
-    return [
+    patch: list[dict[str, Any]] = [
         {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
         {
             "op": "replace",
@@ -216,6 +220,9 @@ def _without(obj: Mapping[str, Any], finalizer: str) -> list[dict[str, Any]]:
             "value": [f for f in meta.get("finalizers") or [] if f != finalizer],
         },
     ]
+    if finalizer == CLAIM_FINALIZER and pvs.ANN_FROZEN in (meta.get("annotations") or {}):
+        patch.append({"op": "remove", "path": f"/metadata/annotations/{pointer(pvs.ANN_FROZEN)}"})
+    return patch
 
 
 def event_text(error: object) -> str:

@@ -20,6 +20,7 @@ from flexhub.errors import InvalidOptions
 from flexhub.provisioning import Claim, Provisioned
 
 __all__ = [
+    "ANN_FROZEN",
     "ANN_PROVISIONED_BY",
     "ANN_RECLAIM",
     "ANN_SELECTED_NODE",
@@ -27,6 +28,7 @@ __all__ = [
     "NODE_LABEL",
     "build_pv",
     "claim_from",
+    "frozen_annotations",
     "node_label",
     "quantity",
     "reclaim_record",
@@ -74,13 +76,43 @@ def quantity(size: int) -> str:
     return str(size)
 
 
+#: The claim's annotations as they were when its storage was first asked for (JSON), so that
+#: a retry, or the reclaim of a claim deleted before its PV, derives the same storage even if
+#: an annotation a ``pathPattern`` uses was edited since. The claim's author may edit it as
+#: any annotation: it only ever names that claim's own storage (its uid is not in it).
+ANN_FROZEN = "flexhub/provisioning-annotations"
+#: Not frozen: the scheduler may pick another node after a failure; kubectl's copy is large.
+_NOT_FROZEN = (
+    ANN_SELECTED_NODE,
+    ANN_FROZEN,
+    "kubectl.kubernetes.io/last-applied-configuration",
+)
+
+
+def frozen_annotations(pvc: Mapping[str, Any]) -> str:
+    """The :data:`ANN_FROZEN` value for a claim as it is now."""
+    annotations = pvc["metadata"].get("annotations") or {}
+    kept = {k: v for k, v in annotations.items() if k not in _NOT_FROZEN}
+    return json.dumps(kept, sort_keys=True)
+
+
 def claim_from(pvc: Mapping[str, Any]) -> Claim:
-    """The :class:`Claim` of a PVC (a plain dict as the API serves it)."""
+    """The :class:`Claim` of a PVC (a plain dict as the API serves it), with its annotations
+    as frozen in :data:`ANN_FROZEN` when they were (the selected node always as it is now)."""
     meta, spec = pvc["metadata"], pvc["spec"]
     requests = (spec.get("resources") or {}).get("requests") or {}
     if "storage" not in requests:
         raise InvalidOptions("the claim requests no storage (spec.resources.requests.storage)")
     annotations = dict(meta.get("annotations") or {})
+    try:
+        frozen = json.loads(annotations.get(ANN_FROZEN, "null"))
+    except ValueError:
+        frozen = None
+    if isinstance(frozen, dict) and all(isinstance(v, str) for v in frozen.values()):
+        node = annotations.get(ANN_SELECTED_NODE)
+        annotations = {str(k): v for k, v in frozen.items() if k not in _NOT_FROZEN}
+        if node is not None:
+            annotations[ANN_SELECTED_NODE] = node
     return Claim(
         uid=meta["uid"],
         namespace=meta["namespace"],

@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 
 from flexhub.errors import FlexhubError
 from flexhub.provisioner import pvs
-from flexhub.provisioner.controller import Controller, _Later
+from flexhub.provisioner.controller import Controller, Later
 from flexhub.provisioner.seal import ANN_SEAL, Sealer
 from flexhub.volume import Secrets
 from tests.cluster.cluster import DRIVER, Cluster
@@ -220,7 +220,7 @@ def test_reclaim_refuses_a_pv_edited_after_it_was_sealed(cluster: Cluster) -> No
     backend = _Recording()
     controller = Controller(cluster.api, lambda _name: backend, lambda sc: sc, sealer=SEALER)  # type: ignore[arg-type,return-value]
     try:
-        with pytest.raises(_Later):
+        with pytest.raises(Later):
             controller.sync_volume(name)
         assert backend.calls == []
         pv: Any = cluster.core.read_persistent_volume(name)

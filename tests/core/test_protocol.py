@@ -55,11 +55,11 @@ def test_install_is_atomic_and_minimal(driver: Path, node_tree: dict[str, Path])
 
 
 def documented_capabilities() -> dict[str, bool]:
-    """The ``init`` reply's capabilities as the README writes them (not flexhub's constant)."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Capabilities (the `init` reply)") :]
+    """The ``init`` reply's capabilities as the docs write them (not flexhub's constant)."""
+    text = (REPO / "docs" / "backends" / "protocol.md").read_text()
+    section = text[text.index("# Capabilities (the `init` reply)") :]
     literal = re.search(r"^`(\{.*\})`$", section, re.M)
-    assert literal, "the README's capabilities literal is missing"
+    assert literal, "the docs' capabilities literal is missing"
     parsed: dict[str, bool] = json.loads(literal.group(1))
     return parsed
 

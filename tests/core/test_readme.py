@@ -1,4 +1,5 @@
-"""The README's PV and StorageClass examples are valid: `flexhub validate` accepts each."""
+"""The PV and StorageClass examples of the README and the docs (docs/**/*.md) are valid:
+`flexhub validate` accepts each."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from tests.conftest import PYTHON, REPO
 
-BLOCKS = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+BLOCKS = [b for p in PAGES for b in re.findall(r"```yaml\n(.*?)```", p.read_text(), re.S)]
 EXAMPLES = [b for b in BLOCKS if "driver: k8s/flexhub" in b]
 CLASSES = [b for b in BLOCKS if "kind: StorageClass" in b and "provisioner: flexhub" in b]
 

@@ -191,3 +191,22 @@ def test_a_stale_mount_is_told_from_a_missing_path_by_the_one_bounded_stat(
     with pytest.raises(CsiError) as missing:
         node._bounded_stat("/nonexistent/flexhub-volume")
     assert missing.value.code == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize(
+    ("group", "expected"),
+    [("", None), ("0", 0), ("4321", 4321), ("4294967294", 4294967294)]
+    + [(bad, "bad") for bad in ("staff", "-1", "+5", " 5", "4294967295", "12345678901", "١٢")],
+)
+def test_a_mount_group_is_a_decimal_group_id_or_invalid(group: str, expected: Any) -> None:
+    from flexhub.csi.proto import csi_pb2 as pb
+    from flexhub.csi.volumes import mount_group
+
+    cap = pb.VolumeCapability(mount=pb.VolumeCapability.MountVolume(volume_mount_group=group))
+    if expected == "bad":
+        with pytest.raises(CsiError, match="is not a decimal group id") as caught:
+            mount_group(cap)
+        assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    else:
+        assert mount_group(cap) == expected
+    assert mount_group(pb.VolumeCapability(block=pb.VolumeCapability.BlockVolume())) is None

@@ -8,6 +8,7 @@ remote program's file checks run for real on the host's filesystem (``test_remot
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import stat
@@ -17,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flexhub_iscsi import IscsiBackend, _lio, _lio_remote
+from flexhub_iscsi import IscsiBackend, _lio, _lio_lvm, _lio_remote
 
 from flexhub.config import NodeConfig
 from flexhub.driver.validation import validate_options, validator_for
-from flexhub.errors import FlexhubError, InvalidOptions
+from flexhub.errors import FlexhubError, InvalidOptions, NoRoom
 from flexhub.node import Node
 from flexhub.node.runner import RecordingRunner, Result
 from flexhub.provisioner import pvapi, pvs
@@ -154,6 +155,7 @@ def test_provision_sends_one_fixed_ssh_command_and_the_request_on_stdin(tmp_path
         "file": f"{name}.img",
         "size": 64 << 20,
         "sparse": True,
+        "overcommit": 1.0,
         "portals": [["10.0.1.5", 3260], ["10.0.2.5", 3260]],
         "initiators": ["iqn.1993-08.org.debian:01:node-a"],
         "chap": {"userid": "***", "password": "***"},  # masked in the record
@@ -192,6 +194,10 @@ BAD = [
     ({"nodeSecretNamespace": ""}, "nodeSecretNamespace"),
     ({"nodeSecretName": "Bad_Name"}, "nodeSecretName"),
     ({"fsType": "btrfs"}, "fsType"),
+    ({"overcommit": "0.5"}, "overcommit"),
+    ({"overcommit": "2x"}, "overcommit"),
+    ({"overcommit": "1e3"}, "overcommit"),
+    ({"overcommit": "1234567"}, "overcommit"),
 ]
 
 
@@ -290,6 +296,35 @@ def test_expand_of_storage_and_of_the_device_share_one_name(tmp_path: Path) -> N
     assert request_of(runner)["action"] == "expand"
 
 
+def test_overcommit_reaches_provision_and_expansion_and_a_room_refusal_is_no_room(
+    tmp_path: Path,
+) -> None:
+    """The class's overcommit is sent with the fileio provision, kept in the reclaim record
+    (only when not 1) and sent with the expansion; the target host's room refusal is NoRoom,
+    one line."""
+    runner = Ssh()
+    made = backend(runner, tmp_path).provision(claim(), {**PARAMS, "overcommit": "2.5"}, secrets())
+    assert request_of(runner)["spec"]["overcommit"] == 2.5
+    assert made.reclaim["overcommit"] == "2.5"
+    runner = Ssh({"ok": {"size": 160 << 20}})
+    backend(runner, tmp_path).expand_storage(made.options, made.reclaim, 160 << 20, secrets())
+    spec = request_of(runner)["spec"]
+    assert spec["overcommit"] == 2.5 and spec["iqn"] == made.options["iqn"]
+    with pytest.raises(InvalidOptions, match="reclaim record 'overcommit'"):
+        backend(runner, tmp_path).expand_storage(
+            made.options, {**made.reclaim, "overcommit": "0"}, 160 << 20, secrets()
+        )
+    why = "not enough room for /srv/iscsi/x.img (1.0 GiB): the LUN files would promise ..."
+    runner = Ssh({"error": why, "room": True}, rc=3)
+    with pytest.raises(NoRoom) as caught:
+        backend(runner, tmp_path).provision(claim(), PARAMS, secrets())
+    assert caught.value.message == f"iscsi: target host 10.0.0.5 (provision): {why}"
+    runner = Ssh({"error": why}, rc=3)  # any other refusal is not NoRoom
+    with pytest.raises(FlexhubError) as other:
+        backend(runner, tmp_path).provision(claim(), PARAMS, secrets())
+    assert not isinstance(other.value, NoRoom)
+
+
 BAD_BLOCK = [
     ({"volumeGroup": ""}, "volumeGroup"),
     ({"volumeGroup": "-vg"}, "volumeGroup"),
@@ -301,6 +336,7 @@ BAD_BLOCK = [
     ({"volumeGroup": "vg$(id)"}, "volumeGroup"),
     ({"sparse": "false"}, "sparse"),
     ({"fileioDirectory": "/srv/iscsi"}, "fileioDirectory"),
+    ({"overcommit": "2"}, "overcommit"),  # thick LVs: the volume group bounds them
 ]
 
 
@@ -352,7 +388,13 @@ def test_block_provision_reclaim_and_expand_name_the_lv_and_its_group(tmp_path: 
     assert iscsi.expand_storage(made.options, made.reclaim, 150 << 20, secrets()) == 160 << 20
     assert request_of(runner) == {
         "action": "expand",
-        "spec": {"name": name, "backstore": "block", "vg": "vg_iscsi", "size": 150 << 20},
+        "spec": {
+            "name": name,
+            "backstore": "block",
+            "vg": "vg_iscsi",
+            "iqn": made.options["iqn"],
+            "size": 150 << 20,
+        },
     }
     runner = Ssh()
     iscsi = backend(runner, tmp_path)
@@ -394,8 +436,36 @@ def test_the_parameters_schema_is_valid_and_agrees(tmp_path: Path) -> None:
 
 
 def test_remote_program_is_what_is_sent(tmp_path: Path) -> None:
+    """The program is its parts' texts (one __future__ import first), then the call; run as
+    the target host runs it (``__main__``, no flexhub), it defines every name the last part
+    imports on the host, and the parts define no top-level name twice."""
     program = _lio.remote_program({"action": "delete", "spec": {"x": 'it\'s "quoted"\n'}})
     compile(program, "<remote>", "exec")
+    assert program.startswith("from __future__ import annotations\n")
+    assert program.count("from __future__ import") == 1
+    body = program.rsplit("\nmain(json.loads(", 1)[0]
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile(body, "<remote>", "exec"), namespace)  # defines; runs no action
+    for name in ("check_room", "NoRoomLeft", "SAVE_FILE", "merged", "read_saved", "write_saved",
+                 "main", "save", "provision"):  # fmt: skip
+        assert callable(namespace[name]) or name == "SAVE_FILE", name
+    defined: dict[str, str] = {}
+    for part in _lio.REMOTE_PARTS:
+        tree = ast.parse((Path(_lio.__file__).parent / part).read_text())
+        for node in tree.body:
+            names = []
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                names = [node.name]
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            for name in names:
+                assert name not in defined, f"{name} in {part} and {defined[name]}"
+                defined[name] = part
+            if isinstance(node, ast.If):  # the host's imports: what earlier parts define
+                for imported in ast.walk(node):
+                    if isinstance(imported, ast.ImportFrom):
+                        for alias in imported.names:
+                            assert alias.name in defined, f"{part} needs {alias.name} first"
     assert program.endswith(
         'main(json.loads("{\\"action\\": \\"delete\\", \\"spec\\": '
         '{\\"x\\": \\"it\'s \\\\\\"quoted\\\\\\"\\\\n\\"}}"))\n'
@@ -433,19 +503,19 @@ def test_remote_file_checks_on_a_real_filesystem(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(
-    not any(os.path.isfile(b) for b in _lio_remote.LVM), reason="lvm2 is not installed"
+    not any(os.path.isfile(b) for b in _lio_lvm.LVM), reason="lvm2 is not installed"
 )
 def test_remote_lvm_failure_is_one_line_naming_the_group() -> None:
     """The real ``lvm`` (no device-mapper needed to look a group up): a group that is not
     there is one line naming volumeGroup, never "gone"."""
     spec = {"vg": "flexhub-no-such-vg", "name": f"pvc-{UID}"}
     with pytest.raises(_lio_remote.Refused) as caught:
-        _lio_remote.volume_group(spec)
+        _lio_lvm.volume_group(spec)
     text = str(caught.value)
     assert text.startswith("volumeGroup flexhub-no-such-vg: lvm vgs failed: ")
     assert "not found" in text and "\n" not in text
     with pytest.raises(_lio_remote.Refused):
-        _lio_remote.delete_lv(spec)
+        _lio_lvm.delete_lv(spec)
 
 
 MiB = 1 << 20
@@ -527,8 +597,8 @@ def test_an_older_fileio_pv_without_claim_uid_reclaims_and_its_name_is_checked(
 def test_reclaim_and_expansion_wait_long_enough_for_the_zeroing(tmp_path: Path) -> None:
     """The remote program zeroes a reclaimed LV and an expansion's new range within
     60 s + bytes / (20 MiB/s); the ssh call's bound leaves room for that on top of its own."""
-    assert _lio.zero_seconds(0) == _lio_remote.zero_seconds(0) == 60
-    assert _lio.zero_seconds(100 * 20 * MiB) == _lio_remote.zero_seconds(100 * 20 * MiB) == 160
+    assert _lio.zero_seconds(0) == _lio_lvm.zero_seconds(0) == 60
+    assert _lio.zero_seconds(100 * 20 * MiB) == _lio_lvm.zero_seconds(100 * 20 * MiB) == 160
     made = backend(Ssh(), tmp_path).provision(claim(), BLOCK, secrets())
     runner = Ssh({"ok": {"size": 40 << 30}})
     iscsi = backend(runner, tmp_path)
@@ -568,20 +638,20 @@ def test_remote_zero_clears_exactly_its_range_of_a_real_device(loop: str) -> Non
     """blkdiscard --zeroout on a real (loop) device: the range reads zeros, the rest keeps its
     bytes; a range not on sector boundaries, and a device someone holds (exclusive open), are
     one-line refusals."""
-    _lio_remote.zero(loop, 2 * MiB, 3 * MiB, shared=False)
+    _lio_lvm.zero(loop, 2 * MiB, 3 * MiB, shared=False)
     assert _bytes(loop, 2 * MiB, 3 * MiB) == bytes(3 * MiB)
     assert _bytes(loop, 0, 2 * MiB) == b"\xab" * (2 * MiB)
     assert _bytes(loop, 5 * MiB, 3 * MiB) == b"\xab" * (3 * MiB)
     with pytest.raises(_lio_remote.Refused) as caught:
-        _lio_remote.zero(loop, 6 * MiB + 1, MiB, shared=False)
+        _lio_lvm.zero(loop, 6 * MiB + 1, MiB, shared=False)
     assert str(caught.value).startswith(f"zero {loop}: blkdiscard failed") and "\n" not in str(
         caught.value
     )
     held = os.open(loop, os.O_RDONLY | os.O_EXCL)  # as a mount or LIO's iblock holds it
     try:
         with pytest.raises(_lio_remote.Refused, match="busy"):
-            _lio_remote.zero(loop, 0, MiB, shared=False)
-        _lio_remote.zero(loop, 0, MiB, shared=True)  # an expansion's range: LIO holds it
+            _lio_lvm.zero(loop, 0, MiB, shared=False)
+        _lio_lvm.zero(loop, 0, MiB, shared=True)  # an expansion's range: LIO holds it
     finally:
         os.close(held)
     assert _bytes(loop, 0, MiB) == bytes(MiB)
@@ -597,7 +667,7 @@ class _Lvm:
     ) -> None:
         self.spec, self.device = spec, device
         self.events: list[str] = []
-        self.size, self.tags = size, tags or _lio_remote.tag_of(spec)
+        self.size, self.tags = size, tags or _lio_lvm.tag_of(spec)
         self.gone = False
         self.zero_fails: Exception | None = None
 
@@ -630,7 +700,7 @@ class _Lvm:
 
 
 def _remote_with(
-    monkeypatch: pytest.MonkeyPatch, fake: _Lvm, events: list[str], so_vg: str = ""
+    monkeypatch: pytest.MonkeyPatch, fake: _Lvm, events: list[str], tmp: Path, so_vg: str = ""
 ) -> Any:
     """The remote program with a recording rtslib (a block storage object of the claim's name
     on ``/dev/<so_vg>/<name>``, a target), ``fake`` for lvm and blkdiscard; the LV's device
@@ -655,6 +725,12 @@ def _remote_with(
         class RTSLibNotInCFS(Exception):
             pass
 
+        class tcm:  # rtslib's module
+            class StorageObject:
+                @staticmethod
+                def so_from_path(path: str) -> SO:
+                    return SO()
+
         def RTSRoot(self) -> Any:
             return type("R", (), {"storage_objects": [SO()]})()
 
@@ -665,11 +741,15 @@ def _remote_with(
             return Target()
 
     monkeypatch.setattr(r, "rts", Lib)
-    monkeypatch.setattr(r, "save", lambda lib: events.append("saved"))
-    monkeypatch.setattr(r, "lvm", fake.lvm)
-    monkeypatch.setattr(r, "zero", fake.zero, raising=False)
-    # the storage object names /dev/<vg>/<name>; the device node checked is the loop device
-    monkeypatch.setattr(r, "device_of", lambda spec: fake.device, raising=False)
+    core = tmp / "core"  # configfs's core/: the claim's storage object's directory
+    (core / "iblock_0" / name).mkdir(parents=True, exist_ok=True)
+    monkeypatch.setattr(r, "CORE", str(core))
+    monkeypatch.setattr(r, "save", lambda lib, spec: events.append("saved"))
+    for module in (r, _lio_lvm):  # the names each module calls (one namespace when sent)
+        monkeypatch.setattr(module, "lvm", fake.lvm)
+        monkeypatch.setattr(module, "zero", fake.zero)
+        # the storage object names /dev/<vg>/<name>; the device node checked is the loop's
+        monkeypatch.setattr(module, "device_of", lambda spec: fake.device)
     return r
 
 
@@ -680,33 +760,33 @@ def _spec(vg: str = "vg_iscsi") -> dict[str, Any]:
 
 
 def test_remote_refused_block_delete_has_changed_nothing(
-    monkeypatch: pytest.MonkeyPatch, loop: str
+    monkeypatch: pytest.MonkeyPatch, loop: str, tmp_path: Path
 ) -> None:
     """Recording rtslib and lvm (no LIO or LVM on the host): a delete whose checks fail (the
     backstore's device is not in the record's group; the LV lacks the claim's tag) refuses
     before the target, the backstore or the LV is touched."""
     events: list[str] = []
     fake = _Lvm(_spec("vg_other"), loop)
-    r = _remote_with(monkeypatch, fake, events, so_vg="vg_real")
+    r = _remote_with(monkeypatch, fake, events, tmp_path, so_vg="vg_real")
     with pytest.raises(r.Refused, match="another backing store"):
         r.delete(_spec("vg_other"))
     assert events == []
     fake = _Lvm(_spec(), loop, tags="flexhub:" + OTHER)
-    r = _remote_with(monkeypatch, fake, events)
+    r = _remote_with(monkeypatch, fake, events, tmp_path)
     with pytest.raises(r.Refused, match="without the tag"):
         r.delete(_spec())
     assert events == [] and "lvremove" not in fake.events
 
 
 def test_remote_block_delete_zeroes_the_lv_before_removing_it_and_retries_the_zeroing(
-    monkeypatch: pytest.MonkeyPatch, loop: str
+    monkeypatch: pytest.MonkeyPatch, loop: str, tmp_path: Path
 ) -> None:
     """Recording rtslib, lvm and blkdiscard (the real ones are the VM test's): the LV is zeroed
     whole before lvremove; a zeroing that times out (or a program killed in it) leaves the
     LV, never removes it, and the retry zeroes it again, then removes it."""
     events: list[str] = []
     fake = _Lvm(_spec(), loop)
-    r = _remote_with(monkeypatch, fake, events)
+    r = _remote_with(monkeypatch, fake, events, tmp_path)
     fake.zero_fails = r.Refused("zero: blkdiscard timed out after 60 s")
     with pytest.raises(r.Refused, match="timed out"):
         r.delete(_spec())
@@ -721,7 +801,7 @@ def test_remote_block_delete_zeroes_the_lv_before_removing_it_and_retries_the_ze
 
 
 def test_remote_block_expand_zeroes_the_new_range_and_a_retry_finishes_it(
-    monkeypatch: pytest.MonkeyPatch, loop: str
+    monkeypatch: pytest.MonkeyPatch, loop: str, tmp_path: Path
 ) -> None:
     """Recording lvm and blkdiscard: the range lvextend adds is zeroed (LIO holds the LV, so
     not exclusively) before the new size is answered; a zeroing that fails after lvextend
@@ -729,7 +809,7 @@ def test_remote_block_expand_zeroes_the_new_range_and_a_retry_finishes_it(
     zeroes that range still, then drops the tag."""
     events: list[str] = []
     fake = _Lvm(_spec(), loop)
-    r = _remote_with(monkeypatch, fake, events)
+    r = _remote_with(monkeypatch, fake, events, tmp_path)
     fake.zero_fails = r.Refused("zero: blkdiscard timed out after 60 s")
     with pytest.raises(r.Refused, match="timed out"):
         r.expand({**_spec(), "size": 20 * MiB})
@@ -739,7 +819,7 @@ def test_remote_block_expand_zeroes_the_new_range_and_a_retry_finishes_it(
     assert r.expand({**_spec(), "size": 20 * MiB}) == {"size": 20 * MiB}
     assert f"zero {loop} {8 * MiB} {12 * MiB} shared" in fake.events
     assert "lvextend" not in " ".join(fake.events)
-    assert fake.tags == _lio_remote.tag_of(_spec())
+    assert fake.tags == _lio_lvm.tag_of(_spec())
     fake.events.clear()
     assert r.expand({**_spec(), "size": 20 * MiB}) == {"size": 20 * MiB}  # nothing to do
     assert not any(e.startswith("zero") for e in fake.events)

@@ -1,4 +1,4 @@
-"""The NFS mount-option allow-list: the README's "Allowed mountOptions" is the code's own list
+"""The NFS mount-option allow-list: docs/volumes/nfs.md's "Allowed mountOptions" is the code's own list
 (``flexhub_nfs._options.FLAGS`` and ``VALUED``), and examples written by hand (not derived from
 the code) for every entry must pass both the schema and the backend's own check, while each
 rejected one must fail before any command runs.
@@ -17,7 +17,7 @@ from flexhub.driver.validation import validate_options
 from flexhub.errors import InvalidOptions
 from flexhub.volume import Volume
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "volumes" / "nfs.md"
 
 DOCUMENTED_FLAGS = [
     "hard",
@@ -107,9 +107,9 @@ def accepted() -> list[tuple[str, str | None]]:
 
 
 def test_the_readme_documents_exactly_the_code_s_list() -> None:
-    """The README's allow-list is the backend's own (``FLAGS``, ``VALUED``), and the examples
+    """The docs' allow-list is the backend's own (``FLAGS``, ``VALUED``), and the examples
     above give every one of them (so each is seen accepted below)."""
-    text = README.read_text()
+    text = DOC.read_text()
     section = text[text.index("**Allowed `mountOptions`**") :]
     section = section[: section.index("- **Errors")]
     documented = set(re.findall(r"\b([a-z_]+)=", section))

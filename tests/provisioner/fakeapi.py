@@ -36,6 +36,8 @@ class FakeApi:
         self.calls: list[str] = []
         #: ``create_persistent_volume`` raises this when set (a 422 from admission, say)
         self.refuse_pv: ApiException | None = None
+        #: a strategic-merge patch of a claim (the hold) raises this when set (a 403, say)
+        self.refuse_claim_patch: ApiException | None = None
         self.core = FakeCore(self)
         self.storage = FakeStorage(self)
 
@@ -90,9 +92,18 @@ class FakeCore:
                         raise ApiException(status=409, reason="Conflict")
                 elif op["op"] == "replace" and op["path"] == "/metadata/finalizers":
                     meta["finalizers"] = op["value"]
+                elif op["op"] == "remove" and op["path"].startswith("/metadata/annotations/"):
+                    key = op["path"].removeprefix("/metadata/annotations/")
+                    key = key.replace("~1", "/").replace("~0", "~")
+                    if key not in (meta.get("annotations") or {}):
+                        raise ApiException(status=422, reason="Unprocessable Entity")
+                    del meta["annotations"][key]
                 else:
                     raise AssertionError(f"the fake API does not do {op}")
         else:
+            if self.api.refuse_claim_patch is not None:
+                raise self.api.refuse_claim_patch
+            meta.setdefault("annotations", {}).update(body["metadata"].get("annotations") or {})
             added = [
                 f for f in body["metadata"]["finalizers"] if f not in meta.get("finalizers", [])
             ]

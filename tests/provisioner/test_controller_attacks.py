@@ -22,7 +22,7 @@ from kubernetes.client.rest import ApiException
 
 from flexhub.errors import FlexhubError
 from flexhub.provisioner import pvs
-from flexhub.provisioner.controller import MISTAKE_RETRY, Controller, _Later
+from flexhub.provisioner.controller import MISTAKE_RETRY, Controller, Later
 from flexhub.provisioner.events import BURST
 from flexhub.provisioner.nodeagent import NodeAgent
 from flexhub.provisioner.seal import ANN_SEAL, KEY_SECRET, Sealer, load_key
@@ -161,7 +161,7 @@ def test_expansion_past_a_class_that_forbids_it_is_refused() -> None:
     claim = _claim(api)
     _provisioned(api, controller, claim)
     claim["spec"]["resources"]["requests"]["storage"] = "2Gi"
-    with pytest.raises(_Later):
+    with pytest.raises(Later):
         controller.sync_claim("team-a", "data")
     assert backend.expanded == []
     assert "ExpansionRefused" in reasons(api)
@@ -222,7 +222,7 @@ def test_an_edited_pv_is_never_reclaimed_with_the_provisioners_rights() -> None:
     pv["metadata"]["annotations"][pvs.ANN_RECLAIM] = json.dumps(record)
     pv["spec"]["flexVolume"]["options"]["server"] = "evil.example"
     api.calls.clear()
-    with pytest.raises(_Later):
+    with pytest.raises(Later):
         controller.sync_volume(pv["metadata"]["name"])
     assert backend.reclaimed == []
     assert not [c for c in api.calls if c.startswith("get secret")]
@@ -255,7 +255,7 @@ def test_a_pv_written_by_an_unsealing_flexhub_waits_for_an_administrator() -> No
     pv = _provisioned(api, controller, _claim(api))
     del pv["metadata"]["annotations"][ANN_SEAL]
     _release(pv)
-    with pytest.raises(_Later):
+    with pytest.raises(Later):
         controller.sync_volume(pv["metadata"]["name"])
     assert backend.reclaimed == []
     message = next(e["message"] for e in api.events if e["reason"] == "VolumeUnsealed")
@@ -355,7 +355,7 @@ def test_the_node_agent_hands_the_backend_the_uid_from_the_pvs_name() -> None:
 def test_a_clone_restore_or_selector_claim_is_refused_not_made_empty(spec: Any) -> None:
     api, backend, controller = _setup()
     claim = _claim(api, **spec)
-    with pytest.raises(_Later) as later:
+    with pytest.raises(Later) as later:
         controller.sync_claim("team-a", "data")
     assert later.value.seconds == MISTAKE_RETRY
     assert backend.provisioned == []
@@ -371,7 +371,7 @@ def test_a_claim_pinned_to_a_node_that_is_not_there_is_refused(node: str) -> Non
     api, backend, controller = _setup()
     claim = _claim(api)
     claim["metadata"]["annotations"][pvs.ANN_SELECTED_NODE] = node
-    with pytest.raises(_Later):
+    with pytest.raises(Later):
         controller.sync_claim("team-a", "data")
     assert backend.provisioned == []
     assert reasons(api) == ["ProvisioningFailed"]
@@ -391,7 +391,7 @@ def test_an_answer_the_api_server_will_give_again_is_a_provisioning_failure() ->
     )
     refused.headers = {"Audit-Id": "a" * 400}
     api.refuse_pv = refused
-    with pytest.raises(_Later) as later:
+    with pytest.raises(Later) as later:
         controller.sync_claim("team-a", "data")
     assert later.value.seconds == MISTAKE_RETRY
     failed = [e["message"] for e in api.events if e["reason"] == "ProvisioningFailed"]
@@ -414,7 +414,7 @@ def test_a_class_secret_of_another_type_reaches_no_backend() -> None:
         },
     )
     _claim(api)
-    with pytest.raises(_Later):
+    with pytest.raises(Later):
         controller.sync_claim("team-a", "data")
     assert backend.provisioned == []
     assert "has type 'Opaque'" in api.events[-1]["message"]
@@ -427,7 +427,7 @@ def test_a_thousand_retries_make_one_counted_event_not_a_thousand() -> None:
     api, _backend, controller = _setup(secret=("team-a", "missing"))
     _claim(api)
     for _ in range(1000):
-        with pytest.raises(_Later):
+        with pytest.raises(Later):
             controller.sync_claim("team-a", "data")
     assert len(api.events) == 1
     assert api.events[0]["count"] == BURST  # then one per REFILL seconds
@@ -463,18 +463,18 @@ def _node_pv(api: FakeApi, released_ago: float, labelled: bool = True) -> str:
 def test_a_node_pv_nobody_reclaims_is_said_after_a_grace_period() -> None:
     api, backend, controller = _setup()
     fresh = _node_pv(api, 60)
-    with pytest.raises(_Later):
+    with pytest.raises(Later):
         controller.sync_volume(fresh)
     assert reasons(api) == []
     stale = _node_pv(api, 3600)
-    with pytest.raises(_Later):
+    with pytest.raises(Later):
         controller.sync_volume(stale)
     assert reasons(api) == ["NodeAgentMissing"]
     assert "node-1" in api.events[0]["message"]
     # one made before PVs were labelled: its agent sees it only once labelled, so it gets
     # its grace from then, not a false alarm on every upgrade
     old = _node_pv(api, 3600, labelled=False)
-    with pytest.raises(_Later) as later:
+    with pytest.raises(Later) as later:
         controller.sync_volume(old)
     assert later.value.seconds >= 600 and reasons(api) == ["NodeAgentMissing"]
     assert backend.reclaimed == []
@@ -495,7 +495,7 @@ def test_node_pvs_carry_their_nodes_label_and_old_ones_get_it() -> None:
     api, _backend, controller = _setup()
     name = _node_pv(api, 60, labelled=False)
     assert NODE_LABEL not in (api.volumes[name]["metadata"].get("labels") or {})
-    with pytest.raises(_Later):
+    with pytest.raises(Later):
         controller.sync_volume(name)
     assert api.volumes[name]["metadata"]["labels"][NODE_LABEL] == "node-1"
 
@@ -558,7 +558,7 @@ def test_a_selected_node_outside_the_class_topology_is_refused() -> None:
     )
     claim = _claim(api)
     claim["metadata"]["annotations"][pvs.ANN_SELECTED_NODE] = "infra-9"
-    with pytest.raises(_Later):
+    with pytest.raises(Later):
         controller.sync_claim("team-a", "data")
     assert backend.provisioned == []
     assert "allowedTopologies" in api.events[-1]["message"]
@@ -573,7 +573,7 @@ def test_a_pv_refused_by_an_admission_webhook_is_a_provisioning_failure() -> Non
     refused = ApiException(status=403, reason="Forbidden")
     refused.body = json.dumps({"kind": "Status", "code": 403, "message": "denied by policy x"})
     api.refuse_pv = refused
-    with pytest.raises(_Later):
+    with pytest.raises(Later):
         controller.sync_claim("team-a", "data")
     assert api.events[-1]["message"] == "the API server refused the PV: denied by policy x"
 

@@ -292,6 +292,92 @@ def test_provision_mount_expand_reclaim(vm: VM, kubelet: Kubelet, clean: None) -
     )
 
 
+#: Runs in the guest with the system python3 and rtslib: what the saved configuration, the
+#: running target and, after each claim's objects are dropped and restored from the saved
+#: file (rtslib's restore_from_file, as targetctl restores at boot), the target again say of
+#: each claim (its storage object and target entries).
+RESTORE = r"""
+import json, sys
+import rtslib_fb as rts
+claims = json.loads(sys.argv[1])
+root = rts.RTSRoot()
+def pick(config, name, iqn):
+    return ([s for s in config.get("storage_objects", []) if s["name"] == name],
+            [t for t in config.get("targets", []) if t["wwn"] == iqn])
+with open(sys.argv[2]) as f:
+    saved = json.load(f)
+live = root.dump()
+out = {"saved": {}, "live": {}, "restored": {}}
+for name, iqn in claims:
+    out["saved"][name] = pick(saved, name, iqn)
+    out["live"][name] = pick(live, name, iqn)
+    if out["saved"][name][0]:
+        root.restore_from_file(sys.argv[2], clear_existing=True, target=iqn,
+                               storage_object=name, abort_on_error=True)
+restored = root.dump()
+for name, iqn in claims:
+    out["restored"][name] = pick(restored, name, iqn)
+print(json.dumps(out))
+"""
+
+
+def test_each_call_saves_its_claim_and_the_saved_file_restores_it(vm: VM, clean: None) -> None:
+    """Three claims made and the middle one reclaimed, each call saving only its own claim:
+    the saved file holds the two left exactly as a whole dump of the running target says
+    them and not the third, and each claim dropped from the running target and restored
+    from that file (as at a reboot) comes back the same, its LUN, ACL and CHAP with it."""
+    ssh, secrets = setup(vm)
+    claims = [claim(4 * MiB) for _ in range(3)]
+    made = provisioner(
+        vm,
+        *[{"op": "provision", "claim": c, "parameters": parameters(ssh), "secrets": secrets}
+          for c in claims],
+    )  # fmt: skip
+    assert all("error" not in pv for pv in made), made
+    gone = {"op": "reclaim", "options": made[1]["options"], "reclaim": made[1]["reclaim"]}
+    assert provisioner(vm, {**gone, "secrets": secrets}) == [{}]
+    names = [(f"pvc-{c['uid']}", f"{PREFIX}:pvc-{c['uid']}") for c in claims]
+    vm.write_file("/tmp/prov-restore.py", RESTORE)
+    res = vm.run(["/usr/bin/python3", "/tmp/prov-restore.py", json.dumps(names), SAVED])
+    found = json.loads(res.stdout)
+    for i, (name, iqn) in enumerate(names):
+        sos, targets = found["saved"][name]
+        if i == 1:
+            assert sos == [] and targets == [], "the reclaimed claim is still saved"
+            assert found["live"][name] == [[], []]
+            continue
+        assert len(sos) == 1 and len(targets) == 1, (name, sos, targets)
+        assert found["live"][name] == [sos, targets], "saved differs from the running target"
+        assert found["restored"][name] == [sos, targets], "the restore differs"
+        assert targets[0]["tpgs"][0]["luns"][0]["storage_object"].endswith(f"/{name}")
+        acl = f"{CONFIGFS}/iscsi/{iqn}/tpgt_1/acls/{services.GUEST_INITIATOR}"
+        assert exists(vm, f"{acl}/lun_0")
+        assert read(vm, acl, "auth/userid").strip() == CHAP_USER
+    for pv in (made[0], made[2]):
+        assert provisioner(vm, {"op": "reclaim", **pv, "secrets": secrets}) == [{}]
+
+
+def test_a_claim_past_the_directorys_room_is_refused_unless_overcommitted(
+    vm: VM, clean: None
+) -> None:
+    """The LUN directory's tmpfs holds far less than 4 GiB: a sparse 4 GiB claim is refused
+    with the figures and nothing is made; with overcommit 64 it is provisioned."""
+    ssh, secrets = setup(vm)
+    big = claim(4096 * MiB)
+    name = f"pvc-{big['uid']}"
+    request = {"op": "provision", "claim": big, "parameters": parameters(ssh), "secrets": secrets}
+    (refused,) = provisioner(vm, request)
+    assert "not enough room for" in refused.get("error", ""), refused
+    assert "x overcommit 1 = " in refused["error"] and "\n" not in refused["error"]
+    assert not exists(vm, f"{LUNS}/{name}.img") and backstores(vm, name) == []
+    assert not exists(vm, f"{CONFIGFS}/iscsi/{PREFIX}:{name}")
+    request["parameters"] = parameters(ssh, overcommit="64")
+    (pv,) = provisioner(vm, request)
+    assert pv.get("size") == 4096 * MiB and pv["reclaim"]["overcommit"] == "64", pv
+    assert provisioner(vm, {"op": "reclaim", **pv, "secrets": secrets}) == [{}]
+    assert not exists(vm, f"{LUNS}/{name}.img")
+
+
 #: Runs in the guest with the system python3 and rtslib: drops or makes storage objects as a
 #: crash or another administrator would leave them.
 RTS = r"""

@@ -440,7 +440,8 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
         if lio.backstore == "block":
             store = {"backstore": "block", "vg": lio.volume_group}
         else:
-            store = {"directory": lio.directory, "file": f"{name}.img", "sparse": lio.sparse}
+            store = {"directory": lio.directory, "file": f"{name}.img", "sparse": lio.sparse,
+                     "overcommit": lio.overcommit}  # fmt: skip
         spec = {
             "name": name,
             "iqn": iqn,
@@ -479,6 +480,8 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
         else:
             record["fileioDirectory"] = lio.directory
             record["sparse"] = "true" if lio.sparse else "false"
+            if lio.overcommit != 1:  # for expansion's room check
+                record["overcommit"] = f"{lio.overcommit:.3f}".rstrip("0").rstrip(".")
         return Provisioned(
             options=options,
             size=int(done["size"]),
@@ -530,10 +533,11 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
         from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
 
         volume = _lio.parse_volume(options, reclaim)
-        spec = {**volume.spec(), "size": _lio.size_of(new_size)}
+        spec = {**volume.spec(), "iqn": volume.iqn, "size": _lio.size_of(new_size)}
         timeout = _lio.CALL_TIMEOUT
         if volume.backstore == "fileio":
             spec["sparse"] = volume.sparse
+            spec["overcommit"] = volume.overcommit
         else:  # the range lvextend adds (at most the new size) is zeroed before the answer
             timeout += _lio.zero_seconds(spec["size"])
         done = _lio.Lio(self.node.runner, volume.ssh, secrets).call("expand", spec, [], timeout)

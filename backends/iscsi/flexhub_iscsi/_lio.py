@@ -18,11 +18,12 @@ reaches with SSH. For a claim it makes, on that host:
   else any initiator that passes CHAP (LIO's demo mode with TPG-level CHAP). A class with
   neither is refused: it would give the LUN to anyone who can reach the portal.
 
-The SSH command is fixed (``/usr/bin/python3 -I -``); the program (:mod:`flexhub_iscsi._lio_remote`)
-and the request, CHAP values included, go on its stdin. The private key and the known host
-key come from the class's Secret and are written to 0600 files in a private temporary
-directory for the one ``ssh`` call; ssh runs with no config file, no agent, batch mode and
-strict host key checking, bounded by the injected runner's timeout.
+The SSH command is fixed (``/usr/bin/python3 -I -``); the program
+(:mod:`flexhub_iscsi._lio_remote` after its parts, :data:`REMOTE_PARTS`) and the request, CHAP
+values included, go on its stdin. The private key and the known host key come from the class's
+Secret and are written to 0600 files in a private temporary directory for the one ``ssh`` call;
+ssh runs with no config file, no agent, batch mode and strict host key checking, bounded by the
+injected runner's timeout.
 
 Secrets: the class's Secret (``secretName``) is the **provisioner's**: it holds the SSH key,
 which must never reach a node. The PV's ``secretRef`` therefore names another Secret,
@@ -49,6 +50,7 @@ from flexhub.backend import (
     CommandRunner,
     FlexhubError,
     InvalidOptions,
+    NoRoom,
     Secrets,
     redact,
 )
@@ -58,6 +60,7 @@ from flexhub_iscsi._options import SESSION, Portal, parse_portal
 __all__ = [
     "KNOWN_HOSTS_KEY",
     "PRIVATE_KEY",
+    "REMOTE_PARTS",
     "UID",
     "Lio",
     "LioClass",
@@ -89,6 +92,18 @@ ZERO_RATE = 20 * 1024 * 1024
 CONNECT_TIMEOUT = 10
 #: The system python3, where the distribution installs rtslib-fb (targetcli's library).
 REMOTE_COMMAND = ("/usr/bin/python3", "-I", "-")
+#: The remote program's files, sent in this order as one text: the last (the actions and
+#: ``main``) uses what the others define (standard library only, each with one job).
+REMOTE_PARTS = (
+    "_lio_errors.py",
+    "_lio_room.py",
+    "_lio_save.py",
+    "_lio_lvm.py",
+    "_lio_remote.py",
+)
+_FUTURE = "from __future__ import annotations\n"
+#: ``overcommit``: a number >= 1 (at most six digits, three decimals).
+_RATIO = re.compile(r"[0-9]{1,6}(\.[0-9]{1,3})?", re.ASCII)
 
 _HOST = re.compile(r"[0-9A-Za-z]([0-9A-Za-z.-]{0,251}[0-9A-Za-z])?|[0-9A-Fa-f:.]{2,45}", re.ASCII)
 _USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}", re.ASCII)
@@ -149,6 +164,7 @@ class LioClass:
     initiators: tuple[str, ...] = ()
     node_secret: tuple[str, str] | None = None
     fs_type: str = "ext4"
+    overcommit: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -162,6 +178,7 @@ class LioVolume:
     sparse: bool
     backstore: str = "fileio"
     volume_group: str = ""
+    overcommit: float = 1.0
 
     @property
     def file(self) -> str:
@@ -212,6 +229,17 @@ def _volume_group(value: str, what: str = "parameter") -> str:
     return value
 
 
+def _overcommit(value: str, what: str = "parameter") -> float:
+    if value == "":
+        return 1.0
+    if not _full(_RATIO, value) or float(value) < 1:
+        raise InvalidOptions(
+            f"{what} 'overcommit' must be a number >= 1 (how many times what the fileio "
+            "directory's filesystem holds its LUN files may promise)"
+        )
+    return float(value)
+
+
 def parse_class(parameters: Mapping[str, str]) -> LioClass:
     """Check a StorageClass's parameters (the schema has checked their shape).
 
@@ -254,7 +282,7 @@ def parse_class(parameters: Mapping[str, str]) -> LioClass:
             raise InvalidOptions("parameter 'volumeGroup' is for backstore \"block\" only")
         directory = _directory(parameters.get("fileioDirectory", ""))
     else:
-        for key in ("fileioDirectory", "sparse"):
+        for key in ("fileioDirectory", "sparse", "overcommit"):
             if parameters.get(key, ""):
                 raise InvalidOptions(f'parameter {key!r} is for backstore "fileio" only')
         if not parameters.get("volumeGroup", ""):
@@ -296,6 +324,7 @@ def parse_class(parameters: Mapping[str, str]) -> LioClass:
         initiators=initiators,
         node_secret=node_secret,
         fs_type=fs_type,
+        overcommit=_overcommit(parameters.get("overcommit", "")),
     )
 
 
@@ -366,7 +395,8 @@ def parse_volume(options: Mapping[str, str], record: Mapping[str, str]) -> LioVo
     sparse = record.get("sparse", "true")
     if sparse not in ("true", "false"):
         raise InvalidOptions('reclaim record \'sparse\' must be "true" or "false"')
-    return LioVolume(ssh, iqn, name, directory, sparse == "true")
+    overcommit = _overcommit(record.get("overcommit", ""), what="reclaim record")
+    return LioVolume(ssh, iqn, name, directory, sparse == "true", overcommit=overcommit)
 
 
 def ssh_argv(ssh: Ssh, key_file: str, known_hosts: str) -> list[str]:
@@ -401,10 +431,13 @@ def ssh_argv(ssh: Ssh, key_file: str, known_hosts: str) -> list[str]:
 
 
 def remote_program(request: Mapping[str, Any]) -> str:
-    """The text sent on ssh's stdin: the remote program, then its call with ``request``."""
-    source = resources.files("flexhub_iscsi").joinpath("_lio_remote.py").read_text("utf-8")
+    """The text sent on ssh's stdin: the remote program (its :data:`REMOTE_PARTS` in order,
+    one ``__future__`` import first), then its call with ``request``."""
+    package = resources.files("flexhub_iscsi")
+    texts = [package.joinpath(part).read_text("utf-8") for part in REMOTE_PARTS]
+    body = "\n\n".join(text.replace(_FUTURE, "", 1) for text in texts)
     literal = json.dumps(json.dumps(request))
-    return f"{source}\n\nmain(json.loads({literal}))\n"
+    return f"{_FUTURE}{body}\n\nmain(json.loads({literal}))\n"
 
 
 def _write_private(path: str, text: str) -> None:
@@ -484,13 +517,17 @@ class Lio:
         if answer is not None and "ok" in answer and result.returncode == 0:
             ok: dict[str, Any] = answer["ok"]
             return ok
+        room = False
         if answer is not None and "error" in answer:
             why = str(answer["error"])
+            room = answer.get("room") is True
         else:
             why = result.stderr.strip() or result.stdout.strip() or "no answer"
             if result.returncode == 255:
                 why = f"ssh failed: {why}"
         why = " ".join(redact(why, masked).split())[:400]
+        if room:  # the fileio directory's room (CSI: RESOURCE_EXHAUSTED)
+            raise NoRoom(f"iscsi: target host {self.ssh.host} ({action}): {why}")
         raise FlexhubError(f"iscsi: target host {self.ssh.host} ({action}): {why}")
 
 

@@ -8,9 +8,11 @@ CHAP values travel on stdin only. The answer is one line on stdout, :data:`MARK`
 JSON (``{"ok": ...}`` or ``{"error": "one line"}``).
 
 Every request runs under one lock file (``/run/flexhub-lio.lock``), so two provisioner
-workers never edit the LIO configuration (or its saved copy) at once, and ends with a save
-of the configuration (``saveconfig``) so that a reboot of the target host keeps the LUNs.
-Actions (all idempotent):
+workers never edit the LIO configuration (or its saved copy) at once, nor both take the last
+room, and ends with a save of its claim's objects into the saved configuration (the file
+``saveconfig`` writes: :mod:`flexhub_iscsi._lio_save`) so that a reboot of the target host
+keeps the LUNs. A fileio file made or grown must fit the directory's room
+(:mod:`flexhub_iscsi._lio_room`, the class's ``overcommit``). Actions (all idempotent):
 
 ``provision``  the fileio backing file (created 0600 in a root-owned directory no one else
     can write, never through a symlink) or the logical volume (``"backstore": "block"``), its
@@ -36,36 +38,45 @@ and wipes signatures; the node makes the filesystem.
 """
 
 # This file runs under the target host's python3 (3.7 or later), standard library and
-# rtslib-fb only: no flexhub import.
+# rtslib-fb only. It is sent after the texts of its parts (:data:`flexhub_iscsi._lio.
+# REMOTE_PARTS`: the refusals, the room check, the saved configuration, the logical volumes),
+# whose names it uses as its own; imported on the host (the tests), it imports them.
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import json
 import os
 import stat
-import subprocess
 import sys
 from typing import Any
 
+if __name__ != "__main__":  # imported on the host; sent, the parts' texts come before this
+    from flexhub_iscsi._lio_errors import NoRoomLeft, Refused
+    from flexhub_iscsi._lio_lvm import (
+        ZERO_TAG,
+        activate,
+        check_closed,
+        check_ours,
+        delete_lv,
+        device_of,
+        logical_volume,
+        lv_path,
+        lvm,
+        tag_of,
+        volume_group,
+        zero,
+        zero_pending,
+    )
+    from flexhub_iscsi._lio_room import check_room
+    from flexhub_iscsi._lio_save import SAVE_FILE, merged, read_saved, write_saved
+
 MARK = "FLEXHUB-LIO "
+#: configfs's storage objects: ``core/<kind>_<index>/<name>``.
+CORE = "/sys/kernel/config/target/core"
 LOCK = "/run/flexhub-lio.lock"
-#: The LVM binaries' usual homes (root's: nothing from a directory others can write).
-LVM = ("/usr/sbin/lvm", "/sbin/lvm")
-LVM_TIMEOUT = 60
-LVM_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "LVM_SUPPRESS_FD_WARNINGS": "1"}
-#: util-linux's blkdiscard (2.36 or later: it opens the device exclusively unless --force).
-BLKDISCARD = ("/usr/sbin/blkdiscard", "/sbin/blkdiscard")
-#: Zeroing's bound: this many seconds, plus the bytes at ZERO_RATE (a slow disk's pace).
-ZERO_BASE = 60
-ZERO_RATE = 20 * 1024 * 1024
-#: The tag an expanded LV carries while the range from <bytes> on is not zeroed yet.
-ZERO_TAG = "flexhub-zero-from:"
-
-
-class Refused(Exception):
-    pass
 
 
 def answer(payload: dict[str, Any]) -> None:
@@ -133,146 +144,6 @@ def grow(fd: int, size: int, sparse: bool) -> None:
     os.fsync(fd)
 
 
-def lvm(step: str, *args: str) -> str:
-    """Run ``lvm <args>``; its stdout.
-
-    :raises Refused: one line naming the step and lvm's last message.
-    """
-    binary = next((b for b in LVM if os.path.isfile(b)), "")
-    if not binary:
-        raise Refused("no lvm on the target host (install lvm2) for backstore block")
-    try:
-        done = subprocess.run(
-            [binary, *args],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            env=LVM_ENV,
-            timeout=LVM_TIMEOUT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise Refused(f"{step}: lvm {args[0]} timed out after {LVM_TIMEOUT} s") from None
-    if done.returncode != 0:
-        lines = [x.strip() for x in done.stderr.decode("utf-8", "replace").splitlines()]
-        lines = [x for x in lines if x and not x.startswith("WARNING")]
-        why = "; ".join(lines)[:300] or f"exit status {done.returncode}"
-        raise Refused(f"{step}: lvm {args[0]} failed: {why}")
-    return done.stdout.decode("utf-8", "replace")
-
-
-def zero_seconds(length: int) -> int:
-    """How long zeroing ``length`` bytes may take (the provisioner's ssh bound adds this)."""
-    return ZERO_BASE + length // ZERO_RATE
-
-
-def zero(path: str, offset: int, length: int, shared: bool) -> None:
-    """Write zeros over ``length`` bytes of the block device ``path`` from ``offset``
-    (``blkdiscard --zeroout``: the device's WRITE ZEROES, else the kernel writes them).
-
-    Opened exclusively (a mounted or otherwise held device is refused) unless ``shared``: an
-    expansion's new range, on an LV that LIO's iblock holds.
-
-    :raises Refused: blkdiscard failed, or did not finish within :func:`zero_seconds`.
-    """
-    binary = next((b for b in BLKDISCARD if os.path.isfile(b)), "")
-    if not binary:
-        raise Refused("no blkdiscard on the target host (install util-linux) for backstore block")
-    argv = [binary, "--zeroout", "--offset", str(offset), "--length", str(length)]
-    if shared:
-        argv.append("--force")
-    bound = zero_seconds(length)
-    try:
-        done = subprocess.run(
-            [*argv, "--", path],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            env=LVM_ENV,
-            timeout=bound,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:  # killed: the LV stays, the next call zeroes again
-        raise Refused(f"zero {path}: blkdiscard timed out after {bound} s") from None
-    if done.returncode != 0:
-        lines = [x.strip() for x in done.stderr.decode("utf-8", "replace").splitlines()]
-        lines = [x for x in lines if x and "contains existing" not in x]
-        why = "; ".join(lines)[:300] or f"exit status {done.returncode}"
-        raise Refused(f"zero {path}: blkdiscard failed: {why}")
-
-
-def tag_of(spec: dict[str, Any]) -> str:
-    name: str = spec["name"]
-    return "flexhub:" + name[len("pvc-") :]
-
-
-def volume_group(spec: dict[str, Any]) -> int:
-    """The extent size of the class's volume group (bytes)."""
-    out = lvm(
-        "volumeGroup " + spec["vg"],
-        "vgs", "--reportformat", "json", "--units", "b", "--nosuffix",
-        "-o", "vg_name,vg_extent_size", "--", spec["vg"],
-    )  # fmt: skip
-    for vg in json.loads(out)["report"][0]["vg"]:
-        if vg["vg_name"] == spec["vg"]:
-            return int(vg["vg_extent_size"])
-    raise Refused("volume group {} not found".format(spec["vg"]))
-
-
-def logical_volume(spec: dict[str, Any]) -> Any:
-    """The claim's LV in the volume group (a dict of lvs fields), or ``None``."""
-    out = lvm(
-        "logical volume " + spec["name"],
-        "lvs", "--reportformat", "json", "--units", "b", "--nosuffix",
-        "-o", "lv_name,lv_size,lv_tags,lv_attr,lv_kernel_major,lv_kernel_minor",
-        "--", spec["vg"],
-    )  # fmt: skip
-    for lv in json.loads(out)["report"][0]["lv"]:
-        if lv["lv_name"] == spec["name"]:
-            return lv
-    return None
-
-
-def check_ours(spec: dict[str, Any], lv: Any) -> None:
-    where = "{}/{}".format(spec["vg"], spec["name"])
-    if tag_of(spec) not in lv["lv_tags"].split(","):
-        raise Refused(
-            f"logical volume {where} exists without the tag {tag_of(spec)}: "
-            "not flexhub's, left as it is"
-        )
-    if lv["lv_attr"][:1] not in ("-", "V"):
-        raise Refused(f"logical volume {where} is not a plain or thin volume")
-
-
-def lv_path(spec: dict[str, Any]) -> str:
-    """The LV's path, as its iblock backstore names it."""
-    return "/dev/{}/{}".format(spec["vg"], spec["name"])
-
-
-def device_of(spec: dict[str, Any]) -> str:
-    """The LV's device node, which :func:`activate` stats and compares with the LV's
-    major:minor before it is exported or zeroed (a seam: the host tests point it at a real
-    loop device, since the path the backstore names is only an LV's on a target host)."""
-    return lv_path(spec)
-
-
-def activate(spec: dict[str, Any], lv: Any) -> Any:
-    """The LV active and its device node that LV's (major:minor); the LV's fields."""
-    if lv["lv_attr"][4:5] != "a":
-        lvm("activate " + spec["name"], "lvchange", "--activate", "y", "--yes", "--",
-            "{}/{}".format(spec["vg"], spec["name"]))  # fmt: skip
-        lv = logical_volume(spec)
-        if lv is None or lv["lv_attr"][4:5] != "a":
-            raise Refused("activate {}: the logical volume is not active".format(spec["name"]))
-    path = device_of(spec)
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise Refused(f"{path}: {exc.strerror}") from None
-    want = os.makedev(int(lv["lv_kernel_major"]), int(lv["lv_kernel_minor"]))
-    if not stat.S_ISBLK(st.st_mode) or st.st_rdev != want:
-        raise Refused(f"{path} is not the device of that logical volume")
-    return lv
-
-
 def udev_path(so: Any) -> str:
     """A storage object's backing path ("" for a kind without one, as a ramdisk)."""
     try:
@@ -301,8 +172,10 @@ def users_of(lib: Any, path: str, name: str) -> list[str]:
 
 
 def named(lib: Any, name: str) -> list[Any]:
-    """Every storage object called ``name``, of any kind."""
-    return [so for so in lib.RTSRoot().storage_objects if so.name == name]
+    """Every storage object called ``name``, of any kind: built from its own configfs
+    directory (``core/<kind>_<index>/<name>``), the others' never read."""
+    paths = glob.glob(os.path.join(CORE, "*_*", glob.escape(name)))
+    return [lib.tcm.StorageObject.so_from_path(p) for p in sorted(paths) if os.path.isdir(p)]
 
 
 def block_object(lib: Any, spec: dict[str, Any]) -> Any:
@@ -369,45 +242,6 @@ def undo(step: Any, *args: Any) -> None:
         sys.stderr.write(f"clean-up failed: {type(exc).__name__}: {exc}\n")
 
 
-def check_closed(spec: dict[str, Any], lv: Any) -> None:
-    if lv["lv_attr"][5:6] == "o":
-        raise Refused(
-            "logical volume {}/{} is open (mounted or in use): not removed".format(
-                spec["vg"], spec["name"]
-            )
-        )
-
-
-def delete_lv(spec: dict[str, Any], wipe: bool = True) -> bool:
-    """Zero the claim's LV whole, then remove it; ``False`` when it is gone already.
-
-    ``wipe`` is ``False`` only for an LV the failing call itself just made: no PV names it
-    yet, so no node ever wrote to it. A zeroing that fails, times out or is killed never gets
-    to ``lvremove``: the LV stays, and the retry zeroes it again."""
-    volume_group(spec)  # a missing group is an error, never "gone": its disks may be away
-    lv = logical_volume(spec)
-    if lv is None:
-        return False
-    check_ours(spec, lv)
-    check_closed(spec, lv)
-    where = "{}/{}".format(spec["vg"], spec["name"])
-    if wipe:
-        lv = activate(spec, lv)  # the device node, checked to be this LV's
-        zero(device_of(spec), 0, int(lv["lv_size"]), shared=False)  # exclusive: no one has it
-    lvm("remove " + where, "lvremove", "--yes", "--", where)
-    return True
-
-
-def zero_pending(lv: Any) -> Any:
-    """Where the LV's unzeroed range begins (an expansion's tag), or ``None``."""
-    starts = [
-        int(tag[len(ZERO_TAG) :])
-        for tag in lv["lv_tags"].split(",")
-        if tag.startswith(ZERO_TAG) and tag[len(ZERO_TAG) :].isdigit()
-    ]
-    return min(starts) if starts else None
-
-
 def expand_block(lib: Any, spec: dict[str, Any]) -> int:
     extent = volume_group(spec)
     so = block_object(lib, spec)
@@ -467,11 +301,36 @@ def ensure_pr_dir() -> None:
         os.makedirs(os.path.join(dbroot, "pr"), mode=0o700, exist_ok=True)
 
 
-def save(lib: Any) -> None:
-    root = lib.RTSRoot()
-    target = getattr(lib.root, "default_save_file", "/etc/rtslib-fb-target/saveconfig.json")
-    os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
-    root.save_to_file(target)
+def save(lib: Any, spec: dict[str, Any]) -> None:
+    """Write the claim's storage object and target, as they are now or gone, into the saved
+    configuration; the first save of a target host (no readable file yet) dumps the whole
+    target. Only the claim's own objects are looked up and dumped (:mod:`_lio_save`)."""
+    path = getattr(getattr(lib, "root", None), "default_save_file", None) or SAVE_FILE
+    config = read_saved(path)
+    if config is None:
+        config = lib.RTSRoot().dump()
+    else:
+        block = spec.get("backstore") == "block"
+        kind = lib.BlockStorageObject if block else lib.FileIOStorageObject
+        try:
+            so = kind(spec["name"]).dump()
+        except lib.RTSLibNotInCFS:
+            so = None
+        target = target_of(lib, lib.FabricModule("iscsi"), spec["iqn"])
+        config = merged(
+            config,
+            "block" if block else "fileio",
+            spec["name"],
+            so,
+            spec["iqn"],
+            None if target is None else target.dump(),
+        )
+    write_saved(path, config)
+
+
+def ratio(spec: dict[str, Any]) -> float:
+    """The class's ``overcommit`` (1: none)."""
+    return float(spec.get("overcommit", 1))
 
 
 def set_chap(node: Any, chap: dict[str, str]) -> None:
@@ -500,6 +359,8 @@ def provision(spec: dict[str, Any]) -> dict[str, Any]:
         if block:
             so, made = provision_block(lib, spec)
         elif so is None:
+            check_directory(spec["directory"])
+            check_room(spec["directory"], spec["file"], spec["size"], ratio(spec), spec["sparse"])
             fd, made = open_file(spec, create=True)
             try:
                 grow(fd, spec["size"], spec["sparse"])
@@ -536,7 +397,7 @@ def provision(spec: dict[str, Any]) -> dict[str, Any]:
                 set_chap(tpg, chap)
         tpg.set_attribute("authentication", "1" if chap else "0")
         tpg.enable = True
-        save(lib)
+        save(lib, spec)
     except BaseException:
         if made:  # this call made the file or LV: leave nothing of this call behind
             target = target_of(lib, lib.FabricModule("iscsi"), spec["iqn"])
@@ -590,8 +451,9 @@ def delete(spec: dict[str, Any]) -> dict[str, Any]:
     if so is not None:
         so.delete()
         gone.append("backstore")
-    if gone:
-        save(lib)  # before the zeroing, which may take long or be cut short
+    # before the zeroing, which may take long or be cut short; also when nothing was left
+    # to delete: a call killed before its save left the claim in the saved file
+    save(lib, spec)
     if block:
         if lv is not None and delete_lv(spec):  # checked again, zeroed, removed
             gone.append("logical volume")
@@ -617,6 +479,8 @@ def expand(spec: dict[str, Any]) -> dict[str, Any]:
     current = int(so.size)
     if spec["size"] <= current:
         return {"size": current}
+    check_directory(spec["directory"])
+    check_room(spec["directory"], spec["file"], spec["size"], ratio(spec), spec["sparse"])
     fd, _ = open_file(spec, create=False)
     try:
         grow(fd, spec["size"], spec["sparse"])
@@ -625,7 +489,7 @@ def expand(spec: dict[str, Any]) -> dict[str, Any]:
     # The fileio backstore of a regular file reports fd_dev_size on every READ CAPACITY.
     with open(os.path.join(so.path, "control"), "w") as fh:
         fh.write("fd_dev_size={:d}".format(spec["size"]))
-    save(lib)
+    save(lib, spec)
     return {"size": int(lib.FileIOStorageObject(spec["name"]).size)}
 
 
@@ -642,6 +506,9 @@ def main(request: dict[str, Any]) -> None:
         result = ACTIONS[request["action"]](request["spec"])
     except Refused as exc:
         answer({"error": str(exc)})
+        sys.exit(3)
+    except NoRoomLeft as exc:  # the provisioner's NoRoom
+        answer({"error": str(exc), "room": True})
         sys.exit(3)
     except Exception as exc:  # one line; rtslib's messages name objects, never CHAP values
         text = str(exc).splitlines()[0] if str(exc) else ""

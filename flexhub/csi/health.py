@@ -1,0 +1,115 @@
+"""A volume's health from this node: one bounded stat of each of its paths.
+
+CSI v1.13 removed the alpha ``VOLUME_CONDITION`` (``volume_condition`` of
+``NodeGetVolumeStats``) in favour of ``NodeGetVolumeHealth`` (node capability
+``GET_VOLUME_HEALTH``): a successful reply whose ``health_statuses`` are empty for a healthy
+volume and hold ``INACCESSIBLE`` entries, each with a CamelCase reason and a one-line message,
+for a volume this node cannot reach:
+
+* ``NotMounted``: a staging or publish path of the volume holds no mount (it went away).
+* ``StaleMount``: its stat failed as a stale or broken mount does (``ESTALE``, ``EIO``,
+  ``ENOTCONN``...: an NFS handle gone stale, a filesystem shut down after an I/O error).
+* ``StatTimeout``: its stat did not answer within the bound (a hard NFS mount whose server is
+  gone), or an earlier stat of it still hangs.
+* ``StatFailed``: any other stat error.
+
+Every stat runs in a thread of its own, bounded, one at a time per path (:func:`probe`), so a
+path that hangs never takes the plugin's workers; ``NodeGetVolumeStats`` uses the same probe.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flexhub.csi.proto import csi_pb2
+from flexhub.node.mounts import CORRUPTED_ERRNOS
+
+__all__ = ["Probed", "probe", "volume_health"]
+
+_statting: set[str] = set()
+_statting_lock = threading.Lock()
+_INACCESSIBLE = csi_pb2.VolumeHealthErrorType.INACCESSIBLE
+
+
+@dataclass(frozen=True)
+class Probed:
+    """What one bounded stat of a path found: its mode and statvfs (``None`` for a device),
+    or a trouble (``reason`` CamelCase, ``message`` one line, ``errno`` when it failed)."""
+
+    mode: int = 0
+    statvfs: os.statvfs_result | None = None
+    reason: str = ""
+    message: str = ""
+    errno: int = 0
+
+
+def probe(path: str, bound: float) -> Probed:
+    """One ``stat`` (and ``statvfs`` unless a device) of ``path`` within ``bound`` seconds; a
+    path whose stat is still stuck from an earlier call is answered at once."""
+    with _statting_lock:
+        if path in _statting:
+            return Probed(reason="StatTimeout", message=f"{path} did not answer a stat yet")
+        _statting.add(path)
+    found: list[Probed] = []
+
+    def work() -> None:
+        try:
+            mode = os.stat(path).st_mode
+            found.append(Probed(mode, None if stat.S_ISBLK(mode) else os.statvfs(path)))
+        except OSError as exc:
+            code = exc.errno or 0
+            text = exc.strerror or str(exc)
+            if code in CORRUPTED_ERRNOS:
+                found.append(
+                    Probed(
+                        reason="StaleMount",
+                        message=f"{path} is a stale or broken mount ({text})",
+                        errno=code,
+                    )
+                )
+            else:
+                found.append(Probed(reason="StatFailed", message=f"{path}: {text}", errno=code))
+        finally:
+            with _statting_lock:
+                _statting.discard(path)
+
+    thread = threading.Thread(target=work, name="stat", daemon=True)
+    thread.start()
+    thread.join(bound)
+    if found:
+        return found[0]
+    return Probed(
+        reason="StatTimeout",
+        message=f"{path} did not answer a stat within {bound:g} s (its server unreachable?)",
+    )
+
+
+def volume_health(
+    volume_id: str, paths: Iterable[Path], mounted: Callable[[Path], bool], bound: float
+) -> Any:
+    """The ``VolumeHealth`` of ``volume_id`` from its staging and publish ``paths``: one
+    ``INACCESSIBLE`` entry per reason (the spec allows no two with the same status and
+    reason), its messages joined; none when every path is mounted and answers."""
+    troubles: dict[str, list[str]] = {}
+    for path in paths:
+        if not mounted(path):
+            troubles.setdefault("NotMounted", []).append(f"{path} holds no mount of the volume")
+            continue
+        found = probe(str(path), bound)
+        if found.reason:
+            troubles.setdefault(found.reason, []).append(found.message)
+    return csi_pb2.VolumeHealth(
+        volume_id=volume_id,
+        health_statuses=[
+            csi_pb2.VolumeHealth.VolumeHealthEntry(
+                status=_INACCESSIBLE, reason=reason, message="; ".join(messages)
+            )
+            for reason, messages in troubles.items()
+        ],
+    )
