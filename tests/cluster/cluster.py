@@ -164,13 +164,16 @@ class Cluster:
 
     # ----------------------------------------------------------------------------- start
 
-    def start(self) -> None:
+    def start(self, node: bool = True) -> None:
+        """Start the control plane and, unless ``node`` is false, flexhub's driver on the
+        host, the scheduler and the node (fake runtime, kubelet)."""
         for directory in (self.logs, self.kubelet_root, self.plugin_dir):
             directory.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o755)
-        self._flexhub()
-        if os.environ.get("FLEXHUB_CLUSTER_BREAK"):
-            self.break_driver(os.environ["FLEXHUB_CLUSTER_BREAK"])
+        if node:
+            self._flexhub()
+            if os.environ.get("FLEXHUB_CLUSTER_BREAK"):
+                self.break_driver(os.environ["FLEXHUB_CLUSTER_BREAK"])
         self._etcd()
         self._apiserver()
         self._client()
@@ -179,6 +182,10 @@ class Cluster:
             self._controller_manager_argv(),
             self.logs / "kube-controller-manager.log",
         )
+        if node:
+            self._node()
+
+    def _node(self) -> None:
         self.processes["kube-scheduler"] = Process(
             "kube-scheduler",
             [
@@ -428,6 +435,13 @@ class Cluster:
         wait_for("node", ready, timeout, self.processes["kubelet"])
 
     # ----------------------------------------------------------------------------- use
+
+    @property
+    def serving_certificate(self) -> Path:
+        """The API server's self-signed serving certificate, then its CA (kube-apiserver writes
+        both into its ``--cert-dir``): valid for its address and the names it gives itself
+        (``kubernetes`` among them)."""
+        return self.root / "pki" / "apiserver.crt"
 
     def kubelet_restart(self) -> None:
         self.processes["kubelet"].restart()

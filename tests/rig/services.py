@@ -12,7 +12,8 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from tests.rig.vm import GUEST_PYTHON, RIG_DIR, SYSTEM_PYTHON, VM, Result, RigError
+from tests.rig.image import RIG_DIR
+from tests.rig.vm import GUEST_PYTHON, SYSTEM_PYTHON, VM, Result, RigError
 
 GUEST_INITIATOR = "iqn.2026-01.io.flexhub:rig-node"
 NFS_ROOT = "/srv"

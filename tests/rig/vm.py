@@ -1,7 +1,7 @@
 """Host side of the flexhub VM rig: boot a stock Debian kernel under qemu and
 run commands in it.
 
-The guest needs no disk image.  A ~1.5 MB busybox initramfs (built once into
+The guest needs no disk image.  A ~1.5 MB busybox initramfs (``image.py`` builds it once into
 ``/var/tmp/flexhub-rig/<kver>/<hash>/``) loads virtio-pci, 9p and overlay,
 mounts the host's ``/`` read-only over virtio-9p under a tmpfs overlay and
 switch_roots into it; ``stage2.sh`` then starts ``agent.py`` as PID 1, which
@@ -20,13 +20,8 @@ import atexit
 import base64
 import contextlib
 import ctypes
-import gzip
-import hashlib
-import io
 import json
-import lzma
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -37,18 +32,22 @@ import tempfile
 import threading
 import time
 import weakref
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-RIG_DIR = Path(__file__).resolve().parent
-CACHE_ROOT = Path(os.environ.get("FLEXHUB_RIG_CACHE", "/var/tmp/flexhub-rig"))
+from tests.rig import net
+from tests.rig.image import (
+    BUSYBOX_CANDIDATES,
+    RIG_DIR,
+    build_initramfs,
+    find_kernel,
+    kernel_image,
+)
+
 GUEST_PYTHON = sys.executable
 SYSTEM_PYTHON = "/usr/bin/python3"
 QEMU = "qemu-system-x86_64"
-BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
-INITRAMFS_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
 _INSTALL = """import sys
 from pathlib import Path
 from flexhub.admin.install import install_on_node
@@ -113,21 +112,6 @@ class Result:
         return self.rc == 0
 
 
-def _version_key(ver: str) -> list[tuple[int, object]]:
-    return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"[.\-+~]", ver)]
-
-
-def find_kernel() -> str | None:
-    """Newest /boot/vmlinuz-<ver> that has modules with 9p and overlay."""
-    found = []
-    for vmlinuz in Path("/boot").glob("vmlinuz-*"):
-        ver = vmlinuz.name.removeprefix("vmlinuz-")
-        moddir = Path("/lib/modules") / ver
-        if (moddir / "modules.dep").exists() and any(moddir.rglob("9pnet_virtio.ko*")):
-            found.append(ver)
-    return max(found, key=_version_key) if found else None
-
-
 def unavailable_reason() -> str | None:
     """Why this machine cannot run the rig at all, or None if it can."""
     if os.geteuid() != 0:
@@ -139,140 +123,6 @@ def unavailable_reason() -> str | None:
     if find_kernel() is None:
         return "VM rig needs a Debian kernel in /boot with modules (linux-image-amd64)"
     return None
-
-
-# --------------------------------------------------------------------------
-# initramfs
-
-
-class _Cpio:
-    """Minimal newc cpio writer."""
-
-    def __init__(self) -> None:
-        self.buf = io.BytesIO()
-        self.ino = 1
-
-    def _entry(
-        self, name: str, mode: int, data: bytes = b"", rdev: tuple[int, int] = (0, 0)
-    ) -> None:
-        nameb = name.encode() + b"\0"
-        fields = [self.ino, mode, 0, 0, 1, 0, len(data), 0, 0, rdev[0], rdev[1], len(nameb), 0]
-        self.ino += 1
-        self.buf.write(b"070701" + b"".join(b"%08X" % f for f in fields) + nameb)
-        self.buf.write(b"\0" * (-(110 + len(nameb)) % 4))
-        self.buf.write(data)
-        self.buf.write(b"\0" * (-len(data) % 4))
-
-    def dir(self, name: str) -> None:
-        self._entry(name, 0o040755)
-
-    def file(self, name: str, data: bytes, mode: int = 0o644) -> None:
-        self._entry(name, 0o100000 | mode, data)
-
-    def chardev(self, name: str, major: int, minor: int) -> None:
-        self._entry(name, 0o020600, rdev=(major, minor))
-
-    def finish(self) -> bytes:
-        self._entry("TRAILER!!!", 0)
-        return self.buf.getvalue()
-
-
-def _module_files(kver: str) -> list[Path]:
-    """Module files (dependencies first) for the initramfs modules."""
-    files: list[Path] = []
-    for mod in INITRAMFS_MODULES:
-        out = subprocess.run(
-            ["modprobe", "-S", kver, "--show-depends", mod],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        for line in out.splitlines():
-            parts = line.split()
-            if parts and parts[0] == "insmod":
-                path = Path(parts[1])
-                if path not in files:
-                    files.append(path)
-    return files
-
-
-def build_initramfs(kver: str) -> Path:
-    """Build (or reuse from the cache) the initramfs for kernel ``kver``."""
-    busybox = next(p for p in BUSYBOX_CANDIDATES if os.path.exists(p))
-    init = (RIG_DIR / "init.sh").read_bytes()
-    mods = _module_files(kver)
-    key = hashlib.sha256(init)
-    for item in [Path(busybox), *mods]:
-        st = item.stat()
-        key.update(f"{item}:{st.st_size}:{st.st_mtime_ns}".encode())
-    out_dir = CACHE_ROOT / kver / key.hexdigest()[:16]
-    image = out_dir / "initramfs.cpio.gz"
-    if image.exists():
-        return image
-    cpio = _Cpio()
-    for d in ("bin", "dev", "mods", "proc", "sys"):
-        cpio.dir(d)
-    cpio.chardev("dev/console", 5, 1)
-    cpio.chardev("dev/null", 1, 3)
-    cpio.file("bin/busybox", Path(busybox).read_bytes(), 0o755)
-    cpio.file("init", init, 0o755)
-    order = []
-    for i, path in enumerate(mods):
-        data = path.read_bytes()
-        name = path.name
-        if name.endswith(".xz"):
-            data, name = lzma.decompress(data), name[:-3]
-        elif name.endswith(".zst"):
-            data = subprocess.run(
-                ["zstd", "-dc", str(path)], check=True, capture_output=True
-            ).stdout
-            name = name[:-4]
-        name = f"{i:02d}-{name}"
-        cpio.file(f"mods/{name}", data)
-        order.append(name)
-    cpio.file("mods/order", ("\n".join(order) + "\n").encode())
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = image.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_bytes(gzip.compress(cpio.finish(), compresslevel=6))
-    tmp.rename(image)
-    return image
-
-
-def kernel_image(kver: str) -> Path:
-    """An uncompressed ELF vmlinux for ``kver`` if the kernel supports PVH
-    boot (qemu then skips firmware and in-guest decompression, about 4 s under
-    TCG), else the bzImage itself."""
-    bzimage = Path(f"/boot/vmlinuz-{kver}")
-    try:
-        config = Path(f"/boot/config-{kver}").read_text()
-    except OSError:
-        return bzimage
-    if "CONFIG_PVH=y" not in config:
-        return bzimage
-    st = bzimage.stat()
-    out = CACHE_ROOT / kver / f"vmlinux-{st.st_size}-{st.st_mtime_ns}"
-    if out.exists():
-        return out
-    data = bzimage.read_bytes()
-    elf = b""
-    off = data.find(b"\xfd7zXZ\x00")
-    if off >= 0:
-        elf = lzma.LZMADecompressor().decompress(data[off:])
-    else:
-        off = data.find(b"\x28\xb5\x2f\xfd")
-        if off >= 0 and shutil.which("zstd"):
-            elf = subprocess.run(["zstd", "-dc"], input=data[off:], capture_output=True).stdout
-        else:
-            off = data.find(b"\x1f\x8b\x08")
-            if off >= 0:
-                elf = zlib.decompressobj(31).decompress(data[off:])
-    if not elf.startswith(b"\x7fELF"):
-        return bzimage
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_bytes(elf)
-    tmp.rename(out)
-    return out
 
 
 # --------------------------------------------------------------------------
@@ -328,6 +178,9 @@ class VM:
     agent_python: str = field(
         default_factory=lambda: SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else GUEST_PYTHON
     )
+    #: Opt-in: a host TCP port on 127.0.0.1 the guest reaches, and nothing else, at
+    #: ``net.GUEST_ADDRESS:net.GUEST_PORT`` (:mod:`tests.rig.net`); ``None``: no network device.
+    forward_port: int | None = None
     boot_seconds: float = 0.0
     workdir: Path | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
@@ -403,6 +256,8 @@ class VM:
             "-device",
             "virtserialport,chardev=rig,name=rig",
         ]
+        if self.forward_port is not None:
+            argv += net.qemu_args(self.forward_port)
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -416,6 +271,8 @@ class VM:
             self._wait_agent(t0 + self.boot_timeout)
             if self.runtime:
                 self._install_runtime_python()
+            if self.forward_port is not None:
+                net.configure_guest(self)
         except BaseException:
             self.close()
             raise
