@@ -144,6 +144,10 @@ def check_path(path: str, what: str = "pathPattern") -> None:
             raise bad(f"renders a segment longer than {MAX_SEGMENT} characters")
 
 
+#: An 8.3 short name's tail (``PVC-3F~1``): a Windows SMB server resolves it to a long name.
+_SHORT_NAME = re.compile(r"~[0-9]")
+
+
 def _check_parents(path: str) -> None:
     """Refuse a segment before the last that holds a uid: it could be (or later become)
     another claim's directory, which this claim's would then be inside (and its reclaim would
@@ -153,6 +157,12 @@ def _check_parents(path: str) -> None:
             raise _bad(
                 f"renders the segment {_shown(segment)} before the last one: it holds a uid, as "
                 "a claim's directory does, and a claim's directory is never inside another's"
+            )
+        if _SHORT_NAME.search(segment):
+            raise _bad(
+                f"renders the segment {_shown(segment)} before the last one: it has the shape "
+                "of an SMB 8.3 short name (~ and a digit), which a server may resolve to "
+                "another claim's directory"
             )
 
 

@@ -13,8 +13,10 @@ for a volume this node cannot reach:
   gone), or an earlier stat of it still hangs.
 * ``StatFailed``: any other stat error.
 
-Every stat runs in a thread of its own, bounded, one at a time per path (:func:`probe`), so a
-path that hangs never takes the plugin's workers; ``NodeGetVolumeStats`` uses the same probe.
+Every stat runs in a thread of its own, bounded, one at a time per path (:func:`probe`); a
+call probes its paths at once, so it holds a plugin worker for one bound at most, and a path
+whose earlier stat still hangs is answered at once. ``NodeGetVolumeStats`` uses the same
+probe.
 """
 
 from __future__ import annotations
@@ -96,12 +98,29 @@ def volume_health(
     """The ``VolumeHealth`` of ``volume_id`` from its staging and publish ``paths``: one
     ``INACCESSIBLE`` entry per reason (the spec allows no two with the same status and
     reason), its messages joined; none when every path is mounted and answers."""
+    here = {str(path): mounted(path) for path in paths}
+    probed: dict[str, Probed] = {}
+
+    def one(where: str) -> None:
+        probed[where] = probe(where, bound)
+
+    threads = [
+        threading.Thread(target=one, args=(where,), name="probe", daemon=True)
+        for where, is_mounted in here.items()
+        if is_mounted
+    ]
+    for thread in threads:  # the paths at once: one bound for the call, not one a path
+        thread.start()
+    for thread in threads:
+        thread.join(bound + 1)
     troubles: dict[str, list[str]] = {}
-    for path in paths:
-        if not mounted(path):
-            troubles.setdefault("NotMounted", []).append(f"{path} holds no mount of the volume")
+    for where, is_mounted in here.items():
+        if not is_mounted:
+            troubles.setdefault("NotMounted", []).append(f"{where} holds no mount of the volume")
             continue
-        found = probe(str(path), bound)
+        found = probed.get(where) or Probed(
+            reason="StatTimeout", message=f"{where} did not answer a stat within {bound:g} s"
+        )
         if found.reason:
             troubles.setdefault(found.reason, []).append(found.message)
     return csi_pb2.VolumeHealth(

@@ -379,16 +379,16 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         ]
         if request.staging_target_path:
             found = self.staged.get(paths[0])
-            if found is not None and found[0] != volume_id:
+            if found is None or found[0] != volume_id:  # only what this node staged
                 raise CsiError(
                     grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not staged on {paths[0]}"
                 )
+        if not self.staged.of_volume(volume_id):
+            raise CsiError(
+                grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not staged on this node"
+            )
         if not paths:
             paths = self.staged.of_volume(volume_id)
-            if not paths:
-                raise CsiError(
-                    grpc.StatusCode.NOT_FOUND, f"volume {volume_id} is not staged on this node"
-                )
         node = self._node()
         health = volume_health(
             volume_id, paths, lambda path: self._staged_here(node, path), STAT_BOUND

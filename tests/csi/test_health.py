@@ -72,6 +72,30 @@ def test_a_hanging_stat_is_inaccessible_in_time_and_takes_no_second_thread(
         release.set()
 
 
+def test_a_call_holds_one_bound_however_many_of_its_paths_hang(monkeypatch: Any) -> None:
+    """A staging and a publish path on one dead server: probed at once, so the call holds a
+    plugin worker one bound, not one a path (8 such calls took every worker for 2 bounds)."""
+    release = threading.Event()
+    real = os.stat
+
+    def stuck(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).startswith("/dead/"):
+            release.wait(30)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stuck)
+    try:
+        started = time.monotonic()
+        paths = [Path("/dead/stage"), Path("/dead/target")]
+        reply = health.volume_health("v", paths, lambda _: True, 1.0)
+        took = time.monotonic() - started
+        assert took < 1.8, took
+        assert [e[1] for e in _entries(reply)] == ["StatTimeout"]
+        assert "/dead/stage" in _entries(reply)[0][2] and "/dead/target" in _entries(reply)[0][2]
+    finally:
+        release.set()
+
+
 def test_stale_paths_make_one_entry_and_an_unmounted_path_another(monkeypatch: Any) -> None:
     real = os.stat
 
@@ -150,6 +174,18 @@ def test_a_loopfile_volume_is_healthy_then_inaccessible_once_its_filesystem_is_d
         for request in (pb.NodeGetVolumeHealthRequest(volume_id=vid), both):
             reply = node.NodeGetVolumeHealth(request).volume_health
             assert (reply.volume_id, _entries(reply)) == (vid, [])
+        # a staging path this node did not stage for the volume, or a volume it never
+        # staged: NOT_FOUND, never a health report of whatever is mounted there
+        for request in (
+            pb.NodeGetVolumeHealthRequest(volume_id=vid, staging_target_path="/"),
+            pb.NodeGetVolumeHealthRequest(
+                volume_id="nope", staging_target_path="/proc", volume_publish_path="/proc"
+            ),
+            pb.NodeGetVolumeHealthRequest(volume_id="nope", volume_publish_path=str(target)),
+        ):
+            with pytest.raises(grpc.RpcError) as elsewhere:
+                node.NodeGetVolumeHealth(request)
+            assert elsewhere.value.code() == grpc.StatusCode.NOT_FOUND, request
         # a path the CO names that holds no mount: inaccessible, not an error
         nowhere = trusted_dir / "pod" / "never-published"
         reply = node.NodeGetVolumeHealth(

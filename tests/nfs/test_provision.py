@@ -110,6 +110,7 @@ def test_a_claim_directory_is_never_inside_another_claims() -> None:
             "pv": f"pvc-{other}",
             "default": f"team-a-db-pvc-{other}",
             "upper": f"PVC-{other.upper()}",
+            "short": "PVC-9E~1",  # an SMB 8.3 short name of pvc-9e8d...
         },
     )
     for pattern, segment in [
@@ -117,6 +118,7 @@ def test_a_claim_directory_is_never_inside_another_claims() -> None:
         ("k8s/${annotations['default']}/${pvName}", f"team-a-db-pvc-{other}"),
         ("${annotations['upper']}/${pvName}", f"PVC-{other.upper()}"),
         ("${namespace}/${name}-${uid}", f"pvc-{other}"),
+        ("${annotations['short']}/${pvName}", "PVC-9E~1"),
     ]:
         with pytest.raises(
             InvalidOptions, match=r"^invalid parameter \$\['pathPattern'\]: "
