@@ -9,7 +9,7 @@ so the test gives it this stand-in for the admin on a socket of its own
 would write (``{backend: NAME, directory: <a name derived from the request's>}``),
 ``DeleteVolume`` removes the directory. It advertises no controller capability, so csi-sanity
 runs none of its controller specs but the capability list and ValidateVolumeCapabilities against
-it (its Identity is flexhub's own); everything the node specs do goes to the real ``flexhub csi`` node service.
+it (its Identity is flexhub's IdentityService class, run in this process, not the plugin's); everything the node specs do goes to the real ``flexhub csi`` node service.
 """
 
 from __future__ import annotations
