@@ -237,19 +237,17 @@ def test_two_instances_make_one_pv_per_claim(cluster: Cluster) -> None:
         second.stop()
 
 
-def test_killed_between_storage_and_pv(cluster: Cluster, tmp_path: Path) -> None:
-    """SIGKILL after the backend made the storage and before the PV was saved, then a restart:
-    exactly one PV, and the volume mounts."""
-    ns = namespace(cluster, "crash")
-    _class(cluster, "loop-crash", {"backend": "loopfile"})
-    trace = tmp_path / "trace"
+def _killed_after_storage(cluster: Cluster, ns: str, name: str, trace: Path) -> Any:
+    """A loopfile claim ``c`` (and pod ``p``) of a class ``loop-<name>``, its provisioner
+    SIGKILLed after the storage was made and before the PV was saved; the claim."""
+    _class(cluster, f"loop-{name}", {"backend": "loopfile"})
     paused = provisioner(
         cluster,
-        "prov-paused",
+        f"prov-{name}",
         FLEXHUB_TEST_PAUSE_AT="provisioner-made",
         FLEXHUB_TEST_TRACE=str(trace),
     )
-    claim = _claim(cluster, ns, "c", "loop-crash")
+    claim = _claim(cluster, ns, "c", f"loop-{name}")
     cluster.core.create_namespaced_pod(ns, _claim_pod("p", "c"))
     eventually(
         "paused after the storage was made",
@@ -259,6 +257,14 @@ def test_killed_between_storage_and_pv(cluster: Cluster, tmp_path: Path) -> None
     assert _pv(cluster, claim.metadata.uid) is None
     os.killpg(paused.popen.pid, signal.SIGKILL)
     paused.popen.wait()
+    return claim
+
+
+def test_killed_between_storage_and_pv(cluster: Cluster, tmp_path: Path) -> None:
+    """SIGKILL after the backend made the storage and before the PV was saved, then a restart:
+    exactly one PV, and the volume mounts."""
+    ns = namespace(cluster, "crash")
+    claim = _killed_after_storage(cluster, ns, "crash", tmp_path / "trace")
     again = provisioner(cluster, "prov-again")
     try:
         eventually(
@@ -285,23 +291,7 @@ def test_a_claim_deleted_while_the_provisioner_is_dead_waits_for_it(
     the chart's RBAC (the finalizer is a claim patch). The storage itself reclaimed: the VM
     tier's NFS test; loopfile makes its file at the first mount, so here there is none."""
     ns = namespace(cluster, "undo")
-    _class(cluster, "loop-undo", {"backend": "loopfile"})
-    trace = tmp_path / "trace"
-    paused = provisioner(
-        cluster,
-        "prov-undo",
-        FLEXHUB_TEST_PAUSE_AT="provisioner-made",
-        FLEXHUB_TEST_TRACE=str(trace),
-    )
-    claim = _claim(cluster, ns, "c", "loop-undo")
-    cluster.core.create_namespaced_pod(ns, _claim_pod("p", "c"))
-    eventually(
-        "paused after the storage was made",
-        lambda: trace.exists() and "provisioner-made" in trace.read_text(),
-        timeout=120,
-    )
-    os.killpg(paused.popen.pid, signal.SIGKILL)
-    paused.popen.wait()
+    claim = _killed_after_storage(cluster, ns, "undo", tmp_path / "trace")
     cluster.core.delete_namespaced_pod("p", ns, grace_period_seconds=0)
     cluster.core.delete_namespaced_persistent_volume_claim("c", ns)
     eventually(
