@@ -141,3 +141,30 @@ def test_without_root_or_sudo_it_says_what_to_run_in_one_line(trusted_dir: Path)
         "(su -c 'bash scripts/quickstart.sh')"
     ]
     assert not (trusted_dir / "venv").exists()  # nothing was made
+
+
+def test_a_user_with_sudo_runs_only_the_root_steps_through_it(trusted_dir: Path) -> None:
+    bin_dir = trusted_dir / "bin"
+    _farm(bin_dir, {"go", "gofmt", "sudo", "id", "apt-get"})
+    record = trusted_dir / "sudo.log"
+    _stub(bin_dir / "id", "echo 1000\n")  # a user's shell (the test runs as root)
+    _stub(bin_dir / "sudo", f'echo "$*" >> "{record}"\nexec "$@"\n')
+    _stub(bin_dir / "apt-get", f'echo "apt-get $*" >> "{record}"; exit 97\n')  # none missing
+    venv = [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip"]
+    subprocess.run([*venv, str(trusted_dir / "venv")], check=True)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT)],
+        env=_environ(trusted_dir, bin_dir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "summary: ok: 8 of 8 kubelet calls ok" in proc.stdout
+    demo = trusted_dir / "demo"
+    assert record.read_text().splitlines() == [
+        f"mkdir -p -m 0755 {demo}",
+        f"env TMPDIR={demo} {trusted_dir / 'venv' / 'bin' / 'flexhub'} demo",
+        f"rmdir {demo}",
+    ]  # the venv and pip are the user's
