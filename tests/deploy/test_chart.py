@@ -35,10 +35,14 @@ def helm() -> Iterator[Path]:
 
 
 def template(
-    helm: Path, *sets: str, values: Path | None = None, chart: Path = CHART
+    helm: Path,
+    *sets: str,
+    values: Path | None = None,
+    chart: Path = CHART,
+    kube_version: str = render_manifest.KUBE_VERSION,
 ) -> subprocess.CompletedProcess[str]:
     argv = [str(helm), "template", "flexhub", str(chart), "-n", render_manifest.NAMESPACE]
-    argv += ["--kube-version", render_manifest.KUBE_VERSION]
+    argv += ["--kube-version", kube_version]
     if values is not None:
         argv += ["-f", str(values)]
     for value in sets:
@@ -116,7 +120,7 @@ def test_the_schema_closes_every_object_the_chart_owns() -> None:
             node = node["properties"][key]
 
 
-def notes(helm: Path, tmp_path: Path, *sets: str) -> str:
+def notes(helm: Path, tmp_path: Path, *sets: str, kube_version: str = "1.34.0") -> str:
     """NOTES.txt as `helm install` prints it (helm template renders no notes, and a client
     dry-run still wants a cluster): the chart copied, its notes rendered through `tpl` into
     a ConfigMap."""
@@ -127,7 +131,7 @@ def notes(helm: Path, tmp_path: Path, *sets: str) -> str:
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
         'data: {notes: {{ tpl (.Files.Get "files/notes.txt") . | toJson }}}\n'
     )
-    proc = template(helm, *sets, chart=chart)
+    proc = template(helm, *sets, chart=chart, kube_version=kube_version)
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
     (text,) = [d["data"]["notes"] for d in docs if d["metadata"]["name"] == "notes"]
@@ -184,3 +188,20 @@ def test_a_changed_comment_makes_the_table_stale(tmp_path: Path) -> None:
     lines = values_table.values_table().splitlines()
     rows = {line.split("`")[1] for line in lines if line.startswith("| `")}
     assert {"image.tag", "provisioner.image.tag", "storageClasses", "nodeConfig"} <= rows
+
+
+def test_any_helm_3_renders_the_defaults_without_kube_version(helm: Path) -> None:
+    """A helm built from source (like this one) or an older release assumes Kubernetes 1.20
+    when it has no cluster: `helm template` must not need --kube-version for the defaults."""
+    argv = [str(helm), "template", "flexhub", str(CHART), "-n", render_manifest.NAMESPACE]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == template(helm).stdout  # the same manifest as for a recent cluster
+
+
+def test_the_notes_warn_of_a_kubernetes_older_than_the_tested_one(
+    helm: Path, tmp_path: Path
+) -> None:
+    old = notes(helm, tmp_path / "old", kube_version="1.25.3")
+    assert "WARNING: Kubernetes v1.25.3 is older than 1.26" in old
+    assert "WARNING: Kubernetes" not in notes(helm, tmp_path / "new")
