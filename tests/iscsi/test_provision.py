@@ -127,6 +127,7 @@ def test_provision_sends_one_fixed_ssh_command_and_the_request_on_stdin(tmp_path
         "backstore": "fileio",
         "fileioDirectory": "/srv/iscsi",
         "sparse": "true",
+        "overcommit": "1",
         "claimUid": UID,
     }
     (argv,) = runner.raw

@@ -480,8 +480,8 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
         else:
             record["fileioDirectory"] = lio.directory
             record["sparse"] = "true" if lio.sparse else "false"
-            if lio.overcommit != 1:  # for expansion's room check
-                record["overcommit"] = f"{lio.overcommit:.3f}".rstrip("0").rstrip(".")
+            # for expansion's room check (a record without it predates the check)
+            record["overcommit"] = f"{lio.overcommit:.3f}".rstrip("0").rstrip(".")
         return Provisioned(
             options=options,
             size=int(done["size"]),

@@ -395,7 +395,10 @@ def parse_volume(options: Mapping[str, str], record: Mapping[str, str]) -> LioVo
     sparse = record.get("sparse", "true")
     if sparse not in ("true", "false"):
         raise InvalidOptions('reclaim record \'sparse\' must be "true" or "false"')
-    overcommit = _overcommit(record.get("overcommit", ""), what="reclaim record")
+    # a record written before room accounting has none: its growth is not counted (0), as
+    # it was not then (the class it came from may have promised more than the disk holds)
+    found = record.get("overcommit")
+    overcommit = 0.0 if found is None else _overcommit(found, what="reclaim record")
     return LioVolume(ssh, iqn, name, directory, sparse == "true", overcommit=overcommit)
 
 

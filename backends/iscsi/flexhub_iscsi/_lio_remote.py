@@ -329,7 +329,7 @@ def save(lib: Any, spec: dict[str, Any]) -> None:
 
 
 def ratio(spec: dict[str, Any]) -> float:
-    """The class's ``overcommit`` (1: none)."""
+    """The class's ``overcommit`` (1: none; 0: a PV from before room accounting)."""
     return float(spec.get("overcommit", 1))
 
 
@@ -478,9 +478,11 @@ def expand(spec: dict[str, Any]) -> dict[str, Any]:
         raise Refused("storage object {} has another backing file".format(spec["name"]))
     current = int(so.size)
     if spec["size"] <= current:
+        save(lib, spec)  # a growth whose save failed (ENOSPC, killed) is saved by its retry
         return {"size": current}
     check_directory(spec["directory"])
-    check_room(spec["directory"], spec["file"], spec["size"], ratio(spec), spec["sparse"])
+    if ratio(spec) > 0:  # 0: a PV from before room accounting, not counted
+        check_room(spec["directory"], spec["file"], spec["size"], ratio(spec), spec["sparse"])
     fd, _ = open_file(spec, create=False)
     try:
         grow(fd, spec["size"], spec["sparse"])
