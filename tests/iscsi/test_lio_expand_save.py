@@ -111,3 +111,56 @@ def test_a_record_from_before_room_accounting_grows_uncounted() -> None:
     assert _lio.parse_volume(options, record).overcommit == 0.0
     assert _lio.parse_volume(options, {**record, "overcommit": "1"}).overcommit == 1.0
     assert _lio.parse_volume(options, {**record, "overcommit": "2.5"}).overcommit == 2.5
+
+
+def test_a_saveconfig_of_another_tool_inside_the_merge_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """targetcli's saveconfig (an administrator leaving targetcli) replaces the file while
+    flexhub merges its claim: the file is read and merged again, the admin's objects kept
+    (before: flexhub's rename of its stale merge dropped them from the next boot)."""
+    saved = tmp_path / "saveconfig.json"
+    admin_so = {"plugin": "block", "name": "admin-db", "dev": "/dev/sdb"}
+    admin_target = {"wwn": "iqn.2003-01.org.admin:db", "fabric": "iscsi", "tpgs": []}
+    saved.write_text(json.dumps({"storage_objects": [], "targets": []}))
+    monkeypatch.setattr(_lio_remote, "SAVE_FILE", str(saved))
+
+    class Target:
+        def dump(self) -> dict[str, Any]:
+            # the admin's targetcli exits now (auto_save_on_exit): a whole saveconfig
+            saved.write_text(
+                json.dumps({"storage_objects": [admin_so], "targets": [admin_target]}, indent=1)
+            )
+            return {"wwn": IQN, "fabric": "iscsi", "tpgs": []}
+
+    class Lib:
+        class RTSLibNotInCFS(Exception):
+            pass
+
+        def FileIOStorageObject(self, name: str) -> Any:
+            raise self.RTSLibNotInCFS(name)
+
+        def FabricModule(self, name: str) -> str:
+            return name
+
+        def Target(self, fabric: Any, iqn: str, mode: str) -> Any:
+            return Target()
+
+    _lio_remote.save(Lib(), {"name": NAME, "iqn": IQN})
+    after = json.loads(saved.read_text())
+    assert admin_so in after["storage_objects"] and admin_target in after["targets"]
+    assert {"wwn": IQN, "fabric": "iscsi", "tpgs": []} in after["targets"]
+
+
+def test_a_saved_file_that_cannot_be_read_now_is_an_error_not_a_fresh_start(
+    tmp_path: Path,
+) -> None:
+    """EIO or EMFILE on the saved file would otherwise be taken for no file, and the whole
+    live target written over the entries of objects not live (a failed restore's)."""
+    from flexhub_iscsi import _lio_save
+
+    directory = tmp_path / "not-a-file"
+    directory.mkdir()
+    with pytest.raises(OSError):
+        _lio_save.read_saved(str(directory))  # IsADirectoryError: read, not "none"
+    assert _lio_save.read_saved(str(tmp_path / "missing")) is None

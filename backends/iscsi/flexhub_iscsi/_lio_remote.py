@@ -71,7 +71,7 @@ if __name__ != "__main__":  # imported on the host; sent, the parts' texts come 
         zero_pending,
     )
     from flexhub_iscsi._lio_room import check_room
-    from flexhub_iscsi._lio_save import SAVE_FILE, merged, read_saved, write_saved
+    from flexhub_iscsi._lio_save import SAVE_FILE, merged, read_saved, stamp, write_saved
 
 MARK = "FLEXHUB-LIO "
 #: configfs's storage objects: ``core/<kind>_<index>/<name>``.
@@ -303,29 +303,34 @@ def ensure_pr_dir() -> None:
 
 def save(lib: Any, spec: dict[str, Any]) -> None:
     """Write the claim's storage object and target, as they are now or gone, into the saved
-    configuration; the first save of a target host (no readable file yet) dumps the whole
-    target. Only the claim's own objects are looked up and dumped (:mod:`_lio_save`)."""
+    configuration; the first save of a target host (no file yet) dumps the whole target.
+    Only the claim's own objects are looked up and dumped (:mod:`_lio_save`). A file another
+    tool (targetcli's ``saveconfig``) replaced while this merged is read and merged again,
+    so that its write is not lost under this one."""
     path = getattr(getattr(lib, "root", None), "default_save_file", None) or SAVE_FILE
-    config = read_saved(path)
-    if config is None:
-        config = lib.RTSRoot().dump()
-    else:
-        block = spec.get("backstore") == "block"
-        kind = lib.BlockStorageObject if block else lib.FileIOStorageObject
-        try:
-            so = kind(spec["name"]).dump()
-        except lib.RTSLibNotInCFS:
-            so = None
-        target = target_of(lib, lib.FabricModule("iscsi"), spec["iqn"])
-        config = merged(
-            config,
-            "block" if block else "fileio",
-            spec["name"],
-            so,
-            spec["iqn"],
-            None if target is None else target.dump(),
-        )
-    write_saved(path, config)
+    block = spec.get("backstore") == "block"
+    own = None
+    for _ in range(5):
+        before = stamp(path)
+        config = read_saved(path)
+        if config is None:
+            config = lib.RTSRoot().dump()
+        else:
+            if own is None:
+                kind = lib.BlockStorageObject if block else lib.FileIOStorageObject
+                try:
+                    so = kind(spec["name"]).dump()
+                except lib.RTSLibNotInCFS:
+                    so = None
+                target = target_of(lib, lib.FabricModule("iscsi"), spec["iqn"])
+                own = (so, None if target is None else target.dump())
+            config = merged(
+                config, "block" if block else "fileio", spec["name"], own[0], spec["iqn"], own[1]
+            )
+        if stamp(path) == before:
+            write_saved(path, config)
+            return
+    raise Refused(f"{path} changes under every save: try again")
 
 
 def ratio(spec: dict[str, Any]) -> float:

@@ -28,13 +28,25 @@ from typing import Any
 SAVE_FILE = "/etc/rtslib-fb-target/saveconfig.json"
 
 
+def stamp(path: str) -> Any:
+    """What tells that ``path`` was replaced or rewritten: (inode, size, mtime), or None."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (found.st_ino, found.st_size, found.st_mtime_ns)
+
+
 def read_saved(path: str) -> Any:
-    """The saved configuration (a dict), or ``None`` when there is none or it cannot be read
-    as one (then the caller saves the whole target again)."""
+    """The saved configuration (a dict), or ``None`` when there is none or it is not one
+    (then the caller saves the whole target again). A file that cannot be read now (EIO,
+    EMFILE) is an error, never taken for none: its entries would be lost."""
     try:
         with open(path, encoding="utf-8") as fh:
             config = json.load(fh)
-    except (OSError, ValueError):
+    except FileNotFoundError:
+        return None
+    except (ValueError, UnicodeDecodeError):
         return None
     if not isinstance(config, dict):
         return None
