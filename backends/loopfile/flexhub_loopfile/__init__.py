@@ -19,7 +19,9 @@ before anything is created.
 Life cycle (the core takes the volume lock, formats, stages, binds and counts users):
 
 * :meth:`LoopfileBackend.attach` creates the file when missing (sparse, or fully allocated
-  with ``preallocate: "true"``; it appears atomically, already at its size). An existing file
+  with ``preallocate: "true"``; it appears atomically, already at its size), unless the node
+  made it before (:mod:`flexhub_loopfile._made`): a lost file is a failure, never a new empty
+  volume. An existing file
   smaller than ``size`` is refused with both sizes (never mounted at another size than the PV
   asks for); a larger one (grown by ``expandfs`` since) is mounted at its size, logged. Then
   it reuses the
@@ -66,7 +68,7 @@ from flexhub.backend import (
     VolumeError,
 )
 from flexhub.provisioning import Claim, Provisioned, Provisioning
-from flexhub_loopfile import _loop, _provision, _room, _tenancy
+from flexhub_loopfile import _loop, _made, _provision, _room, _tenancy
 from flexhub_loopfile._copies import Copies
 from flexhub_loopfile._quantity import parse_quantity
 
@@ -344,6 +346,7 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
             raise VolumeError(f"cannot move {legacy} to {path}: {exc.strerror}") from None
         self._fsync_dir(path.parent)
         self._fsync_dir(legacy.parent)
+        _made.forget(self._state_dir(), legacy)  # the new place is recorded by this attach
         LOG.warning("adopted pre-isolation file %s into namespace area as %s", legacy, path)
 
     @staticmethod
@@ -359,6 +362,9 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
     @staticmethod
     def _preallocate(options: Mapping[str, str]) -> bool:
         return options.get("preallocate", "false") == "true"
+
+    def _state_dir(self) -> Path:
+        return Path(self.node.state_dir)
 
     def _markers(self) -> _loop.Markers:
         own = Path(self.node.state_dir) / "loopfile"
@@ -478,9 +484,10 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
                 LOG.warning("keeping %s: it changed or is in use since this call made it", path)
                 return
             try:
+                _made.forget(self._state_dir(), path)  # first: a record never outlives its file
                 path.unlink()
                 self._fsync_dir(path.parent)
-            except OSError as exc:
+            except (OSError, VolumeError) as exc:
                 LOG.warning("cannot remove %s, made by this failed mount: %s", path, exc)
                 return
             self._remove_dirs(list(created.directories))
@@ -663,7 +670,11 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
             size = self._size(volume)
             if size is not None:
                 self._check_size(path, st.st_size, size)
+            _made.record(self._state_dir(), path)  # also a file an older flexhub made
             return False
+        made_before = _made.recorded(self._state_dir(), path)
+        if made_before is not None:
+            raise _made.missing(self._relative(volume), path, made_before)
         size = self._size(volume)
         if size is None:
             raise InvalidOptions(
@@ -683,6 +694,7 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
             except BaseException:
                 self._remove_dirs(made)
                 raise
+            _made.record(self._state_dir(), path)
         if created:
             st = os.stat(path)
             self._created[str(path)] = _Created((st.st_dev, st.st_ino), size, tuple(made))

@@ -4,7 +4,7 @@ and removed by the node's flexhub DaemonSet pod.
 :func:`provision` runs in the provisioner and touches no storage: it names the claim's file,
 ``<directory>/pvc-<claim uid>.img`` (``directory`` defaults to ``provisioned``), and returns
 the PV options ``{file, size}`` for the node the scheduler chose. The driver's ``mount`` on that
-node creates the file at that size, as it creates any missing file, in the claim's namespace
+node creates the file at that size, as it creates any file it never made, in the claim's namespace
 area when ``[loopfile] isolation`` is ``namespace``. The file's size is a real limit: the
 filesystem cannot grow past it (only ``expandfs`` grows it, on a PVC resize).
 
@@ -18,9 +18,10 @@ filesystem cannot grow past it (only ``expandfs`` grows it, on a PVC resize).
   its directory) to be a regular file; a symlink or anything else at its place is refused
   and left alone;
 * under the volume's lock (what a mount of it holds) and the root account's lock (what a file
-  creation beside it holds). The room account (:mod:`flexhub_loopfile._room`) keeps no record
-  per file: it measures the root on each creation or growth, so the removed file is simply
-  no longer counted.
+  creation beside it holds); the node's record that it made the file
+  (:mod:`flexhub_loopfile._made`) goes with it. The room account
+  (:mod:`flexhub_loopfile._room`) keeps no record per file: it measures the root on each
+  creation or growth, so the removed file is simply no longer counted.
 
 With isolation on, the file of a volume mounted before isolation was turned on is at the old
 place, ``<root>/<file>``; both places are reclaimed (the name holds the claim's uid).
@@ -39,7 +40,7 @@ from pathlib import Path
 
 from flexhub.backend import InvalidOptions, Node, VolumeError
 from flexhub.provisioning import Claim, Provisioned
-from flexhub_loopfile import _loop, _room, _tenancy
+from flexhub_loopfile import _loop, _made, _room, _tenancy
 
 __all__ = ["DEFAULT_DIRECTORY", "file_of", "provision", "reclaim"]
 
@@ -269,5 +270,8 @@ def reclaim(
         # the volume's lock (a mount of it holds it), then the account's (a creation holds it)
         with node.lock("volume", f"loopfile:{root.joinpath(*parts)}"), room_lock():
             removed |= _reclaim_at(node, root, parts)
+            # after the file: a reclaim that stops between the two is retried (the PV keeps
+            # its finalizer), finds the file gone and forgets it then
+            _made.forget(node.state_dir, root.joinpath(*parts))
     if not removed:
         LOG.info("%s is already gone: nothing to reclaim", text)
