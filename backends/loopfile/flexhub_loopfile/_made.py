@@ -23,9 +23,17 @@ import logging
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flexhub.backend import VolumeError, remove_dead_temporaries
-from flexhub.node.fastpath import sha256
+
+if TYPE_CHECKING:
+    from hashlib import sha256
+else:
+    try:  # CPython's built-in SHA-256, as the core's journal uses: no OpenSSL to load
+        from _sha256 import sha256
+    except ImportError:  # pragma: no cover - other interpreters and versions
+        from hashlib import sha256
 
 __all__ = ["forget", "missing", "record", "recorded"]
 
