@@ -70,7 +70,7 @@ from flexhub.backend import (
 from flexhub.provisioning import Claim, Provisioned, Provisioning
 from flexhub_loopfile import _loop, _made, _provision, _room, _tenancy
 from flexhub_loopfile._copies import Copies
-from flexhub_loopfile._quantity import parse_quantity
+from flexhub_loopfile._quantity import parse_quantity, quantity
 
 __all__ = ["DEFAULT_ROOT", "LoopfileBackend"]
 
@@ -360,6 +360,31 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
             raise InvalidOptions(f"option 'size': {exc}") from None
 
     @staticmethod
+    def _max_size(volume: Volume) -> int | None:
+        """Option ``maxSize`` in bytes (``None``: no bound but the node's room).
+
+        :raises InvalidOptions: it is not a quantity, or ``size`` is larger.
+        """
+        text = volume.options.get("maxSize", "")
+        if not text:
+            return None
+        try:
+            most = parse_quantity(text)
+        except ValueError as exc:
+            raise InvalidOptions(f"option 'maxSize': {exc}") from None
+        size = LoopfileBackend._size(volume)
+        if size is not None and size > most:
+            raise InvalidOptions(
+                f"option 'size' {volume.options['size']} is more than the volume's maxSize {text}"
+            )
+        return most
+
+    @classmethod
+    def check_parameters(cls, parameters: Mapping[str, str]) -> None:
+        """``maxSize`` is a quantity of at most 1Ei, more than zero."""
+        _provision.max_size(parameters)
+
+    @staticmethod
     def _preallocate(options: Mapping[str, str]) -> bool:
         return options.get("preallocate", "false") == "true"
 
@@ -381,6 +406,7 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
         """
         self._root()
         _tenancy.check_settings(self.node.settings)
+        self._max_size(volume)
         if volume.pod is None and _tenancy.isolated(self.node.settings):
             self._relative(volume)
             self._size(volume)
@@ -542,6 +568,7 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
         The file is the one journalled at attach (``expandfs`` carries no namespace).
         """
         path = self._attached_file(attachment, volume)
+        self._check_growth(volume, new_size)
         name, index = _loop.loop_name(attachment.details.get("loop") or attachment.device)
         dev = _loop.LoopDevice(name, index)
         try:
@@ -587,6 +614,20 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
         text = self._relative(Volume(options=dict(options)))
         _tenancy.check_settings(self.node.settings)
         _provision.reclaim(self.node, self._root(), text, reclaim, self._room_lock)
+
+    def check_expansion(self, options: Mapping[str, str], new_size: int) -> None:
+        """The provisioner's early refusal of a growth past the PV's ``maxSize`` (the node's
+        :meth:`expand` refuses it too)."""
+        self._check_growth(Volume(options=dict(options)), new_size)
+
+    def _check_growth(self, volume: Volume, new_size: int) -> None:
+        most = self._max_size(volume)
+        if most is not None and new_size > most:
+            raise InvalidOptions(
+                f"cannot grow {volume.options.get('file', '')} to {quantity(new_size)}: more "
+                f"than its maxSize {volume.options['maxSize']} (its class's, when it was "
+                "provisioned)"
+            )
 
     # --------------------------------------------------------------------------- helpers
 

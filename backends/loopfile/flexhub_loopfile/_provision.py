@@ -3,7 +3,10 @@ and removed by the node's flexhub DaemonSet pod.
 
 :func:`provision` runs in the provisioner and touches no storage: it names the claim's file,
 ``<directory>/pvc-<claim uid>.img`` (``directory`` defaults to ``provisioned``), and returns
-the PV options ``{file, size}`` for the node the scheduler chose. The driver's ``mount`` on that
+the PV options ``{file, size, maxSize}`` for the node the scheduler chose: a claim larger
+than the class's ``maxSize`` (default 1Ti) is refused here, and the node's ``expandfs`` refuses
+growing the volume past the bound its PV carries. The node's room is not known here: the
+node checks it when the file is made or grown. The driver's ``mount`` on that
 node creates the file at that size, as it creates any file it never made, in the claim's namespace
 area when ``[loopfile] isolation`` is ``namespace``. The file's size is a real limit: the
 filesystem cannot grow past it (only ``expandfs`` grows it, on a PVC resize).
@@ -41,13 +44,16 @@ from pathlib import Path
 from flexhub.backend import InvalidOptions, Node, VolumeError
 from flexhub.provisioning import Claim, Provisioned
 from flexhub_loopfile import _loop, _made, _room, _tenancy
+from flexhub_loopfile._quantity import parse_quantity, quantity
 
-__all__ = ["DEFAULT_DIRECTORY", "file_of", "provision", "reclaim"]
+__all__ = ["DEFAULT_DIRECTORY", "DEFAULT_MAX_SIZE", "file_of", "max_size", "provision", "reclaim"]
 
 LOG = logging.getLogger(__name__)
 
 #: Where a class's files go unless its ``directory`` parameter says otherwise.
 DEFAULT_DIRECTORY = "provisioned"
+#: The largest claim (and growth) of a class without a ``maxSize`` parameter.
+DEFAULT_MAX_SIZE = "1Ti"
 #: So that ``<directory>/pvc-<63-character uid>.img`` stays within the 255 of option ``file``.
 MAX_DIRECTORY = 180
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
@@ -75,6 +81,18 @@ def _directory(parameters: Mapping[str, str]) -> str:
     return text
 
 
+def max_size(parameters: Mapping[str, str]) -> tuple[str, int]:
+    """The class's ``maxSize`` as written and in bytes (default :data:`DEFAULT_MAX_SIZE`).
+
+    :raises InvalidOptions: naming parameter ``maxSize``.
+    """
+    text = parameters.get("maxSize", DEFAULT_MAX_SIZE)
+    try:
+        return text, parse_quantity(text)
+    except ValueError as exc:
+        raise InvalidOptions(f"parameter 'maxSize': {exc}") from None
+
+
 def file_of(claim: Claim, parameters: Mapping[str, str]) -> str:
     """The ``file`` option of the claim's volume: ``<directory>/pvc-<uid>.img``."""
     if not _UID.fullmatch(claim.uid):
@@ -89,7 +107,8 @@ def provision(claim: Claim, parameters: Mapping[str, str]) -> Provisioned:
     the PV and provisions again leaks nothing.
 
     :raises InvalidOptions: the claim has no selected node (the class is not
-        ``WaitForFirstConsumer``), no size, or a parameter is wrong.
+        ``WaitForFirstConsumer``), no size or one larger than the class's ``maxSize``, or a
+        parameter is wrong.
     """
     if not claim.selected_node:
         raise InvalidOptions(
@@ -104,7 +123,15 @@ def provision(claim: Claim, parameters: Mapping[str, str]) -> Provisioned:
             f"accessModes: a loopfile volume is one node's, so {', '.join(shared)} cannot be "
             "honoured (use ReadWriteOnce or ReadWriteOncePod)"
         )
-    options = {"file": file_of(claim, parameters), "size": str(claim.size)}
+    bound, most = max_size(parameters)
+    if claim.size > most:
+        raise InvalidOptions(
+            f"resources.requests.storage: {quantity(claim.size)} is more than this class's "
+            f"maxSize {bound} (parameters.maxSize, default {DEFAULT_MAX_SIZE}): ask for less, or "
+            "use a class that allows more"
+        )
+    # the PV carries the bound: the node's expandfs refuses growing past it
+    options = {"file": file_of(claim, parameters), "size": str(claim.size), "maxSize": bound}
     for key in ("preallocate", "mountOptions"):
         if parameters.get(key):
             options[key] = parameters[key]
