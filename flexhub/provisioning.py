@@ -214,6 +214,14 @@ class Provisioning:
         """
         raise NotSupported(f"{type(self).__name__} cannot reclaim")
 
+    def check_expansion(self, options: Mapping[str, str], new_size: int) -> None:
+        """Refuse growing the volume of the PV ``options`` to ``new_size`` bytes where the
+        backend bounds it (loopfile: the ``maxSize`` its PV carries), before anything grows:
+        called for every backend, whether or not :attr:`expands_storage`.
+
+        :raises InvalidOptions: one line naming the bound; nothing is grown.
+        """
+
     def expand_storage(
         self,
         options: Mapping[str, str],

@@ -40,7 +40,7 @@ from flexhub.csi.volumes import (
     invalid,
     secrets_of,
 )
-from flexhub.errors import FlexhubError
+from flexhub.errors import FlexhubError, InvalidOptions
 
 __all__ = ["DEFAULT_SIZE", "ControllerService", "volume_uid"]
 
@@ -425,6 +425,10 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
 
             size = record.size
             if new_size > record.size:
+                try:
+                    backend.check_expansion(record.options, new_size)
+                except InvalidOptions as exc:
+                    raise CsiError(grpc.StatusCode.OUT_OF_RANGE, exc.message) from None
                 if type(backend).expands_storage:
                     size = int(
                         backend.expand_storage(

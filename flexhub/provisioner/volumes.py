@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flexhub.errors import FlexhubError
+from flexhub.errors import FlexhubError, InvalidOptions
 from flexhub.provisioner import pvs
 from flexhub.provisioner.events import CountingRecorder
 from flexhub.provisioner.pvapi import (
@@ -193,15 +193,15 @@ class Volumes:
 
         Only for the claim the PV is bound to (``claimRef``: namespace, name and uid; any
         claim may name any PV in ``spec.volumeName``), of a class that allows expansion, and
-        for a PV that still carries this provisioner's seal."""
+        for a PV that still carries this provisioner's seal. For every backend, a growth past
+        the bound the PV carries (the backend's ``check_expansion``: loopfile's ``maxSize``)
+        is an ``ExpansionRefused`` Event on the claim."""
         volume = pvc["spec"]["volumeName"]
         pv = self._get(self.core.read_persistent_volume, volume)
         if pv is None or not self._ours(pv):
             return
         record = read_record(pv)
         backend = self.backend_for(record["backend"])
-        if not getattr(backend, "expands_storage", False):
-            return
         meta = pvc["metadata"]
         ref = pv["spec"].get("claimRef") or {}
         if (ref.get("namespace"), ref.get("name"), ref.get("uid")) != (
@@ -213,6 +213,17 @@ class Volumes:
         wanted = pvs.claim_from(pvc).size
         if wanted <= int(record.get("size", "0")):
             return
+        options = dict(pv["spec"]["flexVolume"].get("options") or {})
+        try:
+            check = getattr(backend, "check_expansion", None)  # Provisioning's (a no-op)
+            if check is not None:
+                check(options, wanted)
+        except InvalidOptions as exc:
+            # the node's expandfs refuses it too (it reads the same options): said early here
+            self.events.claim(pvc, "Warning", "ExpansionRefused", event_text(exc))
+            raise Later(MISTAKE_RETRY) from None
+        if not getattr(backend, "expands_storage", False):
+            return  # the node grows it (a loop file), or nothing enforces its size (NFS)
         class_name = pvc["spec"].get("storageClassName") or ""
         sc = self._get(self.storage.read_storage_class, class_name) if class_name else None
         if (
@@ -228,7 +239,6 @@ class Volumes:
             )
             raise Later(MISTAKE_RETRY)
         self._check_seal(pv, "grow its storage")
-        options = dict(pv["spec"]["flexVolume"].get("options") or {})
         secrets = self._volume_secrets(pv, record)
         grown = backend.expand_storage(options, backend_record(pv), wanted, secrets)
         record["size"] = str(max(grown, wanted))

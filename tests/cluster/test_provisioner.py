@@ -140,6 +140,7 @@ def test_loopfile_claim_lifecycle(cluster: Cluster, leader: Process, node_agent:
         "backend": "loopfile",
         "file": f"provisioned/pvc-{uid}.img",
         "size": str(320 * MiB),
+        "maxSize": "1Ti",  # the class's bound (its default), enforced by the node's expandfs
     }
     assert pv.spec.flex_volume.fs_type == "xfs"
     term = pv.spec.node_affinity.required.node_selector_terms[0].match_expressions[0]

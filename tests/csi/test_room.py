@@ -37,7 +37,9 @@ def test_staging_a_volume_beyond_the_node_room_is_resource_exhausted(trusted_dir
                 name="too-big",
                 capacity_range=pb.CapacityRange(required_bytes=1 << 60),
                 volume_capabilities=[CAPABILITY],
-                parameters={"backend": "loopfile"},
+                # a class that allows it (the default maxSize, 1Ti, refuses it at create):
+                # only the node, at stage, knows its room
+                parameters={"backend": "loopfile", "maxSize": "1Ei"},
             )
         ).volume
         with pytest.raises(grpc.RpcError) as refused:

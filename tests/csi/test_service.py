@@ -397,6 +397,34 @@ def test_controller_expansion_records_the_size_and_leaves_the_loop_file_to_the_n
     assert not list((plugin.state.parent / "loopfiles").rglob("*.img"))
 
 
+def test_a_loopfile_class_bounds_its_volumes_at_create_and_expansion(serve: Any) -> None:
+    """The class's maxSize: a larger CreateVolume is refused in one line, a growth past the
+    bound the volume carries is OUT_OF_RANGE and leaves the record's size alone."""
+    plugin = serve()
+    bounded = {"backend": "loopfile", "maxSize": "16Mi"}
+    code, message = refused(
+        plugin.controller.CreateVolume,
+        pb.CreateVolumeRequest(
+            name="pvc-big",
+            capacity_range=pb.CapacityRange(required_bytes=32 << 20),
+            volume_capabilities=[mount()],
+            parameters=bounded,
+        ),
+    )
+    assert code == S.INVALID_ARGUMENT and "maxSize 16Mi" in message, message
+    volume = create(plugin, parameters=bounded)
+    assert volume.volume_context["maxSize"] == "16Mi"
+
+    def grow(size: int) -> Any:
+        return pb.ControllerExpandVolumeRequest(
+            volume_id=volume.volume_id, capacity_range=pb.CapacityRange(required_bytes=size)
+        )
+
+    code, message = refused(plugin.controller.ControllerExpandVolume, grow(32 << 20))
+    assert code == S.OUT_OF_RANGE and "32Mi" in message and "maxSize 16Mi" in message, message
+    assert plugin.controller.ControllerExpandVolume(grow(16 << 20)).capacity_bytes == 16 << 20
+
+
 def _room_allowed(root: Path) -> int:
     from flexhub_loopfile import _room
 

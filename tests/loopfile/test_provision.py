@@ -92,7 +92,7 @@ def test_provision_names_the_claims_file_and_is_idempotent() -> None:
     c = claim(size=1000)
     first, again = provisioned(c), provisioned(c)
     assert first == again
-    assert first.options == {"file": f"claims/pvc-{c.uid}.img", "size": "1000"}
+    assert first.options == {"file": f"claims/pvc-{c.uid}.img", "size": "1000", "maxSize": "1Ti"}
     assert (first.size, first.fs_type, first.node) == (4096, "xfs", "node-1")
     assert first.reclaim == {"namespace": NS, "claimUid": c.uid}
     # exactly what the node driver accepts

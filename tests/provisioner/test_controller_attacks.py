@@ -167,6 +167,45 @@ def test_expansion_past_a_class_that_forbids_it_is_refused() -> None:
     assert "ExpansionRefused" in reasons(api)
 
 
+class Bounded(Recording):
+    """A backend the node grows (loopfile's kind), bounded by the ``maxSize`` its PV carries."""
+
+    expands_storage = False
+
+    def check_expansion(self, options: Mapping[str, str], new_size: int) -> None:
+        from pathlib import Path
+
+        from flexhub_loopfile import LoopfileBackend
+
+        from flexhub.config import NodeConfig
+        from flexhub.node import Node
+
+        # the provisioner's loopfile: its node services point nowhere, nothing is touched
+        nowhere = NodeConfig(state_dir=Path("/nonexistent/flexhub-provisioner"))
+        LoopfileBackend(Node(nowhere, backend="loopfile")).check_expansion(options, new_size)
+
+
+def test_expansion_past_the_pvs_bound_is_refused_early_for_a_node_grown_volume() -> None:
+    """loopfile: the node grows the file, and its PV carries the class's maxSize; the
+    provisioner says at once, on the claim, that a resize past it will be refused."""
+    api, _, controller = _setup()
+    backend = Bounded()
+    controller.backend_for = lambda _name: backend  # type: ignore[method-assign]
+    claim = _claim(api)
+    pv = _provisioned(api, controller, claim)
+    pv["spec"]["flexVolume"]["options"] = {"file": "f.img", "size": "1Gi", "maxSize": "2Gi"}
+    claim["spec"]["resources"]["requests"]["storage"] = "2Gi"
+    controller.sync_claim("team-a", "data")  # up to the bound: the node's expandfs grows it
+    assert "ExpansionRefused" not in reasons(api)
+    claim["spec"]["resources"]["requests"]["storage"] = "3Gi"
+    with pytest.raises(Later):
+        controller.sync_claim("team-a", "data")
+    refused = [e for e in api.events if e["reason"] == "ExpansionRefused"]
+    assert refused and "3Gi" in refused[-1]["message"], refused
+    assert "maxSize 2Gi" in refused[-1]["message"]
+    assert backend.expanded == []
+
+
 def test_a_node_pv_is_labelled_with_its_node_when_made() -> None:
     made = Provisioned(options={"file": "f"}, size=1, reclaim={}, node="node-1")
     claim = Claim(uid="u", namespace="n", name="c", size=1)

@@ -19,7 +19,9 @@ before anything is created.
 Life cycle (the core takes the volume lock, formats, stages, binds and counts users):
 
 * :meth:`LoopfileBackend.attach` creates the file when missing (sparse, or fully allocated
-  with ``preallocate: "true"``; it appears atomically, already at its size). An existing file
+  with ``preallocate: "true"``; it appears atomically, already at its size), unless the node
+  made it before (:mod:`flexhub_loopfile._made`): a lost file is a failure, never a new empty
+  volume. An existing file
   smaller than ``size`` is refused with both sizes (never mounted at another size than the PV
   asks for); a larger one (grown by ``expandfs`` since) is mounted at its size, logged. Then
   it reuses the
@@ -66,9 +68,9 @@ from flexhub.backend import (
     VolumeError,
 )
 from flexhub.provisioning import Claim, Provisioned, Provisioning
-from flexhub_loopfile import _loop, _provision, _room, _tenancy
+from flexhub_loopfile import _loop, _made, _provision, _room, _tenancy
 from flexhub_loopfile._copies import Copies
-from flexhub_loopfile._quantity import parse_quantity
+from flexhub_loopfile._quantity import parse_quantity, quantity
 
 __all__ = ["DEFAULT_ROOT", "LoopfileBackend"]
 
@@ -344,6 +346,7 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
             raise VolumeError(f"cannot move {legacy} to {path}: {exc.strerror}") from None
         self._fsync_dir(path.parent)
         self._fsync_dir(legacy.parent)
+        _made.forget(self._state_dir(), legacy)  # the new place is recorded by this attach
         LOG.warning("adopted pre-isolation file %s into namespace area as %s", legacy, path)
 
     @staticmethod
@@ -357,8 +360,36 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
             raise InvalidOptions(f"option 'size': {exc}") from None
 
     @staticmethod
+    def _max_size(volume: Volume) -> int | None:
+        """Option ``maxSize`` in bytes (``None``: no bound but the node's room).
+
+        :raises InvalidOptions: it is not a quantity, or ``size`` is larger.
+        """
+        text = volume.options.get("maxSize", "")
+        if not text:
+            return None
+        try:
+            most = parse_quantity(text)
+        except ValueError as exc:
+            raise InvalidOptions(f"option 'maxSize': {exc}") from None
+        size = LoopfileBackend._size(volume)
+        if size is not None and size > most:
+            raise InvalidOptions(
+                f"option 'size' {volume.options['size']} is more than the volume's maxSize {text}"
+            )
+        return most
+
+    @classmethod
+    def check_parameters(cls, parameters: Mapping[str, str]) -> None:
+        """``maxSize`` is a quantity of at most 1Ei, more than zero."""
+        _provision.max_size(parameters)
+
+    @staticmethod
     def _preallocate(options: Mapping[str, str]) -> bool:
         return options.get("preallocate", "false") == "true"
+
+    def _state_dir(self) -> Path:
+        return Path(self.node.state_dir)
 
     def _markers(self) -> _loop.Markers:
         own = Path(self.node.state_dir) / "loopfile"
@@ -375,6 +406,7 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
         """
         self._root()
         _tenancy.check_settings(self.node.settings)
+        self._max_size(volume)
         if volume.pod is None and _tenancy.isolated(self.node.settings):
             self._relative(volume)
             self._size(volume)
@@ -478,9 +510,10 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
                 LOG.warning("keeping %s: it changed or is in use since this call made it", path)
                 return
             try:
+                _made.forget(self._state_dir(), path)  # first: a record never outlives its file
                 path.unlink()
                 self._fsync_dir(path.parent)
-            except OSError as exc:
+            except (OSError, VolumeError) as exc:
                 LOG.warning("cannot remove %s, made by this failed mount: %s", path, exc)
                 return
             self._remove_dirs(list(created.directories))
@@ -535,6 +568,7 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
         The file is the one journalled at attach (``expandfs`` carries no namespace).
         """
         path = self._attached_file(attachment, volume)
+        self._check_growth(volume, new_size)
         name, index = _loop.loop_name(attachment.details.get("loop") or attachment.device)
         dev = _loop.LoopDevice(name, index)
         try:
@@ -580,6 +614,20 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
         text = self._relative(Volume(options=dict(options)))
         _tenancy.check_settings(self.node.settings)
         _provision.reclaim(self.node, self._root(), text, reclaim, self._room_lock)
+
+    def check_expansion(self, options: Mapping[str, str], new_size: int) -> None:
+        """The provisioner's early refusal of a growth past the PV's ``maxSize`` (the node's
+        :meth:`expand` refuses it too)."""
+        self._check_growth(Volume(options=dict(options)), new_size)
+
+    def _check_growth(self, volume: Volume, new_size: int) -> None:
+        most = self._max_size(volume)
+        if most is not None and new_size > most:
+            raise InvalidOptions(
+                f"cannot grow {volume.options.get('file', '')} to {quantity(new_size)}: more "
+                f"than its maxSize {volume.options['maxSize']} (its class's, when it was "
+                "provisioned)"
+            )
 
     # --------------------------------------------------------------------------- helpers
 
@@ -663,7 +711,11 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
             size = self._size(volume)
             if size is not None:
                 self._check_size(path, st.st_size, size)
+            _made.record(self._state_dir(), path)  # also a file an older flexhub made
             return False
+        made_before = _made.recorded(self._state_dir(), path)
+        if made_before is not None:
+            raise _made.missing(self._relative(volume), path, made_before)
         size = self._size(volume)
         if size is None:
             raise InvalidOptions(
@@ -683,6 +735,7 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
             except BaseException:
                 self._remove_dirs(made)
                 raise
+            _made.record(self._state_dir(), path)
         if created:
             st = os.stat(path)
             self._created[str(path)] = _Created((st.st_dev, st.st_ino), size, tuple(made))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, cast
 
 from flexhub.backend import PodInfo, Secrets, Volume, VolumeError
 from flexhub.provisioning import Claim, Provisioned
-from flexhub_loopfile import _provision, _room, _tenancy
+from flexhub_loopfile import _made, _provision, _room, _tenancy
 
 if TYPE_CHECKING:
     from flexhub_loopfile import LoopfileBackend
@@ -107,6 +107,9 @@ class Copies:
         path = _backend(self)._resolve(volume)
         if path.is_file():
             return path, 0
+        made_before = _made.recorded(_backend(self)._state_dir(), path)
+        if made_before is not None:  # lost: its copy must not be an empty volume
+            raise _made.missing(_backend(self)._relative(volume), path, made_before)
         size = _backend(self)._size(volume)
         if size is None:
             raise VolumeError(f"volume file {path} does not exist and has no size")
@@ -122,6 +125,7 @@ class Copies:
             Volume(options=dict(made.options), pod=PodInfo(namespace=claim.namespace))
         )
         how = _snapshot.copy_into(_backend(self), source, dest, made.size)
+        _made.record(_backend(self)._state_dir(), dest)  # data: never made anew, empty
         LOG.info("made %s from %s (%s)", dest, source, how)
         size = os.stat(dest).st_size
         return made.replace(size=size, options={**made.options, "size": str(size)})

@@ -3,8 +3,11 @@ and removed by the node's flexhub DaemonSet pod.
 
 :func:`provision` runs in the provisioner and touches no storage: it names the claim's file,
 ``<directory>/pvc-<claim uid>.img`` (``directory`` defaults to ``provisioned``), and returns
-the PV options ``{file, size}`` for the node the scheduler chose. The driver's ``mount`` on that
-node creates the file at that size, as it creates any missing file, in the claim's namespace
+the PV options ``{file, size, maxSize}`` for the node the scheduler chose: a claim larger
+than the class's ``maxSize`` (default 1Ti) is refused here, and the node's ``expandfs`` refuses
+growing the volume past the bound its PV carries. The node's room is not known here: the
+node checks it when the file is made or grown. The driver's ``mount`` on that
+node creates the file at that size, as it creates any file it never made, in the claim's namespace
 area when ``[loopfile] isolation`` is ``namespace``. The file's size is a real limit: the
 filesystem cannot grow past it (only ``expandfs`` grows it, on a PVC resize).
 
@@ -18,9 +21,10 @@ filesystem cannot grow past it (only ``expandfs`` grows it, on a PVC resize).
   its directory) to be a regular file; a symlink or anything else at its place is refused
   and left alone;
 * under the volume's lock (what a mount of it holds) and the root account's lock (what a file
-  creation beside it holds). The room account (:mod:`flexhub_loopfile._room`) keeps no record
-  per file: it measures the root on each creation or growth, so the removed file is simply
-  no longer counted.
+  creation beside it holds); the node's record that it made the file
+  (:mod:`flexhub_loopfile._made`) goes with it. The room account
+  (:mod:`flexhub_loopfile._room`) keeps no record per file: it measures the root on each
+  creation or growth, so the removed file is simply no longer counted.
 
 With isolation on, the file of a volume mounted before isolation was turned on is at the old
 place, ``<root>/<file>``; both places are reclaimed (the name holds the claim's uid).
@@ -39,14 +43,17 @@ from pathlib import Path
 
 from flexhub.backend import InvalidOptions, Node, VolumeError
 from flexhub.provisioning import Claim, Provisioned
-from flexhub_loopfile import _loop, _room, _tenancy
+from flexhub_loopfile import _loop, _made, _room, _tenancy
+from flexhub_loopfile._quantity import parse_quantity, quantity
 
-__all__ = ["DEFAULT_DIRECTORY", "file_of", "provision", "reclaim"]
+__all__ = ["DEFAULT_DIRECTORY", "DEFAULT_MAX_SIZE", "file_of", "max_size", "provision", "reclaim"]
 
 LOG = logging.getLogger(__name__)
 
 #: Where a class's files go unless its ``directory`` parameter says otherwise.
 DEFAULT_DIRECTORY = "provisioned"
+#: The largest claim (and growth) of a class without a ``maxSize`` parameter.
+DEFAULT_MAX_SIZE = "1Ti"
 #: So that ``<directory>/pvc-<63-character uid>.img`` stays within the 255 of option ``file``.
 MAX_DIRECTORY = 180
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
@@ -74,6 +81,18 @@ def _directory(parameters: Mapping[str, str]) -> str:
     return text
 
 
+def max_size(parameters: Mapping[str, str]) -> tuple[str, int]:
+    """The class's ``maxSize`` as written and in bytes (default :data:`DEFAULT_MAX_SIZE`).
+
+    :raises InvalidOptions: naming parameter ``maxSize``.
+    """
+    text = parameters.get("maxSize", DEFAULT_MAX_SIZE)
+    try:
+        return text, parse_quantity(text)
+    except ValueError as exc:
+        raise InvalidOptions(f"parameter 'maxSize': {exc}") from None
+
+
 def file_of(claim: Claim, parameters: Mapping[str, str]) -> str:
     """The ``file`` option of the claim's volume: ``<directory>/pvc-<uid>.img``."""
     if not _UID.fullmatch(claim.uid):
@@ -88,7 +107,8 @@ def provision(claim: Claim, parameters: Mapping[str, str]) -> Provisioned:
     the PV and provisions again leaks nothing.
 
     :raises InvalidOptions: the claim has no selected node (the class is not
-        ``WaitForFirstConsumer``), no size, or a parameter is wrong.
+        ``WaitForFirstConsumer``), no size or one larger than the class's ``maxSize``, or a
+        parameter is wrong.
     """
     if not claim.selected_node:
         raise InvalidOptions(
@@ -103,7 +123,15 @@ def provision(claim: Claim, parameters: Mapping[str, str]) -> Provisioned:
             f"accessModes: a loopfile volume is one node's, so {', '.join(shared)} cannot be "
             "honoured (use ReadWriteOnce or ReadWriteOncePod)"
         )
-    options = {"file": file_of(claim, parameters), "size": str(claim.size)}
+    bound, most = max_size(parameters)
+    if claim.size > most:
+        raise InvalidOptions(
+            f"resources.requests.storage: {quantity(claim.size)} is more than this class's "
+            f"maxSize {bound} (parameters.maxSize, default {DEFAULT_MAX_SIZE}): ask for less, or "
+            "use a class that allows more"
+        )
+    # the PV carries the bound: the node's expandfs refuses growing past it
+    options = {"file": file_of(claim, parameters), "size": str(claim.size), "maxSize": bound}
     for key in ("preallocate", "mountOptions"):
         if parameters.get(key):
             options[key] = parameters[key]
@@ -269,5 +297,8 @@ def reclaim(
         # the volume's lock (a mount of it holds it), then the account's (a creation holds it)
         with node.lock("volume", f"loopfile:{root.joinpath(*parts)}"), room_lock():
             removed |= _reclaim_at(node, root, parts)
+            # after the file: a reclaim that stops between the two is retried (the PV keeps
+            # its finalizer), finds the file gone and forgets it then
+            _made.forget(node.state_dir, root.joinpath(*parts))
     if not removed:
         LOG.info("%s is already gone: nothing to reclaim", text)

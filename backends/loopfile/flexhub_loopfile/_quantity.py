@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["MAX_BYTES", "parse_quantity"]
+__all__ = ["MAX_BYTES", "parse_quantity", "quantity"]
 
 #: The largest size accepted: 1 EiB (anything larger is a typo, not a disk).
 MAX_BYTES = 1 << 60
@@ -28,6 +28,15 @@ _MULTIPLIERS: dict[str, int] = {
 # The same shape as common.json#/$defs/quantity: the schema is checked first, this is the
 # second line of defence (and what the unit tests pin).
 _QUANTITY = re.compile(r"^([0-9]{1,19}(?:\.[0-9]{1,9})?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+
+
+def quantity(size: int) -> str:
+    """``size`` bytes as the plainest exact quantity (``64Mi``, ``10Gi``, ``1000``)."""
+    for suffix, unit in (("Ei", 1 << 60), ("Pi", 1 << 50), ("Ti", 1 << 40), ("Gi", 1 << 30),
+                         ("Mi", 1 << 20), ("Ki", 1 << 10)):  # fmt: skip
+        if size and size % unit == 0:
+            return f"{size // unit}{suffix}"
+    return str(size)
 
 
 def parse_quantity(text: str) -> int:
