@@ -214,6 +214,7 @@ def test_provision_mount_expand_reclaim(vm: VM, kubelet: Kubelet, clean: None) -
             "backstore": "fileio",
             "fileioDirectory": LUNS,
             "sparse": "true",
+            "overcommit": "1",
             "claimUid": wanted["uid"],
         },
         "fs_type": "ext4",
