@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Host tools the loopfile and node-service tests and the data-path benchmark (fio) use for
+# Host tools the loopfile and node-service tests, the release test (skopeo) and the data-path benchmark (fio) use for
 # real (idempotent).
 set -euo pipefail
 need=()
 for tool in losetup:util-linux mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs blkid:util-linux cmp:diffutils \
-        umoci:umoci unshare:util-linux fio:fio; do
+        umoci:umoci skopeo:skopeo unshare:util-linux fio:fio; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool#*:}")
 done
 if [ "${#need[@]}" -gt 0 ]; then
