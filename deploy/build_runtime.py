@@ -11,6 +11,13 @@ never loaded, and, unlike ``LD_LIBRARY_PATH``, the library path is not inherited
 commands flexhub runs (mount, losetup, iscsiadm are the node's own, with its environment).
 Bytecode is compiled at build time with unchecked hashes, so a read-only copy starts fast.
 
+``--profile`` picks what the runtime is for. ``full`` (the default) serves every command: the
+provisioner and the node agent need the ``kubernetes`` client, ``flexhub csi`` needs grpcio and
+protobuf (the ``csi`` extra), both here. ``node`` is the FlexVolume driver alone, what
+``flexhub daemonset`` installs on a node without the node agent: the ``kubernetes`` client and
+every distribution only it needs are left out (about 160 MB of the full runtime), and so is
+the ``csi`` extra; a command that needs them says so in one line.
+
 ``--with PACKAGE_OR_WHEEL`` (repeatable) installs more distributions into the runtime beside
 flexhub and its four backends, the way a third-party backend reaches nodes: a package name
 pip can fetch, a wheel, or a project directory. They are part of the runtime's content, so of
@@ -43,6 +50,13 @@ SKIP_STDLIB = {
     "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages",
     "__pycache__", "pydoc_data", "unittest",
 }  # fmt: skip
+#: Standard-library directories by prefix: ``config-3.11-<arch>`` holds the static libpython
+#: and the Makefile for building extensions (about 44 MB), which a runtime never does.
+SKIP_STDLIB_PREFIXES = ("config-",)
+PROFILES = ("full", "node")
+#: What the ``node`` profile leaves out: the core's requirements the FlexVolume driver never
+#: imports (the kubelet path is checked for that: tests/core's importtime test).
+NODE_DROPS = frozenset({"kubernetes"})
 SKIP_EXTENSIONS = ("_tkinter", "_test", "xxlimited", "_ctypes_test", "_xxtestfuzz")
 
 LAUNCHER = """#!/bin/sh
@@ -79,7 +93,10 @@ def _is_elf(path: Path) -> bool:
 
 def _copy_stdlib(source: Path, target: Path) -> None:
     def ignore(directory: str, names: list[str]) -> set[str]:
-        skipped = {n for n in names if n in SKIP_STDLIB and Path(directory) == source}
+        top = Path(directory) == source
+        skipped = {
+            n for n in names if top and (n in SKIP_STDLIB or n.startswith(SKIP_STDLIB_PREFIXES))
+        }
         skipped |= {n for n in names if n == "__pycache__"}
         skipped |= {n for n in names if n.startswith(SKIP_EXTENSIONS) and n.endswith(".so")}
         return skipped
@@ -131,9 +148,61 @@ def _drop_direct_urls(site: Path) -> None:
         record.write_text("".join(line for line in lines if not line.startswith(name)), "utf-8")
 
 
-def build(out_dir: Path, python: str = sys.executable, extras: tuple[str, ...] = ()) -> Path:
+def _canonical(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _prune(site: Path, drops: frozenset[str]) -> list[str]:
+    """Remove ``drops`` (required by flexhub's core only) and every distribution that nothing
+    else installed needs; return what was removed. Distributions nothing requires are the
+    roots (flexhub, its backends, ``--with`` ones); a root or any other distribution that
+    itself requires a dropped one keeps it."""
+    from packaging.requirements import Requirement
+
+    dists: dict[str, tuple[Path, set[str]]] = {}
+    for info in site.glob("*.dist-info"):
+        name, requires = "", set()
+        for line in (info / "METADATA").read_text("utf-8").splitlines():
+            if line.startswith("Name: "):
+                name = _canonical(line[6:].strip())
+            elif line.startswith("Requires-Dist: "):
+                req = Requirement(line[len("Requires-Dist: ") :])
+                if req.marker is None or req.marker.evaluate({"extra": ""}):
+                    requires.add(_canonical(req.name))
+        dists[name] = (info, requires)
+    if "flexhub" not in dists:
+        raise SystemExit("build_runtime: flexhub is not in the runtime it built")
+    edges = {name: set(requires) for name, (_, requires) in dists.items()}
+    required = set().union(*edges.values())  # before the drop: a dropped one is no root
+    edges["flexhub"] -= drops
+    keep: set[str] = set()
+    todo = [name for name in dists if name not in required or name == "flexhub"]
+    while todo:
+        name = todo.pop()
+        if name in keep or name not in dists:
+            continue
+        keep.add(name)
+        todo.extend(edges[name])
+    removed = sorted(set(dists) - keep)
+    for name in removed:
+        info = dists[name][0]
+        for row in (info / "RECORD").read_text("utf-8").splitlines():
+            path = site / row.split(",", 1)[0]
+            if path.resolve().is_relative_to(site.resolve()) and path.is_file():
+                path.unlink()
+        shutil.rmtree(info, ignore_errors=True)
+    for directory in sorted(site.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()  # the packages' emptied directories
+    return removed
+
+
+def build(out_dir: Path, python: str = sys.executable, extras: tuple[str, ...] = (),
+          profile: str = "full") -> Path:  # fmt: skip
     """Build the runtime under ``out_dir`` and return its directory; ``extras`` are more
-    distributions to install into it (``--with``)."""
+    distributions to install into it (``--with``); ``profile`` is ``full`` or ``node``."""
+    if profile not in PROFILES:
+        raise SystemExit(f"build_runtime: --profile {profile!r}: expected full or node")
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=out_dir))
     try:
@@ -154,15 +223,15 @@ def build(out_dir: Path, python: str = sys.executable, extras: tuple[str, ...] =
         _run(
             [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
              "--no-compile", "--no-warn-script-location", "--target", str(site),
-             str(core), *(str(b) for b in backends), *extras],
+             f"{core}[csi]" if profile == "full" else str(core),
+             *(str(b) for b in backends), *extras],
             env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"},
         )  # fmt: skip
+        if profile == "node":
+            _prune(site, NODE_DROPS)
         _drop_direct_urls(site)
-        libpython = sysconfig.get_config_var("LDLIBRARY") or ""
-        libdir = Path(sysconfig.get_config_var("LIBDIR") or "/nonexistent")
-        if libpython.endswith(".so") or ".so." in libpython:
-            for candidate in libdir.glob(libpython + "*"):
-                shutil.copy2(candidate, rt / "lib" / candidate.name, follow_symlinks=True)
+        # The shared libpython comes in with the interpreter's own needs (ldd of bin/), under
+        # the one name it is loaded by (not also as the libpython3.11.so link-time name).
         libraries: dict[str, Path] = {}
         for path in sorted(rt.rglob("*")):
             if (
@@ -189,10 +258,11 @@ def build(out_dir: Path, python: str = sys.executable, extras: tuple[str, ...] =
              stdout=subprocess.DEVNULL)  # fmt: skip
         flexhub_version = _flexhub_version(site)
         digest = _digest(rt)
-        name = f"flexhub-{flexhub_version}-{digest[:12]}"
+        kind = "flexhub" if profile == "full" else f"flexhub-{profile}"
+        name = f"{kind}-{flexhub_version}-{digest[:12]}"
         (rt / MARKER).write_text(
             json.dumps(
-                {"version": flexhub_version, "build": digest, "name": name,
+                {"version": flexhub_version, "build": digest, "name": name, "profile": profile,
                  "python": f"bin/{PYVER}", "loader": f"lib/{LOADER}", "library_path": "lib"},
                 indent=1, sort_keys=True,
             ) + "\n"
@@ -239,11 +309,17 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PACKAGE_OR_WHEEL",
         help="another distribution to install (a third-party backend); repeatable",
     )
+    parser.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default="full",
+        help="full: every command (default); node: the FlexVolume driver alone, no API client",
+    )
     args = parser.parse_args(argv)
     if str(args.out_dir).startswith("-"):
         parser.error("OUT_DIR must not start with '-'")
     try:
-        print(build(args.out_dir, extras=tuple(args.extras)))
+        print(build(args.out_dir, extras=tuple(args.extras), profile=args.profile))
     except subprocess.CalledProcessError as exc:
         step = " ".join(str(word) for word in exc.cmd)
         raise SystemExit(f"build_runtime: failed (exit {exc.returncode}): {step[:400]}") from None

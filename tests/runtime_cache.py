@@ -78,13 +78,14 @@ def third_party_backend(base: Path) -> Path:
     return project
 
 
-def build_runtime(out: Path) -> Path:
-    """Build a runtime (with the scaffolded third-party backend) into ``out``; its directory."""
+def build_runtime(out: Path, profile: str = "full") -> Path:
+    """Build a runtime (with the scaffolded third-party backend) into ``out``; its directory.
+    ``profile`` is build_runtime.py's (``node``: no API client, no CSI packages)."""
     extra = third_party_backend(Path(tempfile.mkdtemp(prefix="third-party-")))
     try:
         proc = subprocess.run(
             [sys.executable, str(REPO / "deploy" / "build_runtime.py"), str(out),
-             "--with", str(extra)],
+             "--with", str(extra), "--profile", profile],
             capture_output=True, text=True, timeout=900, check=False,
         )  # fmt: skip
     finally:
@@ -127,12 +128,13 @@ def _found(keyed: Path) -> Path | None:
     return found[0].parent if found else None
 
 
-def cached_runtime(cache: Path | None = None) -> Path:
+def cached_runtime(cache: Path | None = None, profile: str = "full") -> Path:
     """The runtime of this checkout's inputs from ``cache`` (default ``$FLEXHUB_RUNTIME_CACHE``,
-    else :data:`DEFAULT_CACHE`), built there first if it is missing."""
+    else :data:`DEFAULT_CACHE`), built there first if it is missing; ``profile`` as
+    build_runtime.py's (each profile its own entry)."""
     root = cache or Path(os.environ.get(RUNTIME_CACHE_ENV) or DEFAULT_CACHE)
     root.mkdir(mode=0o755, parents=True, exist_ok=True)
-    keyed = root / runtime_inputs_digest()
+    keyed = root / (runtime_inputs_digest() + ("" if profile == "full" else f"-{profile}"))
     with open(root / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build per inputs, however many sessions ask
         found = _found(keyed)
@@ -142,7 +144,7 @@ def cached_runtime(cache: Path | None = None) -> Path:
             staging = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
             staging.chmod(0o755)
             try:
-                built = build_runtime(staging)
+                built = build_runtime(staging, profile)
                 staging.rename(keyed)
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -153,5 +155,6 @@ def cached_runtime(cache: Path | None = None) -> Path:
     return found
 
 
-if __name__ == "__main__":  # .ci/run: build it before the sessions need it
+if __name__ == "__main__":  # .ci/run: build both before the sessions need them
     print(cached_runtime())
+    print(cached_runtime(profile="node"))

@@ -367,12 +367,23 @@ def main(args: list[str]) -> int:
     return int(result) if isinstance(result, int) else 0
 
 
+#: Packages only some commands import (the provisioner and node agent, ``flexhub csi``), by
+#: module: a runtime built with ``--profile node`` does not have them.
+_OPTIONAL_PACKAGES = {"kubernetes": "kubernetes", "grpc": "grpcio", "google": "protobuf"}
+
+
 def _one_line(exc: BaseException) -> str:
     from flexhub.errors import one_line
 
     if isinstance(exc, OSError) and exc.strerror:
         where = f"{exc.filename}: " if exc.filename else ""
         return one_line(f"{where}{exc.strerror}")
+    missing = (exc.name or "").split(".")[0] if isinstance(exc, ModuleNotFoundError) else ""
+    if missing in _OPTIONAL_PACKAGES:
+        return one_line(
+            f"this command needs the Python package {_OPTIONAL_PACKAGES[missing]!r}, which is not "
+            "installed here (the node runtime and image leave it out: use the full one)"
+        )
     return one_line(f"internal error: {type(exc).__name__}: {exc} (--debug shows where)")
 
 

@@ -74,6 +74,13 @@ def runtime() -> Path:
     return cached_runtime()
 
 
+@pytest.fixture(scope="session")
+def node_runtime() -> Path:
+    """The ``--profile node`` runtime of this checkout (no API client, no CSI packages), cached
+    like :func:`runtime`."""
+    return cached_runtime(profile="node")
+
+
 def fake_host(tmp_path: Path) -> tuple[Path, str]:
     """A host root for `flexhub daemonset`: the real /usr (bind-mounted in the script),
     merged-/usr links, its own /etc, /var and plugin directory."""

@@ -19,8 +19,13 @@ from tests.deploy.conftest import LOOP_OPTIONS, fake_host, in_namespace
 pytestmark = needs_root
 
 
-@pytest.fixture
-def node(tmp_path: Path, runtime: Path, trusted_dir: Path) -> Iterator[dict[str, Path]]:
+@pytest.fixture(params=["full", "node"])
+def node(request: pytest.FixtureRequest, tmp_path: Path,
+         trusted_dir: Path) -> Iterator[dict[str, Path]]:  # fmt: skip
+    """A node whose driver runs from the full runtime, then from the node profile's."""
+    runtime: Path = request.getfixturevalue(
+        "runtime" if request.param == "full" else "node_runtime"
+    )
     tree = {name: tmp_path / name for name in ("state", "log", "loop", "kubelet")}
     tree["plugins"] = trusted_dir / "plugins"  # install refuses one below /tmp
     config = tmp_path / "flexhub.toml"
@@ -34,15 +39,15 @@ def node(tmp_path: Path, runtime: Path, trusted_dir: Path) -> Iterator[dict[str,
         check=True, capture_output=True,
     )  # fmt: skip
     tree["driver"] = tree["plugins"] / "k8s~flexhub" / "flexhub"
+    tree["runtime"] = runtime
     tree["target"] = tree["kubelet"] / "pods/u1/volumes/k8s~flexhub/pv"
     tree["target"].mkdir(parents=True)
     yield tree
     subprocess.run([str(tree["driver"]), "unmount", str(tree["target"])], capture_output=True)
 
 
-def test_the_shim_runs_the_runtime_through_its_own_loader(
-    node: dict[str, Path], runtime: Path
-) -> None:
+def test_the_shim_runs_the_runtime_through_its_own_loader(node: dict[str, Path]) -> None:
+    runtime = node["runtime"]
     text = node["driver"].read_text()
     assert f"exec {runtime}/lib/ld-linux-x86-64.so.2 --library-path {runtime}/lib " in text
     assert "LD_LIBRARY_PATH" not in text
@@ -74,9 +79,9 @@ def test_init_mount_unmount_with_every_host_python_hidden(node: dict[str, Path])
 
 
 def test_the_running_driver_maps_no_library_of_the_node(
-    node: dict[str, Path], runtime: Path, tmp_path: Path
+    node: dict[str, Path], tmp_path: Path
 ) -> None:
-    driver, target = node["driver"], node["target"]
+    driver, target, runtime = node["driver"], node["target"], node["runtime"]
     real = shutil.which("losetup")
     assert real is not None
     saved = tmp_path / "losetup.real"
@@ -248,3 +253,44 @@ def test_the_runtime_holds_the_checkouts_sources_and_nothing_left_from_a_build(
     assert not list(site.glob("*.dist-info/direct_url.json"))
     assert str(tmp_path) not in "".join(p.read_text() for p in site.glob("*.dist-info/RECORD"))
     assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*")) == before
+
+
+def _distributions(runtime: Path) -> set[str]:
+    site = runtime / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return {
+        info.name.split("-")[0].lower() for info in (site / "site-packages").glob("*.dist-info")
+    }
+
+
+def _megabytes(root: Path) -> float:
+    return (
+        sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink()) / 2**20
+    )
+
+
+def test_the_node_profile_leaves_out_the_api_client_and_says_so(
+    runtime: Path, node_runtime: Path
+) -> None:
+    """The node runtime has the driver and its backends but not the kubernetes client (nor
+    what only it needs) or the CSI packages; a command that needs them says so in one line.
+    Both sizes are printed (the figures of docs/performance.md)."""
+    full, lean = _distributions(runtime), _distributions(node_runtime)
+    assert {"kubernetes", "grpcio", "protobuf", "aiohttp", "requests"} <= full
+    assert not {"kubernetes", "grpcio", "protobuf", "aiohttp", "requests", "urllib3"} & lean
+    assert {"flexhub", "flexhub_loopfile", "flexhub_nfs", "flexhub_iscsi", "flexhub_cifs",
+            "stevedore", "jsonschema", "typer", "pyyaml"} <= lean  # fmt: skip
+    assert json.loads((node_runtime / "flexhub-runtime.json").read_text())["profile"] == "node"
+    for command in (["provisioner"], ["node-agent"], ["csi", "--node-id", "n"]):
+        done = subprocess.run([str(node_runtime / "bin" / "flexhub"), *command],
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1, done.stderr
+        assert "needs the Python package" in lines[0] and "full" in lines[0], lines[0]
+    print(
+        f"\nruntime size: full {_megabytes(runtime):.0f} MiB, node {_megabytes(node_runtime):.0f} MiB"
+    )
+
+
+def test_a_runtime_carries_no_static_libpython_and_one_shared_one(runtime: Path) -> None:
+    assert not list((runtime / "lib").glob("python3*/config-*"))
+    assert [p.name for p in (runtime / "lib").glob("libpython*")] == ["libpython3.11.so.1.0"]
