@@ -112,3 +112,20 @@ def test_datapath_smoke_run_prints_a_figure_per_job_and_target() -> None:
     assert "flexhub-bench-" not in Path("/proc/self/mountinfo").read_text()
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True)
     assert "flexhub-bench-" not in loops.stdout
+
+
+@needs_root
+def test_csi_benchmark_smoke_run_prints_every_figure() -> None:
+    """benchmarks/csi_publish.py: the plugin process starts, every figure is printed, and
+    nothing it staged or published is left mounted."""
+    proc = subprocess.run(
+        [PYTHON, str(REPO / "benchmarks" / "csi_publish.py"), "--smoke"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for figure in ("second pod's mount of a staged volume", "a pod's unmount (volume stays staged)",
+                   "first mount of a new 16Mi loopfile", "plugin memory (RSS)"):  # fmt: skip
+        assert re.search(re.escape(figure) + r".* [0-9.]+ (ms|MiB)", proc.stdout), proc.stdout
+    assert "(0 unmount failures)" in proc.stdout
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert "csi-bench-" not in mounts and "flexhub-bench-" not in mounts
