@@ -271,7 +271,8 @@ class NodeService(csi_pb2_grpc.NodeServicer):
     @rpc
     def NodeExpandVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
         """The FlexVolume driver's ``expandfs`` of the staged volume: the backend grows the
-        device, the core the filesystem (verified), with the context kept at stage."""
+        device, the core the filesystem (verified), with the context kept at stage and the
+        request's secrets (the PV's ``nodeExpandSecretRef``: cifs checks its credentials)."""
         volume_id = _require(request.volume_id, "volume_id")
         path = Path(os.path.normpath(_require(request.volume_path, "volume_path")))
         node = self._node()
@@ -306,19 +307,29 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                 ),
             )
         )
+        from flexhub.csi.volumes import backend_class
         from flexhub.node.rawblock import expand_raw, raw_device
         from flexhub.node.volumes import expand_volume
 
+        if not issubclass(backend_class(found[1].get("backend", ""), self.config), BlockBackend):
+            # a share grows on its server: nothing on this node to grow or to log in for (the
+            # controller never asks kubelet for this; csi-sanity does, with no secrets)
+            LOG.info("%s is a share: nothing to expand on the node", volume_id)
+            return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=new_size)
         with self.in_flight.hold(volume_id):
             if raw_device(node, staging) is not None:
                 block = csi_pb2.VolumeCapability(access_mode=capability.access_mode)
                 block.block.SetInParent()
-                volume, backend, node = flexhub_volume(found[1], block, {}, self.config)
+                volume, backend, node = flexhub_volume(
+                    found[1], block, request.secrets, self.config
+                )
                 assert isinstance(backend, BlockBackend)  # check_capability said so
                 expand_raw(node, backend, staging, volume, new_size)
                 LOG.info("expanded raw %s to %d bytes", volume_id, new_size)
                 return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=new_size)
-            volume, backend, node = flexhub_volume(found[1], capability, {}, self.config)
+            volume, backend, node = flexhub_volume(
+                found[1], capability, request.secrets, self.config
+            )
             expand_volume(node, backend, staging, volume, new_size)
             LOG.info("expanded %s to %d bytes", volume_id, new_size)
         return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=new_size)
