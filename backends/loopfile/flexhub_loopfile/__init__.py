@@ -67,6 +67,7 @@ from flexhub.backend import (
     Secrets,
     Volume,
     VolumeError,
+    fsync_directory,
 )
 from flexhub.provisioning import Claim, Provisioned, Provisioning
 from flexhub_loopfile import _attach, _files, _loop, _made, _options, _provision, _room, _tenancy
@@ -267,7 +268,7 @@ class LoopfileBackend(BlockBackend, Copies, Provisioning):
             try:
                 _made.forget(self._state_dir(), path)  # first: a record never outlives its file
                 path.unlink()
-                _files.fsync_dir(path.parent)
+                fsync_directory(path.parent)
             except (OSError, VolumeError) as exc:
                 LOG.warning("cannot remove %s, made by this failed mount: %s", path, exc)
                 return

@@ -15,7 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-from flexhub.backend import InvalidOptions, NoRoom, VolumeError
+from flexhub.backend import InvalidOptions, NoRoom, VolumeError, fsync_directory
 from flexhub_loopfile import _room
 
 __all__ = [
@@ -23,7 +23,6 @@ __all__ = [
     "check_size",
     "create",
     "free_bytes",
-    "fsync_dir",
     "grow",
     "has_data",
     "make_parents",
@@ -209,17 +208,9 @@ def create(path: Path, base: Path, size: int, preallocate: bool) -> bool:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-    fsync_dir(path.parent)
+    fsync_directory(path.parent)
     LOG.info("created %s: %d bytes, %s", path, size, "preallocated" if preallocate else "sparse")
     return True
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def grow(path: Path, current: int, target: int, preallocate: bool) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from flexhub.backend import FlexhubError, InvalidOptions, Volume, VolumeError
+from flexhub.backend import FlexhubError, InvalidOptions, Volume, VolumeError, fsync_directory
 from flexhub_loopfile import _files, _made, _tenancy
 from flexhub_loopfile._quantity import parse_quantity
 
@@ -172,8 +172,8 @@ def adopt(settings: Mapping[str, Any], state_dir: Path, volume: Volume, path: Pa
         return
     except OSError as exc:
         raise VolumeError(f"cannot move {old} to {path}: {exc.strerror}") from None
-    _files.fsync_dir(path.parent)
-    _files.fsync_dir(old.parent)
+    fsync_directory(path.parent)
+    fsync_directory(old.parent)
     _made.forget(state_dir, old)  # the new place is recorded by this attach
     LOG.warning("adopted pre-isolation file %s into namespace area as %s", old, path)
 

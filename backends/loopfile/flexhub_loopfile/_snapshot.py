@@ -30,7 +30,7 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flexhub.backend import InvalidOptions, VolumeError
+from flexhub.backend import InvalidOptions, VolumeError, fsync_directory
 from flexhub_loopfile import _files
 from flexhub_loopfile._tenancy import SNAPSHOTS
 
@@ -178,7 +178,7 @@ def copy_into(backend: LoopfileBackend, source: Path | None, dest: Path, size: i
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
-        _files.fsync_dir(dest.parent)
+        fsync_directory(dest.parent)
     finally:
         os.close(src)
     LOG.info("copied %s to %s (%s, %d bytes)", source, dest, how, target)
