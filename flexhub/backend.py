@@ -49,7 +49,7 @@ from flexhub.node.frozen import Frozen
 from flexhub.node.kernel import missing_filesystem as kernel_lacks
 from flexhub.node.mounts import MountEntry
 from flexhub.node.runner import CommandRunner, Result
-from flexhub.node.statedir import remove_dead_temporaries
+from flexhub.node.statedir import fsync_directory, remove_dead_temporaries, write_atomically
 from flexhub.settings import check_keys
 from flexhub.volume import PodInfo, Secret, Secrets, Volume, has_control_character
 
@@ -80,10 +80,12 @@ __all__ = [
     "Volume",
     "VolumeError",
     "check_keys",
+    "fsync_directory",
     "has_control_character",
     "kernel_lacks",
     "redact",
     "remove_dead_temporaries",
+    "write_atomically",
 ]
 
 

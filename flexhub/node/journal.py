@@ -34,7 +34,12 @@ from typing import Any, TypeVar
 from flexhub.errors import StateError
 from flexhub.node.fastpath import pod_record_path, sha256
 from flexhub.node.frozen import Frozen
-from flexhub.node.statedir import private_dir, remove_dead_temporaries
+from flexhub.node.statedir import (
+    fsync_directory,
+    private_dir,
+    remove_dead_temporaries,
+    write_atomically,
+)
 
 __all__ = ["SCHEMA_VERSION", "DeferredRelease", "Journal", "PodRecord", "VolumeRecord"]
 
@@ -265,35 +270,12 @@ class Journal:
 
     def _write_bytes(self, path: Path, payload: bytes) -> None:
         directory = path.parent
-        tmp = directory / f".{path.name}.{os.getpid()}.tmp"
         try:
             private_dir(self.state_dir, *directory.relative_to(self.state_dir).parts)
             self._tidy(directory)
-            fd = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
-            )
-            try:
-                os.fchmod(fd, 0o600)
-                view = memoryview(payload)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-            self._sync_dir(directory)
+            write_atomically(path, payload)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise StateError(f"cannot write state record {path}: {exc.strerror}") from None
-
-    @staticmethod
-    def _sync_dir(directory: Path) -> None:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     def _read(self, path: Path, record_type: type[_R]) -> _R | None:
         try:
@@ -322,7 +304,7 @@ class Journal:
         except OSError as exc:
             raise StateError(f"cannot delete state record {path}: {exc.strerror}") from None
         with contextlib.suppress(OSError):
-            self._sync_dir(path.parent)
+            fsync_directory(path.parent)
 
     def _all(self, directory: Path, record_type: type[_R]) -> Iterator[_R]:
         try:

@@ -29,7 +29,14 @@ from pathlib import Path
 
 from flexhub.errors import StateError
 
-__all__ = ["PRIVATE_DIRS", "private_dir", "remove_dead_temporaries", "secure_state_dir"]
+__all__ = [
+    "PRIVATE_DIRS",
+    "fsync_directory",
+    "private_dir",
+    "remove_dead_temporaries",
+    "secure_state_dir",
+    "write_atomically",
+]
 
 LOG = logging.getLogger(__name__)
 
@@ -125,5 +132,56 @@ def remove_dead_temporaries(directory: str | os.PathLike[str], pattern: re.Patte
                 LOG.info("removed %s/%s, left by a killed writer (pid %d)", directory, name, pid)
     except OSError as exc:
         LOG.warning("cannot tidy %s: %s", directory, exc.strerror or exc)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(
+    path: str | os.PathLike[str], payload: bytes, *, sync_directory: bool = True
+) -> None:
+    """Replace ``path`` with a file holding ``payload``, atomically: readers (and a crash) see
+    the old file or the new one whole, never a part.
+
+    ``payload`` goes to the temporary ``.<name>.<pid>.tmp`` in the same directory (opened
+    without following a symlink, mode 0600 whatever the umask) and is synced (``fsync``), then
+    renamed over ``path`` (a symlink at ``path`` is replaced, not followed) and, with
+    ``sync_directory``, the directory is synced so the rename survives a power cut. The
+    directory must exist. On any failure the temporary is removed and the error raised; one
+    a killed writer left is for :func:`remove_dead_temporaries` (with a pattern of that name).
+
+    :raises OSError: the file cannot be written, synced or renamed.
+    """
+    directory, name = os.path.split(os.fspath(path))
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+        try:
+            os.fchmod(fd, 0o600)
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if sync_directory:
+        fsync_directory(directory or ".")
+
+
+def fsync_directory(directory: str | os.PathLike[str]) -> None:
+    """``fsync`` the directory itself, so that the names made, renamed or removed in it
+    survive a power cut.
+
+    :raises OSError: it cannot be opened or synced.
+    """
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
     finally:
         os.close(fd)

@@ -63,6 +63,29 @@ def _environ(trusted: Path, bin_dir: Path) -> dict[str, str]:
     }
 
 
+def _venv(trusted: Path) -> None:
+    """A venv over this machine's packages where the script looks (it keeps a venv it finds
+    and installs this checkout into it), so that pip needs no index: without a pip of its
+    own, it runs this machine's pip and setuptools."""
+    venv = [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip"]
+    subprocess.run([*venv, str(trusted / "venv")], check=True)
+
+
+def _quickstart(
+    trusted: Path, bin_dir: Path, timeout: int, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``bash scripts/quickstart.sh`` with only ``bin_dir`` on its PATH."""
+    return subprocess.run(
+        ["bash", str(SCRIPT)],
+        env=_environ(trusted, bin_dir),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def test_the_quick_start_installs_what_is_missing_and_ends_in_a_demo(trusted_dir: Path) -> None:
     host_dirs = [Path("/var/lib/flexhub"), Path("/var/log/flexhub")]
     before = [d.exists() for d in host_dirs]
@@ -80,20 +103,8 @@ def test_the_quick_start_installs_what_is_missing_and_ends_in_a_demo(trusted_dir
         f'echo "$*" >> "{record}"\ncase " $* " in *" install "*xfsprogs*)\n{links};; esac\n',
     )
     _stub(bin_dir / "sudo", f'echo "sudo $*" >> "{record}"; exit 97\n')  # root needs none
-    # a venv over this machine's packages (the script keeps a venv it finds and installs
-    # this checkout into it), so that pip needs no index: without a pip of its own, it
-    # runs this machine's pip and setuptools
-    venv = [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip"]
-    subprocess.run([*venv, str(trusted_dir / "venv")], check=True)
-    proc = subprocess.run(
-        ["bash", str(SCRIPT)],
-        env=_environ(trusted_dir, bin_dir),
-        cwd=trusted_dir,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    _venv(trusted_dir)
+    proc = _quickstart(trusted_dir, bin_dir, 300, cwd=trusted_dir)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     asked = record.read_text().splitlines()
@@ -126,14 +137,7 @@ def test_without_root_or_sudo_it_says_what_to_run_in_one_line(trusted_dir: Path)
     bin_dir = trusted_dir / "bin"
     _farm(bin_dir, HIDDEN | {"sudo", "id"})
     _stub(bin_dir / "id", "echo 1000\n")  # a user's shell
-    proc = subprocess.run(
-        ["bash", str(SCRIPT)],
-        env=_environ(trusted_dir, bin_dir),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = _quickstart(trusted_dir, bin_dir, 60)
     assert proc.returncode == 1
     assert proc.stdout == ""
     assert proc.stderr.splitlines() == [
@@ -150,16 +154,8 @@ def test_a_user_with_sudo_runs_only_the_root_steps_through_it(trusted_dir: Path)
     _stub(bin_dir / "id", "echo 1000\n")  # a user's shell (the test runs as root)
     _stub(bin_dir / "sudo", f'echo "$*" >> "{record}"\nexec "$@"\n')
     _stub(bin_dir / "apt-get", f'echo "apt-get $*" >> "{record}"; exit 97\n')  # none missing
-    venv = [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip"]
-    subprocess.run([*venv, str(trusted_dir / "venv")], check=True)
-    proc = subprocess.run(
-        ["bash", str(SCRIPT)],
-        env=_environ(trusted_dir, bin_dir),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    _venv(trusted_dir)
+    proc = _quickstart(trusted_dir, bin_dir, 300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "summary: ok: 8 of 8 kubelet calls ok" in proc.stdout
     demo = trusted_dir / "demo"

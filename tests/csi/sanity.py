@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -108,6 +109,16 @@ def stop_plugin(proc: subprocess.Popen[bytes]) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait()
+
+
+@dataclass
+class LoopfilePlugin:
+    """A running plugin (tests/csi/conftest.py's ``loopfile_plugin``): the directory of its
+    node (config, state, log and loopfile root) and its gRPC stubs."""
+
+    top: Path
+    controller: Any
+    node: Any
 
 
 @contextlib.contextmanager

@@ -13,9 +13,8 @@ import grpc
 import pytest
 
 from flexhub.csi.proto import csi_pb2 as pb
-from flexhub.csi.proto import csi_pb2_grpc as rpc
 from tests.conftest import needs_root
-from tests.csi.sanity import loops_backed_under, node_config, start_plugin, stop_plugin
+from tests.csi.sanity import LoopfilePlugin, loops_backed_under
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -38,16 +37,15 @@ def read(path: Path, size: int, offset: int = 0) -> bytes:
         os.close(fd)
 
 
-def test_a_raw_block_volume_keeps_what_was_written_through_it(trusted_dir: Path) -> None:
-    config = node_config(trusted_dir)
-    endpoint = trusted_dir / "csi.sock"
+def test_a_raw_block_volume_keeps_what_was_written_through_it(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    trusted_dir = loopfile_plugin.top
+    controller, node = loopfile_plugin.controller, loopfile_plugin.node
     stage = trusted_dir / "stage"
     stage.mkdir()
     (trusted_dir / "pod").mkdir()
     first, second = trusted_dir / "pod" / "dev-a", trusted_dir / "pod" / "dev-b"
-    proc = start_plugin(config, endpoint, trusted_dir / "plugin.log")
-    channel = grpc.insecure_channel(f"unix://{endpoint}")
-    controller, node = rpc.ControllerStub(channel), rpc.NodeStub(channel)
     volume_id = ""
 
     def publish(target: Path, capability: pb.VolumeCapability | None = None) -> None:
@@ -162,11 +160,7 @@ def test_a_raw_block_volume_keeps_what_was_written_through_it(trusted_dir: Path)
             node.NodeUnstageVolume(
                 pb.NodeUnstageVolumeRequest(volume_id=volume_id, staging_target_path=str(stage))
             )
-        channel.close()
-        stop_plugin(proc)
-    assert loops_backed_under(trusted_dir) == []
     assert not any((trusted_dir / "loopfiles").rglob("*.img"))
-    assert not list((trusted_dir / "state" / "csi").rglob("*.json"))
 
 
 def test_a_block_volume_is_refused_for_a_filesystem_backend() -> None:

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
 
 import grpc
 import pytest
 
 from flexhub.csi.proto import csi_pb2 as pb
-from flexhub.csi.proto import csi_pb2_grpc as rpc
 from tests.conftest import needs_root
-from tests.csi.sanity import loops_backed_under, node_config, start_plugin, stop_plugin
+from tests.csi.sanity import LoopfilePlugin
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -27,15 +25,14 @@ CAPABILITY = pb.VolumeCapability(
 )
 
 
-def test_a_published_volume_grows_online_and_keeps_its_data(trusted_dir: Path) -> None:
-    config = node_config(trusted_dir)
-    endpoint = trusted_dir / "csi.sock"
+def test_a_published_volume_grows_online_and_keeps_its_data(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    trusted_dir = loopfile_plugin.top
+    controller, node = loopfile_plugin.controller, loopfile_plugin.node
     stage, target = trusted_dir / "stage", trusted_dir / "pod" / "mount"
     stage.mkdir()
     (trusted_dir / "pod").mkdir()
-    proc = start_plugin(config, endpoint, trusted_dir / "plugin.log")
-    channel = grpc.insecure_channel(f"unix://{endpoint}")
-    controller, node = rpc.ControllerStub(channel), rpc.NodeStub(channel)
     staged = False
     try:
         volume = controller.CreateVolume(
@@ -125,7 +122,3 @@ def test_a_published_volume_grows_online_and_keeps_its_data(trusted_dir: Path) -
             ):  # fmt: skip
                 with contextlib.suppress(grpc.RpcError):
                     call(request)
-        channel.close()
-        stop_plugin(proc)
-    assert loops_backed_under(trusted_dir) == []
-    assert not list((trusted_dir / "state" / "csi").rglob("*.json"))

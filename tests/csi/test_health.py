@@ -24,9 +24,8 @@ import pytest
 
 from flexhub.csi import health
 from flexhub.csi.proto import csi_pb2 as pb
-from flexhub.csi.proto import csi_pb2_grpc as rpc
 from tests.conftest import needs_root
-from tests.csi.sanity import loops_backed_under, node_config, start_plugin, stop_plugin
+from tests.csi.sanity import LoopfilePlugin
 
 INACCESSIBLE = pb.VolumeHealthErrorType.INACCESSIBLE
 CAPABILITY = pb.VolumeCapability(
@@ -123,16 +122,13 @@ def test_stale_paths_make_one_entry_and_an_unmounted_path_another(monkeypatch: A
 @needs_root
 @pytest.mark.root
 def test_a_loopfile_volume_is_healthy_then_inaccessible_once_its_filesystem_is_down(
-    trusted_dir: Path,
+    loopfile_plugin: LoopfilePlugin,
 ) -> None:
-    config = node_config(trusted_dir)
-    endpoint = trusted_dir / "csi.sock"
+    trusted_dir = loopfile_plugin.top
+    controller, node = loopfile_plugin.controller, loopfile_plugin.node
     stage, target = trusted_dir / "stage", trusted_dir / "pod" / "mount"
     stage.mkdir()
     (trusted_dir / "pod").mkdir()
-    proc = start_plugin(config, endpoint, trusted_dir / "plugin.log")
-    channel = grpc.insecure_channel(f"unix://{endpoint}")
-    controller, node = rpc.ControllerStub(channel), rpc.NodeStub(channel)
     volume: Any = None
     try:
         caps = node.NodeGetCapabilities(pb.NodeGetCapabilitiesRequest()).capabilities
@@ -225,7 +221,3 @@ def test_a_loopfile_volume_is_healthy_then_inaccessible_once_its_filesystem_is_d
             ):  # fmt: skip
                 with contextlib.suppress(grpc.RpcError):
                     call(request)
-        channel.close()
-        stop_plugin(proc)
-    assert loops_backed_under(trusted_dir) == []
-    assert not list((trusted_dir / "state" / "csi").rglob("*.json"))

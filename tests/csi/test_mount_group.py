@@ -16,9 +16,8 @@ import grpc
 import pytest
 
 from flexhub.csi.proto import csi_pb2 as pb
-from flexhub.csi.proto import csi_pb2_grpc as rpc
 from tests.conftest import needs_root
-from tests.csi.sanity import loops_backed_under, node_config, start_plugin, stop_plugin
+from tests.csi.sanity import LoopfilePlugin, loops_backed_under
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -38,16 +37,13 @@ def gid_mode(path: Path) -> tuple[int, int]:
 
 
 def test_a_loopfile_volume_root_gets_the_mount_group_as_flexvolume_applies_fsgroup(
-    trusted_dir: Path,
+    loopfile_plugin: LoopfilePlugin,
 ) -> None:
-    config = node_config(trusted_dir)
-    endpoint = trusted_dir / "csi.sock"
+    trusted_dir = loopfile_plugin.top
+    controller, node = loopfile_plugin.controller, loopfile_plugin.node
     stage, pods = trusted_dir / "stage", trusted_dir / "pods"
     stage.mkdir()
     pods.mkdir()
-    proc = start_plugin(config, endpoint, trusted_dir / "plugin.log")
-    channel = grpc.insecure_channel(f"unix://{endpoint}")
-    controller, node = rpc.ControllerStub(channel), rpc.NodeStub(channel)
     volume: Any = None
     targets: list[Path] = []
 
@@ -138,7 +134,3 @@ def test_a_loopfile_volume_root_gets_the_mount_group_as_flexvolume_applies_fsgro
                 )
             with contextlib.suppress(grpc.RpcError):
                 controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=volume.volume_id))
-        channel.close()
-        stop_plugin(proc)
-    assert loops_backed_under(trusted_dir) == []
-    assert not list((trusted_dir / "state" / "csi").rglob("*.json"))

@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import grpc
 import pytest
 
 from flexhub.csi.proto import csi_pb2 as pb
-from flexhub.csi.proto import csi_pb2_grpc as rpc
 from tests.conftest import needs_root
-from tests.csi.sanity import loops_backed_under, node_config, start_plugin, stop_plugin
+from tests.csi.sanity import LoopfilePlugin
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -23,41 +20,34 @@ CAPABILITY = pb.VolumeCapability(
 )
 
 
-def test_staging_a_volume_beyond_the_node_room_is_resource_exhausted(trusted_dir: Path) -> None:
-    config = node_config(trusted_dir)
-    endpoint = trusted_dir / "csi.sock"
+def test_staging_a_volume_beyond_the_node_room_is_resource_exhausted(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    trusted_dir = loopfile_plugin.top
+    controller, node = loopfile_plugin.controller, loopfile_plugin.node
     stage = trusted_dir / "stage"
     stage.mkdir()
-    proc = start_plugin(config, endpoint, trusted_dir / "plugin.log")
-    channel = grpc.insecure_channel(f"unix://{endpoint}")
-    controller, node = rpc.ControllerStub(channel), rpc.NodeStub(channel)
-    try:
-        volume = controller.CreateVolume(
-            pb.CreateVolumeRequest(
-                name="too-big",
-                capacity_range=pb.CapacityRange(required_bytes=1 << 60),
-                volume_capabilities=[CAPABILITY],
-                # a class that allows it (the default maxSize, 1Ti, refuses it at create):
-                # only the node, at stage, knows its room
-                parameters={"backend": "loopfile", "maxSize": "1Ei"},
+    volume = controller.CreateVolume(
+        pb.CreateVolumeRequest(
+            name="too-big",
+            capacity_range=pb.CapacityRange(required_bytes=1 << 60),
+            volume_capabilities=[CAPABILITY],
+            # a class that allows it (the default maxSize, 1Ti, refuses it at create):
+            # only the node, at stage, knows its room
+            parameters={"backend": "loopfile", "maxSize": "1Ei"},
+        )
+    ).volume
+    with pytest.raises(grpc.RpcError) as refused:
+        node.NodeStageVolume(
+            pb.NodeStageVolumeRequest(
+                volume_id=volume.volume_id,
+                staging_target_path=str(stage),
+                volume_capability=CAPABILITY,
+                volume_context=volume.volume_context,
             )
-        ).volume
-        with pytest.raises(grpc.RpcError) as refused:
-            node.NodeStageVolume(
-                pb.NodeStageVolumeRequest(
-                    volume_id=volume.volume_id,
-                    staging_target_path=str(stage),
-                    volume_capability=CAPABILITY,
-                    volume_context=volume.volume_context,
-                )
-            )
-        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        message = refused.value.details() or ""
-        assert "not enough room" in message and "\n" not in message, message
-        assert not any((trusted_dir / "loopfiles").rglob("*.img"))
-        controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=volume.volume_id))
-    finally:
-        channel.close()
-        stop_plugin(proc)
-    assert loops_backed_under(trusted_dir) == []
-    assert not list((trusted_dir / "state" / "csi").rglob("*.json"))
+        )
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    message = refused.value.details() or ""
+    assert "not enough room" in message and "\n" not in message, message
+    assert not any((trusted_dir / "loopfiles").rglob("*.img"))
+    controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=volume.volume_id))

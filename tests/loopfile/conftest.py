@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from flexhub_loopfile import LoopfileBackend, _loop
 
+from flexhub.admin.harness import Kubelet
 from flexhub.config import NodeConfig
 from flexhub.node import Node
 
@@ -71,3 +72,35 @@ def detach_under(directory: Path) -> None:
         if backing.startswith(prefix):
             with contextlib.suppress(subprocess.CalledProcessError):
                 subprocess.run(["losetup", "--detach", dev.path], check=True, capture_output=True)
+
+
+def loops_of(path: Path) -> list[str]:
+    """The loop devices (as ``losetup --list`` names them) whose backing file names ``path``."""
+    out = subprocess.run(
+        ["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return [line.split()[0] for line in out.splitlines() if str(path) in line]
+
+
+def mounts_under(path: Path) -> list[str]:
+    return [
+        line.split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.split()[4].startswith(str(path))
+    ]
+
+
+@pytest.fixture
+def kube(kubelet: Kubelet, node_tree: dict[str, Path]) -> Iterator[Kubelet]:
+    """The kubelet harness; afterwards, whatever the test did, nothing is left mounted under
+    the node's kubelet or state directory nor attached from its loopfile root."""
+    yield kubelet
+    for target in mounts_under(node_tree["kubelet"]):
+        kubelet.call("unmount", target)
+    for target in mounts_under(node_tree["state"]):
+        subprocess.run(["umount", "-l", target], check=False)
+    for loop in loops_of(node_tree["loopfiles"]):
+        subprocess.run(["losetup", "-d", loop], check=False)

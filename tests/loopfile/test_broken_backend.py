@@ -11,9 +11,8 @@ import pytest
 from flexhub.admin.harness import Kubelet
 from flexhub.admin.install import install
 from tests.conftest import needs_root
-from tests.loopfile.test_driver_e2e import VOL, kube, loops_of, mount, mounts_under
-
-__all__ = ["kube"]  # the fixture that cleans up after each test
+from tests.loopfile.conftest import loops_of, mounts_under
+from tests.loopfile.test_driver_e2e import VOL, mount
 
 pytestmark = [needs_root, pytest.mark.root]
 

@@ -11,7 +11,7 @@ import pytest
 
 from flexhub.admin.harness import DriverReply, Kubelet
 from tests.conftest import needs_root
-from tests.loopfile.test_driver_e2e import kube, loops_of, mounts_under  # noqa: F401
+from tests.loopfile.conftest import loops_of, mounts_under
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -35,7 +35,7 @@ def in_parallel(jobs: list[object]) -> list[DriverReply]:
     return replies  # type: ignore[return-value]
 
 
-def test_volumes_attach_and_release_at_once(kube: Kubelet, node_tree: dict[str, Path]) -> None:  # noqa: F811
+def test_volumes_attach_and_release_at_once(kube: Kubelet, node_tree: dict[str, Path]) -> None:
     uids = [kube.new_pod_uid() for _ in range(N)]
     vols = [{"backend": "loopfile", "file": f"c/v{i}.img", "size": "64Mi"} for i in range(N)]
     replies = in_parallel(

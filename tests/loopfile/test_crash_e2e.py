@@ -13,7 +13,8 @@ import pytest
 from flexhub.admin.harness import Kubelet, go_json, parse_reply
 from flexhub.node.volumes import CHECKPOINTS, CRASH_ENV, UNMOUNT_CHECKPOINTS
 from tests.conftest import needs_root
-from tests.loopfile.test_driver_e2e import VOL, kube, loops_of, mounts_under  # noqa: F401
+from tests.loopfile.conftest import loops_of, mounts_under
+from tests.loopfile.test_driver_e2e import VOL
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -64,7 +65,7 @@ def pod(k: Kubelet) -> tuple[Path, str]:
 @pytest.mark.parametrize("retry", [True, False], ids=["retry-then-unmount", "unmount"])
 @pytest.mark.parametrize("point", CHECKPOINTS)
 def test_sigkill_at_each_mount_step(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
     point: str,
     retry: bool,
@@ -87,7 +88,7 @@ def test_sigkill_at_each_mount_step(
 
 @pytest.mark.parametrize("point", UNMOUNT_CHECKPOINTS)
 def test_sigkill_at_each_unmount_step(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
     point: str,
 ) -> None:

@@ -12,40 +12,11 @@ import pytest
 
 from flexhub.admin.harness import DriverReply, Kubelet, go_json
 from tests.conftest import needs_root
+from tests.loopfile.conftest import loops_of, mounts_under
 
 pytestmark = [needs_root, pytest.mark.root]
 
 MiB = 1024 * 1024
-
-
-def loops_of(path: Path) -> list[str]:
-    out = subprocess.run(
-        ["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    return [line.split()[0] for line in out.splitlines() if str(path) in line]
-
-
-def mounts_under(path: Path) -> list[str]:
-    return [
-        line.split()[4]
-        for line in Path("/proc/self/mountinfo").read_text().splitlines()
-        if line.split()[4].startswith(str(path))
-    ]
-
-
-@pytest.fixture
-def kube(kubelet: Kubelet, node_tree: dict[str, Path]) -> object:
-    yield kubelet
-    # leave nothing behind whatever a test did
-    for target in mounts_under(node_tree["kubelet"]):
-        kubelet.call("unmount", target)
-    for target in mounts_under(node_tree["state"]):
-        subprocess.run(["umount", "-l", target], check=False)
-    for loop in loops_of(node_tree["loopfiles"]):
-        subprocess.run(["losetup", "-d", loop], check=False)
 
 
 def mount(k: Kubelet, uid: str, user: dict[str, str], **kw: object) -> DriverReply:

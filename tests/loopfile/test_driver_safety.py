@@ -16,7 +16,8 @@ import pytest
 
 from flexhub.admin.harness import DriverReply, Kubelet
 from tests.conftest import needs_root
-from tests.loopfile.test_driver_e2e import kube, loops_of, mount, mounts_under  # noqa: F401
+from tests.loopfile.conftest import loops_of, mounts_under
+from tests.loopfile.test_driver_e2e import mount
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -38,7 +39,7 @@ def _tar_image(path: Path) -> None:
 
 
 def test_loopfile_holding_a_tar_archive_is_never_formatted(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
 ) -> None:
     image = node_tree["loopfiles"] / "namespaces" / "default" / "vols" / "a.img"
@@ -53,7 +54,7 @@ def test_loopfile_holding_a_tar_archive_is_never_formatted(
 
 
 @pytest.fixture
-def linked(kube: Kubelet, tmp_path: Path) -> Iterator[Kubelet]:  # noqa: F811
+def linked(kube: Kubelet, tmp_path: Path) -> Iterator[Kubelet]:
     """kubelet's root is a symlink to a 'data disk' directory, as operators often set up."""
     disk = (tmp_path / "data-disk" / "kubelet").resolve()
     disk.mkdir(parents=True)
@@ -126,7 +127,7 @@ def _df(target: Path) -> int:
 
 
 def test_expandfs_when_the_file_is_already_large_enough(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
 ) -> None:
     uid = kube.new_pod_uid()

@@ -15,7 +15,7 @@ import pytest
 
 from flexhub.admin.harness import Kubelet
 from tests.conftest import needs_root
-from tests.loopfile.test_driver_e2e import MiB, kube, mount  # noqa: F401 (kube is a fixture)
+from tests.loopfile.test_driver_e2e import MiB, mount
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -33,7 +33,7 @@ def expand(k: Kubelet, uid: str) -> tuple[str, str]:
     return reply.status, reply.message
 
 
-def test_refused_on_a_read_only_mount(kube: Kubelet, node_tree: dict[str, Path]) -> None:  # noqa: F811
+def test_refused_on_a_read_only_mount(kube: Kubelet, node_tree: dict[str, Path]) -> None:
     writer = kube.new_pod_uid()
     assert mount(kube, writer, USER, fs_type="xfs").ok
     assert kube.unmount(writer, "pv-1").ok  # type: ignore[union-attr]
@@ -50,7 +50,7 @@ def test_refused_on_a_read_only_mount(kube: Kubelet, node_tree: dict[str, Path])
     assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
 
 
-def test_refused_when_the_file_was_replaced(kube: Kubelet, node_tree: dict[str, Path]) -> None:  # noqa: F811
+def test_refused_when_the_file_was_replaced(kube: Kubelet, node_tree: dict[str, Path]) -> None:
     uid = kube.new_pod_uid()
     assert mount(kube, uid, USER, fs_type="xfs").ok
     target = kube.pod_dir(uid, "pv-1")
@@ -72,7 +72,7 @@ def test_refused_when_the_file_was_replaced(kube: Kubelet, node_tree: dict[str, 
 
 
 def test_refused_when_the_journal_names_another_device(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
     tmp_path: Path,
 ) -> None:

@@ -22,8 +22,8 @@ import pytest
 from flexhub.admin.harness import Kubelet, go_json
 from flexhub.node.volumes import CHECKPOINTS, PAUSE_ENV
 from tests.conftest import needs_root
+from tests.loopfile.conftest import loops_of
 from tests.loopfile.test_crash_e2e import assert_clean, assert_killed, assert_ok, call
-from tests.loopfile.test_driver_e2e import kube, loops_of  # noqa: F401
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -193,7 +193,7 @@ def kill_during_mkfs(k: Kubelet, target: Path, options: str, delay: float) -> bo
 
 @pytest.mark.parametrize("fs", ["ext4", "xfs"])
 def test_sigkill_while_mkfs_runs_converges(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
     fs: str,
 ) -> None:
@@ -224,7 +224,7 @@ def test_sigkill_while_mkfs_runs_converges(
 
 @pytest.mark.parametrize("point", CHECKPOINTS)
 def test_sigkill_at_each_first_mount_step_xfs(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
     point: str,
 ) -> None:
@@ -236,7 +236,7 @@ def test_sigkill_at_each_first_mount_step_xfs(
 
 
 def test_finished_format_is_never_redone(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
 ) -> None:
     """Once mkfs completed, the intent is gone: data written later over the filesystem's
@@ -257,7 +257,7 @@ def test_finished_format_is_never_redone(
 
 
 def test_interrupted_format_of_another_file_is_refused(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
 ) -> None:
     """A format intent names one device (the backing file's identity): a file holding data
@@ -292,7 +292,7 @@ def _dead_pid() -> int:
 
 
 def test_temporaries_of_dead_writers_are_removed(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
     tmp_path: Path,
 ) -> None:

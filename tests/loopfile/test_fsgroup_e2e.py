@@ -15,7 +15,7 @@ import pytest
 
 from flexhub.admin.harness import Kubelet
 from tests.conftest import needs_root
-from tests.loopfile.test_driver_e2e import VOL, kube, mount  # noqa: F401 (kube is a fixture)
+from tests.loopfile.test_driver_e2e import VOL, mount
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -42,7 +42,7 @@ def owners(root: Path) -> dict[str, tuple[int, int]]:
     }
 
 
-def test_fs_group_sets_the_root_only(kube: Kubelet) -> None:  # noqa: F811
+def test_fs_group_sets_the_root_only(kube: Kubelet) -> None:
     seed(kube)
     uid = kube.new_pod_uid()
     assert mount(kube, uid, VOL, fs_group=GID).ok
@@ -56,7 +56,7 @@ def test_fs_group_sets_the_root_only(kube: Kubelet) -> None:  # noqa: F811
     assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
 
 
-def test_read_only_mount_changes_nothing(kube: Kubelet) -> None:  # noqa: F811
+def test_read_only_mount_changes_nothing(kube: Kubelet) -> None:
     seed(kube)
     uid = kube.new_pod_uid()
     assert mount(kube, uid, VOL, fs_group=GID, read_only=True).ok
@@ -65,7 +65,7 @@ def test_read_only_mount_changes_nothing(kube: Kubelet) -> None:  # noqa: F811
     assert kube.unmount(uid, "pv-1").ok  # type: ignore[union-attr]
 
 
-def test_legacy_fs_group_key(kube: Kubelet) -> None:  # noqa: F811
+def test_legacy_fs_group_key(kube: Kubelet) -> None:
     uid = kube.new_pod_uid()
     assert mount(kube, uid, {**VOL, "kubernetes.io/fsGroup": "777"}).ok
     info = kube.pod_dir(uid, "pv-1").stat()

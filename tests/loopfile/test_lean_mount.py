@@ -18,6 +18,7 @@ import pytest
 
 from flexhub.admin.harness import KUBELET_ENV, DriverReply, Kubelet, go_json, parse_reply
 from tests.conftest import PYTHON, needs_root
+from tests.loopfile.conftest import mounts_under
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -48,32 +49,6 @@ NEVER_ON_A_KNOWN_VOLUME = (
 NEVER_WHEN_ALREADY_MOUNTED = (*NEVER_ON_A_KNOWN_VOLUME, "subprocess", "flexhub.node.fs")
 
 VOL = {"backend": "loopfile", "file": "lean/a.img", "size": "16Mi"}
-
-
-def mounts_under(path: Path) -> list[str]:
-    return [
-        line.split()[4]
-        for line in Path("/proc/self/mountinfo").read_text().splitlines()
-        if line.split()[4].startswith(str(path))
-    ]
-
-
-@pytest.fixture
-def kube(kubelet: Kubelet, node_tree: dict[str, Path]) -> object:
-    yield kubelet
-    for target in mounts_under(node_tree["kubelet"]):
-        kubelet.call("unmount", target)
-    for target in mounts_under(node_tree["state"]):
-        subprocess.run(["umount", "-l", target], check=False)
-    out = subprocess.run(
-        ["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    for line in out.splitlines():
-        if str(node_tree["loopfiles"]) in line:
-            subprocess.run(["losetup", "-d", line.split()[0]], check=False)
 
 
 def traced(config: Path, out: Path, *args: str) -> tuple[DriverReply, set[str]]:

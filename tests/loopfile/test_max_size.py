@@ -18,7 +18,7 @@ from flexhub.errors import InvalidOptions
 from flexhub.provisioner.storageclass import read_class
 from flexhub.provisioning import Claim
 from tests.conftest import needs_root
-from tests.loopfile.test_driver_e2e import MiB, kube, mount  # noqa: F401 (kube is a fixture)
+from tests.loopfile.test_driver_e2e import MiB, mount
 from tests.loopfile.test_provision import CLASS
 
 TiB = 1 << 40
@@ -72,7 +72,7 @@ GROW = {"backend": "loopfile", "file": "grow.img", "size": "400Mi", "maxSize": "
 @needs_root
 @pytest.mark.root
 def test_expandfs_past_the_pvs_bound_is_refused_and_changes_nothing(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
 ) -> None:
     uid = kube.new_pod_uid()
@@ -95,7 +95,7 @@ def test_expandfs_past_the_pvs_bound_is_refused_and_changes_nothing(
 @needs_root
 @pytest.mark.root
 def test_a_pv_whose_size_is_past_its_bound_is_refused_and_makes_nothing(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
 ) -> None:
     uid = kube.new_pod_uid()

@@ -5,7 +5,6 @@ driver as kubelet calls it, and through the backend for the cases between its ca
 from __future__ import annotations
 
 import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,24 +19,12 @@ from flexhub.node import Node
 from flexhub.provisioning import Claim
 from flexhub.volume import PodInfo, Secrets, Volume
 from tests.conftest import needs_root
-from tests.loopfile.conftest import detach_under
-from tests.loopfile.test_driver_e2e import loops_of, mounts_under
+from tests.loopfile.conftest import detach_under, loops_of, mounts_under
 
 pytestmark = [needs_root, pytest.mark.root]
 
 MiB = 1024 * 1024
 NS = "team-a"
-
-
-@pytest.fixture
-def kube(kubelet: Kubelet, node_tree: dict[str, Path]) -> Iterator[Kubelet]:
-    yield kubelet
-    for target in mounts_under(node_tree["kubelet"]):
-        kubelet.call("unmount", target)
-    for target in mounts_under(node_tree["state"]):
-        subprocess.run(["umount", "-l", target], check=False)
-    for loop in loops_of(node_tree["loopfiles"]):
-        subprocess.run(["losetup", "-d", loop], check=False)
 
 
 @pytest.fixture

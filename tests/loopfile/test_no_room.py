@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from flexhub_loopfile import LoopfileBackend, _room
+from flexhub_loopfile import _files, _room
 
 from flexhub.errors import FlexhubError, NoRoom, VolumeError
 
@@ -50,4 +50,4 @@ def test_enospc_while_creating_or_growing_is_no_room(
     path = tmp_path / "f.img"
     path.write_bytes(b"x" * 4096)
     with pytest.raises(NoRoom, match=r"not enough room on the node to grow"):
-        LoopfileBackend._grow(path, 4096, 8192, preallocate=False)
+        _files.grow(path, 4096, 8192, preallocate=False)

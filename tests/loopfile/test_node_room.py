@@ -20,7 +20,7 @@ from flexhub_loopfile import LoopfileBackend, _room
 from flexhub.admin.harness import DriverReply, Kubelet
 from flexhub.backend import Volume, VolumeError
 from tests.conftest import needs_root
-from tests.loopfile.test_driver_e2e import loops_of, mounts_under
+from tests.loopfile.conftest import loops_of, mounts_under
 
 pytestmark = [needs_root, pytest.mark.root]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from flexhub.provisioner.storageclass import read_class
 from flexhub.provisioning import Claim, Provisioned
 from flexhub.volume import Secrets
 from tests.conftest import needs_root
-from tests.loopfile.test_driver_e2e import loops_of, mounts_under
+from tests.loopfile.conftest import loops_of
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -41,17 +40,6 @@ CLASS = {
 
 def claim(size: int = 300 * MiB, node: str = "node-1") -> Claim:
     return Claim(uid=str(uuid.uuid4()), namespace=NS, name="data", size=size, selected_node=node)
-
-
-@pytest.fixture
-def kube(kubelet: Kubelet, node_tree: dict[str, Path]) -> Iterator[Kubelet]:
-    yield kubelet
-    for target in mounts_under(node_tree["kubelet"]):
-        kubelet.call("unmount", target)
-    for target in mounts_under(node_tree["state"]):
-        subprocess.run(["umount", "-l", target], check=False)
-    for loop in loops_of(node_tree["loopfiles"]):
-        subprocess.run(["losetup", "-d", loop], check=False)
 
 
 @pytest.fixture

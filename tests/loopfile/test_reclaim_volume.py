@@ -16,11 +16,9 @@ from flexhub.admin.install import install
 from flexhub.admin.reclaim import host_reclaimer
 from flexhub.errors import FlexhubError, UntrustedPath
 from tests.conftest import needs_root
-from tests.loopfile.test_provision import claim, image, kube, provisioned, pv_options
+from tests.loopfile.test_provision import claim, image, provisioned, pv_options
 
 pytestmark = [needs_root, pytest.mark.root]
-
-__all__ = ["kube"]  # the fixture, imported
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import pytest
 from flexhub.admin.harness import DriverReply, Kubelet, go_json
 from flexhub.admin.install import install
 from tests.conftest import needs_root
+from tests.loopfile.conftest import loops_of
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -82,15 +83,8 @@ def tree() -> Iterator[Tree]:
     finally:
         for point in reversed(_mounts_under(base)):
             subprocess.run(["umount", "-l", point], check=False)
-        out = subprocess.run(
-            ["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout
-        for line in out.splitlines():
-            if str(base) in line:
-                subprocess.run(["losetup", "-d", line.split()[0]], check=False)
+        for loop in loops_of(base):
+            subprocess.run(["losetup", "-d", loop], check=False)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -237,20 +231,10 @@ def test_interrupted_attach_is_released_in_its_namespace(tree: Tree) -> None:
     )
     assert crashed.returncode == -9, crashed
     image = tree.loopfiles / "namespaces" / "team-a" / "shared" / "db.img"
-    assert _loops_of(image), "the crash left no loop device: the test proves nothing"
+    assert loops_of(image), "the crash left no loop device: the test proves nothing"
     reply = tree.kube.call("unmount", str(target))
     assert reply.ok, reply.reply
-    assert _loops_of(image) == []
-
-
-def _loops_of(path: Path) -> list[str]:
-    out = subprocess.run(
-        ["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    return [line.split()[0] for line in out.splitlines() if str(path) in line]
+    assert loops_of(image) == []
 
 
 # -- 2. loopfile: no file larger than the free space ------------------------------------------

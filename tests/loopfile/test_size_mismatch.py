@@ -14,7 +14,8 @@ import pytest
 
 from flexhub.admin.harness import Kubelet
 from tests.conftest import needs_root
-from tests.loopfile.test_driver_e2e import kube, loops_of, mount, mounts_under  # noqa: F401
+from tests.loopfile.conftest import loops_of, mounts_under
+from tests.loopfile.test_driver_e2e import mount
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -31,7 +32,7 @@ def image(node_tree: dict[str, Path], name: str = "x.img") -> Path:
 
 
 def test_failed_first_mount_removes_the_file_it_created(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
 ) -> None:
     """xfs below 300 MB cannot be made: the file this call created goes with the rollback,
@@ -50,7 +51,7 @@ def test_failed_first_mount_removes_the_file_it_created(
 
 
 def test_failed_mount_keeps_a_file_it_did_not_create(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
 ) -> None:
     """An existing ext4 file asked for as xfs fails, and the file (with its data) stays."""
@@ -69,7 +70,7 @@ def test_failed_mount_keeps_a_file_it_did_not_create(
 
 
 def test_smaller_file_than_size_is_refused_naming_both(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
 ) -> None:
     """A 256 MiB file and a PV of 512Mi: Failure naming both sizes, the file unchanged; the
@@ -91,7 +92,7 @@ def test_smaller_file_than_size_is_refused_naming_both(
 
 
 def test_larger_file_than_size_mounts_and_says_so(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
 ) -> None:
     """A PV of 256Mi on a 512 MiB file (e.g. grown by expandfs since): mounted at 512 MiB,
@@ -120,7 +121,7 @@ def given_image(node_tree: dict[str, Path], size: int) -> Path:
 
 
 def test_a_file_of_exactly_size_bytes_mounts(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
 ) -> None:
     """ "100M" is 100,000,000 bytes, not a multiple of 4096: a file of exactly that many bytes
@@ -136,7 +137,7 @@ def test_a_file_of_exactly_size_bytes_mounts(
 
 
 def test_a_file_a_byte_short_is_refused_in_exact_bytes(
-    kube: Kubelet,  # noqa: F811
+    kube: Kubelet,
     node_tree: dict[str, Path],
 ) -> None:
     """One byte short of "100M": refused, and since both print as 95.4 MiB the message gives

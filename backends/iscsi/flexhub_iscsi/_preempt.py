@@ -8,7 +8,6 @@ PR generation, and it expires.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -17,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flexhub.backend import FlexhubError
+from flexhub.backend import FlexhubError, write_atomically
 from flexhub_iscsi._keys import format_key, parse_key
 
 __all__ = [
@@ -118,20 +117,11 @@ def authorize_preempt(
     granted = time.time() if now is None else now
     grant = Authorization(volume_id, key, generation, granted, granted + ttl)
     path = _preempt_file(state_dir, volume_id)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    payload = (json.dumps(grant.to_json(), sort_keys=True) + "\n").encode()
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(tmp, flags, 0o600)
-        try:
-            os.write(fd, (json.dumps(grant.to_json(), sort_keys=True) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        write_atomically(path, payload, sync_directory=False)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise FlexhubError(
             f"cannot record the permission in {path.parent}: {exc.strerror}"
         ) from None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, cast
 
 from flexhub.backend import PodInfo, Secrets, Volume, VolumeError
 from flexhub.provisioning import Claim, Provisioned
-from flexhub_loopfile import _made, _provision, _room, _tenancy
+from flexhub_loopfile import _files, _made, _options, _provision, _room, _tenancy
 
 if TYPE_CHECKING:
     from flexhub_loopfile import LoopfileBackend
@@ -42,7 +42,7 @@ class Copies:
         allowed = (
             int(room.capacity * _tenancy.overcommit(_backend(self).node.settings)) - room.promised
         )
-        if _backend(self)._preallocate(parameters):
+        if _options.preallocate(parameters):
             allowed = min(allowed, room.available)
         return max(0, allowed)
 
@@ -109,11 +109,11 @@ class Copies:
             return path, 0
         made_before = _made.recorded(_backend(self)._state_dir(), path)
         if made_before is not None:  # lost: its copy must not be an empty volume
-            raise _made.missing(_backend(self)._relative(volume), path, made_before)
-        size = _backend(self)._size(volume)
+            raise _made.missing(_options.relative(volume), path, made_before)
+        size = _options.size(volume)
         if size is None:
             raise VolumeError(f"volume file {path} does not exist and has no size")
-        return None, -(-size // 4096) * 4096
+        return None, _files.round_up(size)
 
     def _copied(
         self, claim: Claim, parameters: Mapping[str, str], source: Path | None

@@ -39,7 +39,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from flexhub.backend import VolumeError, remove_dead_temporaries
+from flexhub.backend import VolumeError, remove_dead_temporaries, write_atomically
 
 __all__ = [
     "LOOP_CTL_ADD",
@@ -304,20 +304,9 @@ class Markers:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         remove_dead_temporaries(self.directory, _TEMPORARY)
         target = self._path(dev)
-        tmp = target.with_name(f".{dev.name}.{os.getpid()}.tmp")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            fd = os.open(tmp, flags, 0o600)
-            try:
-                os.write(fd, json.dumps(data, sort_keys=True).encode("utf-8"))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+        write_atomically(
+            target, json.dumps(data, sort_keys=True).encode("utf-8"), sync_directory=False
+        )
 
     def remove(self, dev: LoopDevice) -> None:
         """Forget ``dev`` (no error when there is no marker; a read-only or broken state

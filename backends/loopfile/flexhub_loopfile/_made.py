@@ -17,7 +17,6 @@ as at a first mount (the README's known limits).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -25,7 +24,12 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flexhub.backend import VolumeError, remove_dead_temporaries
+from flexhub.backend import (
+    VolumeError,
+    fsync_directory,
+    remove_dead_temporaries,
+    write_atomically,
+)
 
 if TYPE_CHECKING:
     from hashlib import sha256
@@ -65,20 +69,9 @@ def record(state_dir: Path, file: Path) -> None:
     path.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     path.parent.mkdir(mode=0o700, exist_ok=True)
     remove_dead_temporaries(path.parent, _TEMPORARY)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(tmp, flags, 0o600)
-        try:
-            os.write(fd, json.dumps({"file": str(file)}).encode("utf-8", "surrogateescape"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        write_atomically(path, json.dumps({"file": str(file)}).encode("utf-8", "surrogateescape"))
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise VolumeError(f"cannot record {file} in {path.parent}: {exc.strerror}") from None
 
 
@@ -91,7 +84,7 @@ def forget(state_dir: Path, file: Path) -> None:
         return
     except OSError as exc:
         raise VolumeError(f"cannot remove the record {path} of {file}: {exc.strerror}") from None
-    _fsync_dir(path.parent)
+    fsync_directory(path.parent)
 
 
 def missing(volume: str, file: Path, where: Path) -> VolumeError:
@@ -101,11 +94,3 @@ def missing(volume: str, file: Path, where: Path) -> VolumeError:
         f"(recorded in {where}): nothing is created in its place (restore the file; to start "
         "the volume anew, empty, remove that record)"
     )
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

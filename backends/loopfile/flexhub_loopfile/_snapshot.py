@@ -30,7 +30,8 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flexhub.backend import InvalidOptions, VolumeError
+from flexhub.backend import InvalidOptions, VolumeError, fsync_directory
+from flexhub_loopfile import _files
 from flexhub_loopfile._tenancy import SNAPSHOTS
 
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ def copy_into(backend: LoopfileBackend, source: Path | None, dest: Path, size: i
         target = max(length, size)
         with backend._room_lock():
             backend._check_room(dest, target, False)
-            made = backend._make_parents(dest)
+            made = _files.make_parents(dest)
             tmp = dest.with_name(f".{dest.name}.{os.urandom(4).hex()}{_room.NEW_SUFFIX}")
             try:
                 how = _write(src if source is not None else None, tmp, length, target)
@@ -172,12 +173,12 @@ def copy_into(backend: LoopfileBackend, source: Path | None, dest: Path, size: i
                 except FileExistsError:
                     how = "exists"
             except BaseException:
-                backend._remove_dirs(made)
+                _files.remove_dirs(made)
                 raise
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
-        backend._fsync_dir(dest.parent)
+        fsync_directory(dest.parent)
     finally:
         os.close(src)
     LOG.info("copied %s to %s (%s, %d bytes)", source, dest, how, target)
