@@ -545,3 +545,19 @@ def test_the_notes_say_which_modes_were_installed(helm: Path, tmp_path: Path) ->
     assert "k8s~flexhub/flexhub" in pinned  # both modes
     assert "registered with kubelet by node-driver-registrar" in pinned
     assert "VolumeSnapshotClass flexhub-loopfile" in pinned
+
+
+def test_both_csi_pods_run_the_csi_image_when_one_is_given(helm: Path) -> None:
+    """The default image has no grpcio: csi.image names one that does, for both CSI pods
+    (and never for the FlexVolume DaemonSet)."""
+    import flexhub
+
+    docs = render(helm, CSI)
+    assert container(node_pod(docs), "flexhub")["image"] == f"flexhub:{flexhub.__version__}"
+    docs = render(helm, CSI, "csi.image.repository=registry.example/flexhub-csi",
+                  "csi.image.tag=1.2.3")  # fmt: skip
+    controller = one(docs, "Deployment", "flexhub-csi-controller")["spec"]["template"]["spec"]
+    for pod in (node_pod(docs), controller):
+        assert container(pod, "flexhub")["image"] == "registry.example/flexhub-csi:1.2.3"
+    flex = one(docs, "DaemonSet", "flexhub")["spec"]["template"]["spec"]
+    assert container(flex, "flexhub")["image"] == f"flexhub:{flexhub.__version__}"
