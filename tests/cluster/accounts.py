@@ -1,8 +1,8 @@
 """The chart's accounts on the test cluster: flexhub's processes run as deployed.
 
-The Helm chart is rendered with the pinned helm (provisioner and node agent on), and its
-Namespace, ServiceAccounts, ClusterRoles, Roles, bindings and the node agent's admission
-policy are applied to the API server with strict field validation. Each account gets a token from the TokenRequest API (what the
+The Helm chart is rendered with the pinned helm (provisioner, node agent and CSI mode on), and
+its Namespace, ServiceAccounts, ClusterRoles, Roles, bindings, the node agent's admission
+policy and the CSIDriver are applied to the API server with strict field validation. Each account gets a token from the TokenRequest API (what the
 kubelet mounts into a pod) and a kubeconfig holding it, so the provisioner and the node agent
 call the API with exactly the rights the chart gives them, never the admin's. The API
 server's audit log records every request of those accounts (:func:`forbidden`): a call the
@@ -29,11 +29,21 @@ import render_manifest  # type: ignore[import-not-found]
 NAMESPACE = render_manifest.NAMESPACE
 KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
          "RoleBinding", "ValidatingAdmissionPolicy",
-         "ValidatingAdmissionPolicyBinding")  # fmt: skip
-#: The chart's account of each process (release flexhub).
-ACCOUNTS = {"provisioner": "flexhub-provisioner", "node-agent": "flexhub"}
-#: The values the accounts are rendered with: both processes on.
-VALUES = ("namespace.create=true", "provisioner.enabled=true", "nodeAgent.enabled=true")
+         "ValidatingAdmissionPolicyBinding", "CSIDriver")  # fmt: skip
+#: The chart's account of each process (release flexhub): FlexVolume mode's provisioner and
+#: node agent; CSI mode's controller (flexhub csi --mode controller and its sidecars) and node
+#: plugin (flexhub csi --mode node).
+ACCOUNTS = {
+    "provisioner": "flexhub-provisioner",
+    "node-agent": "flexhub",
+    "csi-controller": "flexhub-csi-controller",
+    "csi-node": "flexhub-csi-node",
+}
+#: The components whose API calls tests/deploy/test_rbac_calls.py derives from the code.
+FLEXVOLUME = ("provisioner", "node-agent")
+#: The values the accounts are rendered with: every process on, both modes.
+VALUES = ("namespace.create=true", "provisioner.enabled=true", "nodeAgent.enabled=true",
+          "csi.enabled=true")  # fmt: skip
 TOKEN_SECONDS = 24 * 3600
 
 

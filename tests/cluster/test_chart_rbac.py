@@ -17,6 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.cluster.accounts import (
     ACCOUNTS,
+    FLEXVOLUME,
     NAMESPACE,
     Accounts,
     audited,
@@ -98,6 +99,18 @@ def test_the_chart_rbac_is_applied_and_each_token_is_its_account(
             "RoleBinding/default/flexhub-node-agent-events",
             "ValidatingAdmissionPolicy//flexhub-node-agent",
             "ValidatingAdmissionPolicyBinding//flexhub-node-agent",
+            # CSI mode (tests/cluster/test_chart_csi.py)
+            f"ServiceAccount/{NAMESPACE}/flexhub-csi-controller",
+            f"ServiceAccount/{NAMESPACE}/flexhub-csi-node",
+            "ClusterRole//flexhub-csi-controller-provisioner",
+            "ClusterRole//flexhub-csi-controller-resizer",
+            "ClusterRole//flexhub-csi-controller-snapshotter",
+            "ClusterRoleBinding//flexhub-csi-controller-provisioner",
+            "ClusterRoleBinding//flexhub-csi-controller-resizer",
+            "ClusterRoleBinding//flexhub-csi-controller-snapshotter",
+            f"Role/{NAMESPACE}/flexhub-csi-controller-leader-election",
+            f"RoleBinding/{NAMESPACE}/flexhub-csi-controller-leader-election",
+            "CSIDriver//flexhub.csi.k8s.io",
         ]
     )
     for component, api in apis.items():
@@ -123,7 +136,8 @@ def test_each_account_may_make_exactly_the_calls_its_code_makes(apis: dict[str, 
     exactly what the code's calls need (plus the provisioner's signing key, granted ahead)."""
     expected = needed() | AHEAD
     wrong = []
-    for component, api in apis.items():
+    for component in FLEXVOLUME:  # CSI mode's accounts: tests/cluster/test_chart_csi.py
+        api = apis[component]
         for group, resource in RESOURCES:
             places = [""] if resource in CLUSTER_SCOPED else [NAMESPACE, "default", "team-x"]
             for verb in VERBS:

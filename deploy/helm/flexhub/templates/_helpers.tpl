@@ -40,12 +40,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- /* "true" when the DaemonSet runs the node agent (and its pods hold a token that may
-patch and delete PersistentVolumes): nodeAgent.enabled when it is a boolean, otherwise (auto)
+patch and delete PersistentVolumes): never without FlexVolume mode; nodeAgent.enabled when it
+is a boolean, otherwise (auto)
 whether some storageClasses entry has parameters.backend loopfile, the only backend whose
 storage the nodes reclaim. */ -}}
 {{- define "flexhub.nodeAgent" -}}
 {{- $on := .Values.nodeAgent.enabled -}}
-{{- if not (kindIs "bool" $on) -}}
+{{- if not (include "flexhub.flexvolume" .) -}}
+{{- $on = false -}}
+{{- else if not (kindIs "bool" $on) -}}
 {{- if ne (toString $on) "auto" -}}
 {{- fail (printf "nodeAgent.enabled must be true, false or auto, not %v" $on) -}}
 {{- end -}}
@@ -61,4 +64,40 @@ storage the nodes reclaim. */ -}}
 
 {{- define "flexhub.image" -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- /* "true" in FlexVolume mode (flexvolume.enabled, default true: the DaemonSet installs the
+driver, with the provisioner and node agent when they are on). Only a boolean false turns it
+off; both modes off is refused. */ -}}
+{{- define "flexhub.flexvolume" -}}
+{{- $fv := true -}}
+{{- if hasKey .Values "flexvolume" -}}{{- if hasKey .Values.flexvolume "enabled" -}}{{- $fv = .Values.flexvolume.enabled -}}{{- end -}}{{- end -}}
+{{- if not (kindIs "bool" $fv) -}}
+{{- fail (printf "flexvolume.enabled must be true or false, not %q" (toString $fv)) -}}
+{{- end -}}
+{{- if and (not $fv) (not .Values.csi.enabled) -}}
+{{- fail "flexvolume.enabled and csi.enabled are both false: nothing to install (set csi.enabled=true, or flexvolume.enabled=true)" -}}
+{{- end -}}
+{{- if $fv -}}true{{- end -}}
+{{- end -}}
+
+{{- /* The CSI driver's name (flexhub/csi/__init__.py DRIVER_NAME): one for every backend. */ -}}
+{{- define "flexhub.csiDriver" -}}flexhub.csi.k8s.io{{- end -}}
+
+{{- define "flexhub.csiControllerName" -}}
+{{- printf "%s-csi-controller" (include "flexhub.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "flexhub.csiNodeName" -}}
+{{- printf "%s-csi-node" (include "flexhub.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "flexhub.csiImage" -}}
+{{- $i := .Values.csi.image -}}
+{{- printf "%s:%s" ($i.repository | default .Values.image.repository) ($i.tag | default .Values.image.tag | default .Chart.AppVersion | toString) -}}
+{{- end -}}
+
+{{- /* The socket kubelet calls the node plugin on, and the directory that holds it. */ -}}
+{{- define "flexhub.csiPluginDir" -}}
+{{- printf "%s/plugins/%s" (.Values.csi.kubeletDir | trimSuffix "/") (include "flexhub.csiDriver" .) -}}
 {{- end -}}
