@@ -40,9 +40,13 @@ def _flexhub(
     )  # fmt: skip
 
 
-def _pair(cluster: Cluster, ns: str) -> tuple[Any, Any]:
-    """A PV as flexhub's provisioner writes it for claim ``ns/data``, and the claim, bound."""
-    name = f"pvc-conv-{ns}"
+def _pair(
+    cluster: Cluster, ns: str, claim: str = CLAIM, options: dict[str, str] | None = None
+) -> tuple[Any, Any]:
+    """A PV as flexhub's provisioner writes it for claim ``ns/claim``, and the claim, bound."""
+    name = f"pvc-conv-{ns}" if claim == CLAIM else f"pvc-conv-{ns}-{claim}"
+    if options is None:
+        options = loopfile(f"conv-{ns}.img", mountOptions="noatime")
     record = {"backend": "loopfile", "node": "flexhub-node", "onDelete": "delete",
               "reclaimOn": "node", "size": str(64 << 20)}  # fmt: skip
     cluster.core.create_persistent_volume(
@@ -63,10 +67,8 @@ def _pair(cluster: Cluster, ns: str) -> tuple[Any, Any]:
                 "accessModes": ["ReadWriteOnce"],
                 "persistentVolumeReclaimPolicy": "Delete",
                 "storageClassName": "",
-                "claimRef": {"namespace": ns, "name": CLAIM},
-                "flexVolume": flex(
-                    loopfile(f"conv-{ns}.img", mountOptions="noatime"), fs_type="ext4"
-                ),
+                "claimRef": {"namespace": ns, "name": claim},
+                "flexVolume": flex(options, fs_type="ext4"),
             },
         }
     )
@@ -75,7 +77,7 @@ def _pair(cluster: Cluster, ns: str) -> tuple[Any, Any]:
         {
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
-            "metadata": {"name": CLAIM, "labels": {"app": "db"}, "annotations": {"a/b": "c"}},
+            "metadata": {"name": claim, "labels": {"app": "db"}, "annotations": {"a/b": "c"}},
             "spec": {
                 "accessModes": ["ReadWriteOnce"],
                 "storageClassName": "",
@@ -84,18 +86,18 @@ def _pair(cluster: Cluster, ns: str) -> tuple[Any, Any]:
             },
         },
     )
-    return _bound(cluster, ns)
+    return _bound(cluster, ns, claim)
 
 
-def _bound(cluster: Cluster, ns: str) -> tuple[Any, Any]:
+def _bound(cluster: Cluster, ns: str, name: str = CLAIM) -> tuple[Any, Any]:
     def bound() -> Any:
-        claim = cluster.core.read_namespaced_persistent_volume_claim(CLAIM, ns)
+        claim = cluster.core.read_namespaced_persistent_volume_claim(name, ns)
         if claim.status.phase != "Bound":
             return None
         pv = cluster.core.read_persistent_volume(claim.spec.volume_name)
         return (claim, pv) if pv.status.phase == "Bound" else None
 
-    claim, pv = eventually(f"claim {ns}/{CLAIM} and its PV Bound", bound)
+    claim, pv = eventually(f"claim {ns}/{name} and its PV Bound", bound)
     return claim, pv
 
 
@@ -148,10 +150,10 @@ def _assert_rolled_back(cluster: Cluster, ns: str, old_claim: Any, old_pv: Any) 
     assert _backups(cluster, ns) == []
 
 
-def _cleanup(cluster: Cluster, ns: str, pv: str) -> None:
+def _cleanup(cluster: Cluster, ns: str, pv: str, claim: str = CLAIM) -> None:
     """The test's PV goes (its Delete policy would wait for a provisioner that is not there)."""
     with contextlib.suppress(ApiException):
-        cluster.core.delete_namespaced_persistent_volume_claim(CLAIM, ns)
+        cluster.core.delete_namespaced_persistent_volume_claim(claim, ns)
     try:
         cluster.core.patch_persistent_volume(
             pv,
@@ -192,6 +194,19 @@ def test_convert_then_rollback(cluster: Cluster) -> None:
         _assert_converted(cluster, ns, claim, pv)
         again = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns)
         assert again.returncode == 0 and "converted already" in again.stdout, again.stderr
+        csi_claim, csi_pv = _bound(cluster, ns)
+        dry = _flexhub(
+            cluster, CLAIM, "-n", ns, "--backup-namespace", ns, "--rollback", "--dry-run"
+        )
+        assert dry.returncode == 0, dry.stderr
+        docs = list(yaml.safe_load_all(dry.stdout))
+        assert [d["kind"] for d in docs] == ["PersistentVolumeClaim", "PersistentVolume"]
+        source = docs[1]["spec"]["flexVolume"]
+        assert source["driver"] == "k8s/flexhub"
+        assert source["options"] == pv.spec.flex_volume.options
+        assert docs[1]["spec"]["persistentVolumeReclaimPolicy"] == "Delete"
+        assert _bound(cluster, ns)[1].metadata.resource_version == csi_pv.metadata.resource_version
+        assert _bound(cluster, ns)[0].metadata.uid == csi_claim.metadata.uid
         back = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns, "--rollback")
         assert back.returncode == 0, back.stderr
         _assert_rolled_back(cluster, ns, claim, pv)
@@ -291,3 +306,69 @@ def test_a_rollback_of_a_half_done_convert_restores_the_policy(cluster: Cluster)
         assert _backups(cluster, ns) == []
     finally:
         _cleanup(cluster, ns, pv.metadata.name)
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"backend": "loopfile", "file": "x.img", "size": "64Mi", "colour": "red"}, "colour"),
+        ({"backend": "nosuchbackend", "file": "x.img"}, "nosuchbackend"),
+    ],
+)
+def test_options_the_backend_refuses_are_one_line_and_change_nothing(
+    cluster: Cluster, options: dict[str, str], error: str
+) -> None:
+    ns = namespace(cluster, "conv")
+    claim, pv = _pair(cluster, ns, options=options)
+    try:
+        done = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns)
+        assert done.returncode == 1
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and error in lines[0], lines
+        assert _backups(cluster, ns) == []
+        after = cluster.core.read_persistent_volume(pv.metadata.name)
+        assert after.metadata.resource_version == pv.metadata.resource_version
+        again = cluster.core.read_namespaced_persistent_volume_claim(CLAIM, ns)
+        assert again.metadata.resource_version == claim.metadata.resource_version
+    finally:
+        _cleanup(cluster, ns, pv.metadata.name)
+
+
+def test_all_converts_the_flexhub_claims_of_the_namespace_only(cluster: Cluster) -> None:
+    ns = namespace(cluster, "conv")
+    first, first_pv = _pair(cluster, ns)
+    second, second_pv = _pair(
+        cluster, ns, "logs", options=loopfile(f"conv-{ns}-logs.img", mountOptions="noatime")
+    )
+    cluster.core.create_namespaced_persistent_volume_claim(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "pending"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "resources": {"requests": {"storage": "1Mi"}},
+            },
+        },
+    )
+    pending = cluster.core.read_namespaced_persistent_volume_claim("pending", ns)
+    try:
+        done = _flexhub(cluster, "-n", ns, "--backup-namespace", ns, "--all")
+        assert done.returncode == 0, done.stderr
+        _assert_converted(cluster, ns, first, first_pv)
+        claim, pv = _bound(cluster, ns, "logs")
+        assert pv.spec.csi.volume_handle == f"loopfile:{second.metadata.uid}"
+        assert claim.metadata.uid != second.metadata.uid
+        assert len(_backups(cluster, ns)) == 2
+        untouched = cluster.core.read_namespaced_persistent_volume_claim("pending", ns)
+        assert untouched.metadata.resource_version == pending.metadata.resource_version
+        back = _flexhub(cluster, "-n", ns, "--backup-namespace", ns, "--all", "--rollback")
+        assert back.returncode == 0, back.stderr
+        _assert_rolled_back(cluster, ns, first, first_pv)
+        claim, pv = _bound(cluster, ns, "logs")
+        assert pv.spec.flex_volume.options["file"] == f"conv-{ns}-logs.img"
+    finally:
+        _cleanup(cluster, ns, first_pv.metadata.name)
+        _cleanup(cluster, ns, second_pv.metadata.name, "logs")
