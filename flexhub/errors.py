@@ -35,6 +35,7 @@ __all__ = [
     "CallTimeout",
     "CommandError",
     "CommandTimeout",
+    "ConvertError",
     "FlexhubError",
     "InvalidOptions",
     "LockTimeout",
@@ -91,6 +92,11 @@ class CallTimeout(BaseException):
 
 class UsageError(FlexhubError):
     """The caller passed the wrong number or shape of arguments."""
+
+
+class ConvertError(FlexhubError):
+    """``flexhub convert`` refuses a claim now (not flexhub's, not bound, in use, ...): the
+    step that refused changed nothing."""
 
 
 class InvalidOptions(FlexhubError):

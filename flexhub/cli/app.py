@@ -1,5 +1,5 @@
 """Admin commands: backends, schema, validate, version, state, install, uninstall, doctor,
-daemonset, demo, fence, new-backend, csi."""
+daemonset, demo, fence, new-backend, csi, convert."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import typer
 
 from flexhub import DRIVER_NAME, __version__
 from flexhub.cli.commands import COMMANDS
+from flexhub.cli.convert import register as register_convert
 from flexhub.cli.csi import register as register_csi
 from flexhub.cli.fence import fence_app  # re-exported: the fence commands live there
 from flexhub.cli.fence import register as register_fence
@@ -327,6 +328,7 @@ def new_backend(
 register_fence(app)
 register_provisioning(app)
 register_csi(app)
+register_convert(app)
 
 
 def main(args: list[str]) -> int:

@@ -25,6 +25,7 @@ COMMANDS = frozenset(
         "provisioner-seal",
         "reclaim-volume",
         "csi",
+        "convert",
         "help",
     }
 )

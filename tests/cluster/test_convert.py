@@ -1,0 +1,374 @@
+"""``flexhub convert`` against the tier's real API server and controller-manager: a FlexVolume
+PV of flexhub (as its provisioner writes one: Delete, its finalizer and reclaim record) and
+its bound claim are moved onto the CSI driver and back, refused while a pod uses the claim,
+and a kill after every step followed by a rerun ends converted (or rolled back)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client.rest import ApiException
+
+from tests.cluster.cluster import Cluster
+from tests.cluster.kube import delete_pod, eventually, flex, loopfile, namespace, pod, run_pod
+
+pytestmark = [pytest.mark.cluster, pytest.mark.root]
+
+CLAIM = "data"
+
+
+def _flexhub(
+    cluster: Cluster, *args: str, kill_after: str = ""
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "FLEXHUB_TEST_CONVERT_KILL_AFTER"}
+    # the tier's own node config (never the host's paths); the tier's API server certificate
+    # is not verified by its admin kubeconfig: urllib3's warning is not convert's output
+    env.update(FLEXHUB_CONFIG=str(cluster.config), PYTHONWARNINGS="ignore::Warning")
+    if kill_after:
+        env["FLEXHUB_TEST_CONVERT_KILL_AFTER"] = kill_after
+    return subprocess.run(
+        [sys.executable, "-m", "flexhub", "convert", *args, "--kubeconfig", str(cluster.kubeconfig),
+         "--timeout", "60"],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def _pair(
+    cluster: Cluster, ns: str, claim: str = CLAIM, options: dict[str, str] | None = None
+) -> tuple[Any, Any]:
+    """A PV as flexhub's provisioner writes it for claim ``ns/claim``, and the claim, bound."""
+    name = f"pvc-conv-{ns}" if claim == CLAIM else f"pvc-conv-{ns}-{claim}"
+    if options is None:
+        options = loopfile(f"conv-{ns}.img", mountOptions="noatime")
+    record = {"backend": "loopfile", "node": "flexhub-node", "onDelete": "delete",
+              "reclaimOn": "node", "size": str(64 << 20)}  # fmt: skip
+    cluster.core.create_persistent_volume(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {
+                "name": name,
+                "labels": {"team": "a"},
+                "annotations": {
+                    "pv.kubernetes.io/provisioned-by": "flexhub",
+                    "flexhub/reclaim": json.dumps(record, sort_keys=True),
+                },
+                "finalizers": ["flexhub/reclaim"],
+            },
+            "spec": {
+                "capacity": {"storage": "64Mi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": "",
+                "claimRef": {"namespace": ns, "name": claim},
+                "flexVolume": flex(options, fs_type="ext4"),
+            },
+        }
+    )
+    cluster.core.create_namespaced_persistent_volume_claim(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "labels": {"app": "db"}, "annotations": {"a/b": "c"}},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "volumeName": name,
+                "resources": {"requests": {"storage": "64Mi"}},
+            },
+        },
+    )
+    return _bound(cluster, ns, claim)
+
+
+def _bound(cluster: Cluster, ns: str, name: str = CLAIM) -> tuple[Any, Any]:
+    def bound() -> Any:
+        claim = cluster.core.read_namespaced_persistent_volume_claim(name, ns)
+        if claim.status.phase != "Bound":
+            return None
+        pv = cluster.core.read_persistent_volume(claim.spec.volume_name)
+        return (claim, pv) if pv.status.phase == "Bound" else None
+
+    claim, pv = eventually(f"claim {ns}/{name} and its PV Bound", bound)
+    return claim, pv
+
+
+def _backups(cluster: Cluster, ns: str) -> list[str]:
+    found = cluster.core.list_namespaced_config_map(ns)
+    return [c.metadata.name for c in found.items if c.metadata.name.startswith("flexhub-convert")]
+
+
+def _assert_converted(cluster: Cluster, ns: str, old_claim: Any, old_pv: Any) -> None:
+    claim, pv = _bound(cluster, ns)
+    assert claim.metadata.uid != old_claim.metadata.uid
+    assert pv.metadata.name == old_pv.metadata.name and pv.metadata.uid != old_pv.metadata.uid
+    assert pv.spec.flex_volume is None
+    csi = pv.spec.csi
+    assert csi.driver == "flexhub.csi.k8s.io"
+    assert csi.volume_handle == f"loopfile:{old_claim.metadata.uid}"
+    assert csi.fs_type == "ext4"
+    assert csi.volume_attributes == {
+        "backend": "loopfile",
+        "file": f"conv-{ns}.img",
+        "size": "64Mi",
+        "flexhub.csi/namespace": ns,
+    }
+    assert pv.spec.mount_options == ["noatime"]
+    assert pv.spec.capacity == old_pv.spec.capacity
+    assert pv.spec.access_modes == old_pv.spec.access_modes
+    assert pv.spec.persistent_volume_reclaim_policy == "Retain"
+    assert pv.spec.claim_ref.uid == claim.metadata.uid
+    assert pv.metadata.labels == {"team": "a"}
+    assert pv.metadata.annotations["pv.kubernetes.io/provisioned-by"] == "flexhub.csi.k8s.io"
+    assert (
+        pv.metadata.annotations["flexhub/reclaim"] == old_pv.metadata.annotations["flexhub/reclaim"]
+    )
+    assert "flexhub/reclaim" not in (pv.metadata.finalizers or [])
+    assert claim.metadata.labels == {"app": "db"}
+    assert claim.metadata.annotations["a/b"] == "c"
+    assert claim.spec.volume_name == pv.metadata.name
+    assert claim.spec.resources.requests == old_claim.spec.resources.requests
+
+
+def _assert_rolled_back(cluster: Cluster, ns: str, old_claim: Any, old_pv: Any) -> None:
+    claim, pv = _bound(cluster, ns)
+    assert pv.metadata.name == old_pv.metadata.name and pv.spec.csi is None
+    assert pv.spec.flex_volume.to_dict() == old_pv.spec.flex_volume.to_dict()
+    assert pv.spec.persistent_volume_reclaim_policy == "Delete"
+    assert "flexhub/reclaim" in pv.metadata.finalizers
+    assert pv.spec.claim_ref.uid == claim.metadata.uid
+    assert pv.metadata.annotations["pv.kubernetes.io/provisioned-by"] == "flexhub"
+    assert claim.metadata.labels == {"app": "db"}
+    assert _backups(cluster, ns) == []
+
+
+def _cleanup(cluster: Cluster, ns: str, pv: str, claim: str = CLAIM) -> None:
+    """The test's PV goes (its Delete policy would wait for a provisioner that is not there)."""
+    with contextlib.suppress(ApiException):
+        cluster.core.delete_namespaced_persistent_volume_claim(claim, ns)
+    try:
+        cluster.core.patch_persistent_volume(
+            pv,
+            {"metadata": {"finalizers": None}, "spec": {"persistentVolumeReclaimPolicy": "Retain"}},
+        )
+        cluster.core.delete_persistent_volume(pv)
+    except ApiException:
+        pass
+
+
+def test_dry_run_writes_nothing_and_prints_the_objects(cluster: Cluster) -> None:
+    ns = namespace(cluster, "conv")
+    claim, pv = _pair(cluster, ns)
+    try:
+        done = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns, "--dry-run")
+        assert done.returncode == 0, done.stderr
+        docs = list(yaml.safe_load_all(done.stdout))
+        kinds = [d["kind"] for d in docs]
+        assert kinds == ["ConfigMap", "PersistentVolumeClaim", "PersistentVolume"], kinds
+        assert docs[2]["spec"]["csi"]["volumeHandle"] == f"loopfile:{claim.metadata.uid}"
+        assert docs[1]["spec"]["volumeName"] == pv.metadata.name
+        assert _backups(cluster, ns) == []
+        after = cluster.core.read_persistent_volume(pv.metadata.name)
+        assert after.metadata.resource_version == pv.metadata.resource_version
+        again = cluster.core.read_namespaced_persistent_volume_claim(CLAIM, ns)
+        assert again.metadata.resource_version == claim.metadata.resource_version
+    finally:
+        _cleanup(cluster, ns, pv.metadata.name)
+
+
+def test_convert_then_rollback(cluster: Cluster) -> None:
+    ns = namespace(cluster, "conv")
+    claim, pv = _pair(cluster, ns)
+    try:
+        done = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns)
+        assert done.returncode == 0, done.stderr
+        assert "converted" in done.stdout
+        _assert_converted(cluster, ns, claim, pv)
+        again = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns)
+        assert again.returncode == 0 and "converted already" in again.stdout, again.stderr
+        csi_claim, csi_pv = _bound(cluster, ns)
+        dry = _flexhub(
+            cluster, CLAIM, "-n", ns, "--backup-namespace", ns, "--rollback", "--dry-run"
+        )
+        assert dry.returncode == 0, dry.stderr
+        docs = list(yaml.safe_load_all(dry.stdout))
+        assert [d["kind"] for d in docs] == ["PersistentVolumeClaim", "PersistentVolume"]
+        source = docs[1]["spec"]["flexVolume"]
+        assert source["driver"] == "k8s/flexhub"
+        assert source["options"] == pv.spec.flex_volume.options
+        assert docs[1]["spec"]["persistentVolumeReclaimPolicy"] == "Delete"
+        assert _bound(cluster, ns)[1].metadata.resource_version == csi_pv.metadata.resource_version
+        assert _bound(cluster, ns)[0].metadata.uid == csi_claim.metadata.uid
+        back = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns, "--rollback")
+        assert back.returncode == 0, back.stderr
+        _assert_rolled_back(cluster, ns, claim, pv)
+    finally:
+        _cleanup(cluster, ns, pv.metadata.name)
+
+
+def test_refused_while_a_pod_uses_the_claim(cluster: Cluster) -> None:
+    ns = namespace(cluster, "conv")
+    claim, pv = _pair(cluster, ns)
+    volume = [{"name": "data", "persistentVolumeClaim": {"claimName": CLAIM}}]
+    try:
+        run_pod(cluster, ns, pod("app", volume), timeout=180)
+        done = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns)
+        assert done.returncode == 1
+        assert "used by pod(s) app" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+        assert _backups(cluster, ns) == []
+        after = cluster.core.read_persistent_volume(pv.metadata.name)
+        assert after.metadata.resource_version == pv.metadata.resource_version
+        delete_pod(cluster, ns, "app")
+        done = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns)
+        assert done.returncode == 0, done.stderr
+        _assert_converted(cluster, ns, claim, pv)
+    finally:
+        _cleanup(cluster, ns, pv.metadata.name)
+
+
+def test_bad_input_is_one_line_and_changes_nothing(cluster: Cluster) -> None:
+    ns = namespace(cluster, "conv")
+    done = _flexhub(cluster, "nope", "-n", ns, "--backup-namespace", ns)
+    assert done.returncode == 1 and done.stderr == f"error: claim {ns}/nope not found\n"
+    back = _flexhub(cluster, "nope", "-n", ns, "--backup-namespace", ns, "--rollback")
+    assert back.returncode == 1 and "no saved copy" in back.stderr
+
+
+@pytest.mark.parametrize(
+    "step", ["saved", "retained", "claim-deleted", "pv-deleted", "claim-created", "pv-created"]
+)
+def test_a_kill_after_a_step_and_a_rerun_ends_converted(cluster: Cluster, step: str) -> None:
+    ns = namespace(cluster, "conv")
+    claim, pv = _pair(cluster, ns)
+    try:
+        killed = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns, kill_after=step)
+        assert killed.returncode == -9, (killed.returncode, killed.stderr)
+        done = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns)
+        assert done.returncode == 0, done.stderr
+        _assert_converted(cluster, ns, claim, pv)
+    finally:
+        _cleanup(cluster, ns, pv.metadata.name)
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        "rollback-retained",
+        "rollback-claim-deleted",
+        "rollback-pv-deleted",
+        "rollback-claim-created",
+        "rollback-pv-created",
+    ],
+)
+def test_a_kill_during_rollback_and_a_rerun_ends_rolled_back(cluster: Cluster, step: str) -> None:
+    ns = namespace(cluster, "conv")
+    claim, pv = _pair(cluster, ns)
+    try:
+        done = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns)
+        assert done.returncode == 0, done.stderr
+        args = (CLAIM, "-n", ns, "--backup-namespace", ns, "--rollback")
+        killed = _flexhub(cluster, *args, kill_after=step)
+        assert killed.returncode == -9, (killed.returncode, killed.stderr)
+        back = _flexhub(cluster, *args)
+        assert back.returncode == 0, back.stderr
+        _assert_rolled_back(cluster, ns, claim, pv)
+    finally:
+        _cleanup(cluster, ns, pv.metadata.name)
+
+
+def test_a_rollback_of_a_half_done_convert_restores_the_policy(cluster: Cluster) -> None:
+    ns = namespace(cluster, "conv")
+    _claim, pv = _pair(cluster, ns)
+    try:
+        killed = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns, kill_after="retained")
+        assert killed.returncode == -9
+        assert (
+            cluster.core.read_persistent_volume(
+                pv.metadata.name
+            ).spec.persistent_volume_reclaim_policy
+            == "Retain"
+        )
+        back = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns, "--rollback")
+        assert back.returncode == 0, back.stderr
+        now = cluster.core.read_persistent_volume(pv.metadata.name)
+        assert now.metadata.uid == pv.metadata.uid
+        assert now.spec.persistent_volume_reclaim_policy == "Delete"
+        assert "flexhub/reclaim" in now.metadata.finalizers
+        assert _backups(cluster, ns) == []
+    finally:
+        _cleanup(cluster, ns, pv.metadata.name)
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"backend": "loopfile", "file": "x.img", "size": "64Mi", "colour": "red"}, "colour"),
+        ({"backend": "nosuchbackend", "file": "x.img"}, "nosuchbackend"),
+    ],
+)
+def test_options_the_backend_refuses_are_one_line_and_change_nothing(
+    cluster: Cluster, options: dict[str, str], error: str
+) -> None:
+    ns = namespace(cluster, "conv")
+    claim, pv = _pair(cluster, ns, options=options)
+    try:
+        done = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns)
+        assert done.returncode == 1
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and error in lines[0], lines
+        assert _backups(cluster, ns) == []
+        after = cluster.core.read_persistent_volume(pv.metadata.name)
+        assert after.metadata.resource_version == pv.metadata.resource_version
+        again = cluster.core.read_namespaced_persistent_volume_claim(CLAIM, ns)
+        assert again.metadata.resource_version == claim.metadata.resource_version
+    finally:
+        _cleanup(cluster, ns, pv.metadata.name)
+
+
+def test_all_converts_the_flexhub_claims_of_the_namespace_only(cluster: Cluster) -> None:
+    ns = namespace(cluster, "conv")
+    first, first_pv = _pair(cluster, ns)
+    second, second_pv = _pair(
+        cluster, ns, "logs", options=loopfile(f"conv-{ns}-logs.img", mountOptions="noatime")
+    )
+    cluster.core.create_namespaced_persistent_volume_claim(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "pending"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "resources": {"requests": {"storage": "1Mi"}},
+            },
+        },
+    )
+    pending = cluster.core.read_namespaced_persistent_volume_claim("pending", ns)
+    try:
+        done = _flexhub(cluster, "-n", ns, "--backup-namespace", ns, "--all")
+        assert done.returncode == 0, done.stderr
+        _assert_converted(cluster, ns, first, first_pv)
+        claim, pv = _bound(cluster, ns, "logs")
+        assert pv.spec.csi.volume_handle == f"loopfile:{second.metadata.uid}"
+        assert claim.metadata.uid != second.metadata.uid
+        assert len(_backups(cluster, ns)) == 2
+        untouched = cluster.core.read_namespaced_persistent_volume_claim("pending", ns)
+        assert untouched.metadata.resource_version == pending.metadata.resource_version
+        back = _flexhub(cluster, "-n", ns, "--backup-namespace", ns, "--all", "--rollback")
+        assert back.returncode == 0, back.stderr
+        _assert_rolled_back(cluster, ns, first, first_pv)
+        claim, pv = _bound(cluster, ns, "logs")
+        assert pv.spec.flex_volume.options["file"] == f"conv-{ns}-logs.img"
+    finally:
+        _cleanup(cluster, ns, first_pv.metadata.name)
+        _cleanup(cluster, ns, second_pv.metadata.name, "logs")
