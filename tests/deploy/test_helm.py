@@ -654,3 +654,17 @@ def test_the_clusters_admission_policies_need_kubernetes_1_30(helm: Path) -> Non
     assert proc.returncode != 0
     assert "admissionPolicies.enabled needs Kubernetes 1.30 or later" in proc.stderr
     assert template(helm, "1.30.0", "admissionPolicies.enabled=true").returncode == 0
+
+
+def test_the_lean_node_image_serves_the_daemonset_only_without_the_node_agent(helm: Path) -> None:
+    """``image.nodeRepository`` (a release's ``flexhub-node``, built with ``--profile node``)
+    reaches the DaemonSet when nothing in it needs the API client; with the node agent on, the
+    DaemonSet keeps the full image, and the provisioner always has it."""
+    lean = ("image.repository=reg/flexhub", "image.nodeRepository=reg/flexhub-node")
+    images = {c["image"] for c in pod_of(render(helm, *lean))["containers"]}
+    assert images == {"reg/flexhub-node:0.1.0"}
+    docs = render(helm, *lean, "nodeAgent.enabled=true", "nodeAgent.admissionPolicy=false",
+                  "provisioner.enabled=true")  # fmt: skip
+    assert {c["image"] for c in pod_of(docs)["containers"]} == {"reg/flexhub:0.1.0"}
+    provisioner = docs["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert {c["image"] for c in provisioner} == {"reg/flexhub:0.1.0"}

@@ -108,27 +108,36 @@ def run_release(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def published(registry: str, helm: Path, runtime: Path,
+def published(registry: str, helm: Path, runtime: Path, node_runtime: Path,
               tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:  # fmt: skip
     out = tmp_path_factory.mktemp("release")
     done = run_release(VERSION, "--registry", registry, "--runtime", str(runtime),
-                       "--out", str(out), "--plain-http")  # fmt: skip
+                       "--node-runtime", str(node_runtime), "--out", str(out),
+                       "--plain-http")  # fmt: skip
     assert done.returncode == 0, done.stderr
-    index = json.loads((out / "image" / "index.json").read_text())
-    return {"out": out, "stdout": done.stdout, "digest": index["manifests"][0]["digest"]}
+    digests = {
+        name: json.loads((out / name / "index.json").read_text())["manifests"][0]["digest"]
+        for name in ("image", "image-node")
+    }
+    return {"out": out, "stdout": done.stdout, "digest": digests["image"],
+            "node_digest": digests["image-node"]}  # fmt: skip
 
 
-def test_the_image_is_pushed_with_the_layouts_digest(registry: str,
-                                                     published: dict[str, Any]) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "digest"), [("flexhub", "digest"), ("flexhub-node", "node_digest")]
+)
+def test_the_images_are_pushed_with_the_layouts_digests(registry: str, published: dict[str, Any],
+                                                        name: str, digest: str) -> None:  # fmt: skip
     inspected = subprocess.run(
-        ["skopeo", "inspect", "--tls-verify=false", f"docker://{registry}/flexhub:{VERSION}"],
+        ["skopeo", "inspect", "--tls-verify=false", f"docker://{registry}/{name}:{VERSION}"],
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     image = json.loads(inspected.stdout)
-    assert image["Digest"] == published["digest"]
+    assert image["Digest"] == published[digest]
     assert image["Labels"]["org.opencontainers.image.version"] == VERSION
     assert image["Architecture"] == "amd64"
-    assert f"image {registry}/flexhub:{VERSION} {published['digest']} pushed" in published["stdout"]
+    assert f"image {registry}/{name}:{VERSION} {published[digest]} pushed" in published["stdout"]
+    assert published["digest"] != published["node_digest"]
 
 
 def test_the_chart_installs_from_oci_with_the_pushed_image(registry: str, helm: Path,
@@ -143,7 +152,7 @@ def test_the_chart_installs_from_oci_with_the_pushed_image(registry: str, helm: 
     docs = [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]
     daemonset = next(doc for doc in docs if doc["kind"] == "DaemonSet")
     images = {c["image"] for c in daemonset["spec"]["template"]["spec"]["containers"]}
-    assert images == {f"{registry}/flexhub:{VERSION}"}
+    assert images == {f"{registry}/flexhub-node:{VERSION}"}  # no node agent: the lean image
     shown = subprocess.run(
         [str(helm), "show", "chart", ref, "--version", VERSION, "--plain-http"],
         capture_output=True, text=True, check=True, timeout=120,
@@ -165,15 +174,17 @@ def test_the_chart_installs_from_oci_with_the_pushed_image(registry: str, helm: 
 )
 def test_a_wrong_version_or_registry_is_refused_before_anything_is_pushed(
     registry: str, runtime: Path, tmp_path: Path, version: str, registry_arg: str | None, says: str
-) -> None:
-    before = tags(registry, "flexhub"), tags(registry, "charts/flexhub")
+) -> None:  # (refused before any runtime is read or built)
+    before = [tags(registry, name) for name in ("flexhub", "flexhub-node", "charts/flexhub")]
     done = run_release(version, "--registry", registry_arg or registry, "--runtime", str(runtime),
                        "--out", str(tmp_path / "out"), "--plain-http")  # fmt: skip
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], done.stderr
     assert not (tmp_path / "out").exists()
-    assert (tags(registry, "flexhub"), tags(registry, "charts/flexhub")) == before
+    assert [
+        tags(registry, name) for name in ("flexhub", "flexhub-node", "charts/flexhub")
+    ] == before
 
 
 def test_the_release_workflow_runs_the_script_on_a_version_tag() -> None:
