@@ -294,3 +294,24 @@ def test_the_node_profile_leaves_out_the_api_client_and_says_so(
 def test_a_runtime_carries_no_static_libpython_and_one_shared_one(runtime: Path) -> None:
     assert not list((runtime / "lib").glob("python3*/config-*"))
     assert [p.name for p in (runtime / "lib").glob("libpython*")] == ["libpython3.11.so.1.0"]
+
+
+def test_the_node_runtime_entrypoint_installs_a_working_driver(
+    node_runtime: Path, tmp_path: Path
+) -> None:
+    """The lean image's entrypoint (``flexhub daemonset``, node agent off) needs no API
+    client: it installs the node runtime and its shim, which answers ``init``."""
+    host, mounts = fake_host(tmp_path)
+    result = in_namespace(
+        f"""
+        {mounts}
+        echo "installed $({daemonset(node_runtime, host)})"
+        echo "init $(chroot {host} env -i PATH=/usr/bin:/bin /plugins/k8s~flexhub/flexhub init)"
+        """
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert (
+        json.loads(lines["installed"])["runtime"] == f"/var/lib/flexhub/runtime/{node_runtime.name}"
+    )
+    assert json.loads(lines["init"])["status"] == "Success"
