@@ -1,0 +1,218 @@
+"""flexhub's CSI controller on the test cluster, beside the kubernetes-csi sidecars, as a
+cluster runs them: ``flexhub csi --mode controller`` on a unix socket, and csi-provisioner,
+csi-resizer and csi-snapshotter (tests/cluster/build_sidecars.py builds them at the pinned
+releases) calling it, with the cluster's snapshot-controller and the snapshot CRDs.
+
+Every process runs on the host as a tier :class:`~tests.cluster.cluster.Process` with its log
+under the cluster's logs. The sidecars call the API server with a token of a service account
+(:func:`install_accounts`), never the admin's. Until the chart renders its CSI controller's
+RBAC, the accounts and rules are ``csi-rbac-standin.yaml`` of this directory, taken from each
+sidecar's upstream RBAC at the pinned release: the stand-in to replace by the chart's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.cluster import build_sidecars
+from tests.cluster.accounts import NAMESPACE, mint_token, write_kubeconfig
+from tests.cluster.cluster import NODE, Cluster, Process, wait_for
+from tests.cluster.manifests import apply, documents
+from tests.conftest import REPO
+
+HERE = Path(__file__).resolve().parent
+DRIVER = "flexhub.csi.k8s.io"
+#: STAND-IN for the chart's CSI RBAC (see the file's header).
+STANDIN_RBAC = HERE / "csi-rbac-standin.yaml"
+#: The account of each process, in flexhub's namespace (whose accounts the audit log records):
+#: the sidecars share the controller pod's account, as in the chart; the snapshot controller
+#: is the cluster's, with its own.
+ACCOUNTS = {
+    "csi-controller": "flexhub-csi-controller",
+    "snapshot-controller": "flexhub-test-snapshot-controller",
+}
+#: A CSI call's bound in the sidecars: loopfile's CreateVolume and CreateSnapshot take a few
+#: seconds on a loaded host; the sidecars' default (10 s) would retry calls that are running.
+CSI_TIMEOUT = "120s"
+
+
+def username(component: str) -> str:
+    return f"system:serviceaccount:{NAMESPACE}:{ACCOUNTS[component]}"
+
+
+@dataclass
+class Csi:
+    """The CSI controller and its sidecars on a cluster."""
+
+    socket: Path
+    config: Path
+    state_dir: Path
+    loopfile_root: Path
+    kubeconfigs: dict[str, Path]
+    processes: dict[str, Process]
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.processes.values())):
+            proc.stop()
+
+
+def install_accounts(cluster: Cluster, rbac: Path = STANDIN_RBAC) -> dict[str, Path]:
+    """Apply ``rbac`` (strict field validation), mint a token of each account, write their
+    kubeconfigs; flexhub's namespace must exist (the ``accounts`` fixture makes it)."""
+    for doc in documents(rbac.read_text()):
+        apply(cluster, doc)
+    kubeconfigs = {}
+    for component, account in ACCOUNTS.items():
+        path = cluster.root / f"{component}.kubeconfig"
+        write_kubeconfig(path, cluster.server, mint_token(cluster, account), account)
+        kubeconfigs[component] = path
+    return kubeconfigs
+
+
+def apply_crds(cluster: Cluster, bin_dir: Path) -> list[str]:
+    """Apply the snapshot CRDs the sidecars were built with (strict field validation) and
+    wait until the API server serves them; return their names."""
+    from kubernetes import client
+
+    names = []
+    for name in build_sidecars.CRDS:
+        for doc in documents((bin_dir / "crd" / name).read_text()):
+            apply(cluster, doc)
+            names.append(doc["metadata"]["name"])
+    extensions = client.ApiextensionsV1Api(cluster.api)
+
+    def established() -> bool:
+        for name in names:
+            conditions = extensions.read_custom_resource_definition(name).status.conditions or []
+            if not any(c.type == "Established" and c.status == "True" for c in conditions):
+                return False
+        return True
+
+    wait_for("the snapshot CRDs established", established, 60)
+    return names
+
+
+def controller_config(cluster: Cluster) -> tuple[Path, Path, Path]:
+    """A flexhub config for the CSI controller: its state, log and loopfile root in a
+    directory of the cluster's root that is root's alone. Return (config, state, root)."""
+    top = cluster.root / "csi"
+    top.mkdir(mode=0o700, exist_ok=True)
+    for name in ("state", "log", "loopfiles"):
+        (top / name).mkdir(mode=0o700, exist_ok=True)
+    config = top / "flexhub.toml"
+    config.write_text(
+        f'state_dir = "{top / "state"}"\nlog_dir = "{top / "log"}"\n'
+        f'log_level = "debug"\nlock_timeout = 20\n\n[loopfile]\nroot = "{top / "loopfiles"}"\n'
+    )
+    return config, top / "state", top / "loopfiles"
+
+
+def flexhub_controller(cluster: Cluster, config: Path, socket: Path) -> Process:
+    """``flexhub csi --mode controller`` on ``socket`` as the node ``flexhub-node``, returned
+    once it answers Probe."""
+    if socket.exists():
+        socket.unlink()
+    argv = [sys.executable, "-m", "flexhub", "csi", "--mode", "controller",
+            "--endpoint", f"unix://{socket}", "--node-id", NODE, "--config", str(config),
+            "--log-level", "debug"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = Process("flexhub-csi-controller", argv, cluster.logs / "flexhub-csi-controller.log",
+                   env=env)  # fmt: skip
+    wait_for("flexhub csi's socket", socket.is_socket, 60, proc)
+    import grpc
+
+    from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
+
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        identity = csi_pb2_grpc.IdentityStub(channel)
+        identity.Probe(csi_pb2.ProbeRequest(), wait_for_ready=True, timeout=60)
+    return proc
+
+
+def _sidecar(cluster: Cluster, name: str, argv: list[str]) -> Process:
+    return Process(name, argv, cluster.logs / f"{name}.log", env=dict(os.environ))
+
+
+def provisioner(cluster: Cluster, bin_dir: Path, socket: Path, kubeconfig: Path) -> Process:
+    """csi-provisioner. Its Topology gate is GA and on at v5.3.0 (not passed: setting a GA
+    gate only warns); no leader election (one replica), metadata of the claim passed to
+    CreateVolume (flexhub's loopfile namespaces its files by the claim's namespace)."""
+    return _sidecar(cluster, "csi-provisioner", [
+        str(bin_dir / "csi-provisioner"), f"--csi-address={socket}",
+        f"--kubeconfig={kubeconfig}", "--leader-election=false", "--extra-create-metadata",
+        f"--timeout={CSI_TIMEOUT}", "--retry-interval-max=10s", "--v=4",
+    ])  # fmt: skip
+
+
+def resizer(cluster: Cluster, bin_dir: Path, socket: Path, kubeconfig: Path) -> Process:
+    return _sidecar(cluster, "csi-resizer", [
+        str(bin_dir / "csi-resizer"), f"--csi-address={socket}", f"--kubeconfig={kubeconfig}",
+        "--leader-election=false", f"--timeout={CSI_TIMEOUT}", "--retry-interval-max=10s",
+        "--v=4",
+    ])  # fmt: skip
+
+
+def snapshotter(cluster: Cluster, bin_dir: Path, socket: Path, kubeconfig: Path) -> Process:
+    return _sidecar(cluster, "csi-snapshotter", [
+        str(bin_dir / "csi-snapshotter"), f"--csi-address={socket}",
+        f"--kubeconfig={kubeconfig}", "--leader-election=false", "--extra-create-metadata",
+        f"--timeout={CSI_TIMEOUT}", "--retry-interval-max=10s", "--v=4",
+    ])  # fmt: skip
+
+
+def snapshot_controller(cluster: Cluster, bin_dir: Path, kubeconfig: Path) -> Process:
+    return _sidecar(cluster, "snapshot-controller", [
+        str(bin_dir / "snapshot-controller"), f"--kubeconfig={kubeconfig}",
+        "--leader-election=false", "--retry-interval-max=10s", "--v=4",
+    ])  # fmt: skip
+
+
+def start(cluster: Cluster, bin_dir: Path, rbac: Path = STANDIN_RBAC) -> Csi:
+    """Everything above, in order: accounts, CRDs, flexhub's controller, the sidecars."""
+    kubeconfigs = install_accounts(cluster, rbac)
+    apply_crds(cluster, bin_dir)
+    config, state_dir, root = controller_config(cluster)
+    socket = cluster.root / "csi" / "csi.sock"
+    csi = Csi(socket, config, state_dir, root, kubeconfigs, {})
+    try:
+        csi.processes["flexhub"] = flexhub_controller(cluster, config, socket)
+        controller = kubeconfigs["csi-controller"]
+        csi.processes["csi-provisioner"] = provisioner(cluster, bin_dir, socket, controller)
+        csi.processes["csi-resizer"] = resizer(cluster, bin_dir, socket, controller)
+        csi.processes["csi-snapshotter"] = snapshotter(cluster, bin_dir, socket, controller)
+        csi.processes["snapshot-controller"] = snapshot_controller(
+            cluster, bin_dir, kubeconfigs["snapshot-controller"]
+        )
+        time.sleep(1)
+        for proc in csi.processes.values():
+            if proc.popen.poll() is not None:
+                raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}):\n{proc.tail()}")
+    except BaseException:
+        csi.stop()
+        raise
+    return csi
+
+
+def audited(cluster: Cluster) -> list[dict[str, Any]]:
+    """Every request of the CSI accounts so far, as the API server's audit log holds it."""
+    import json
+
+    users = {username(c) for c in ACCOUNTS}
+    try:
+        text = cluster.audit_log.read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    found = []
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:  # a line being written
+            continue
+        if event.get("user", {}).get("username") in users:
+            found.append(event)
+    return found
