@@ -4,10 +4,11 @@ csi-resizer and csi-snapshotter (tests/cluster/build_sidecars.py builds them at 
 releases) calling it, with the cluster's snapshot-controller and the snapshot CRDs.
 
 Every process runs on the host as a tier :class:`~tests.cluster.cluster.Process` with its log
-under the cluster's logs. The sidecars call the API server with a token of a service account
-(:func:`install_accounts`), never the admin's. Until the chart renders its CSI controller's
-RBAC, the accounts and rules are ``csi-rbac-standin.yaml`` of this directory, taken from each
-sidecar's upstream RBAC at the pinned release: the stand-in to replace by the chart's.
+under the cluster's logs. The sidecars call the API server with a token of the chart's
+``flexhub-csi-controller`` account and its rules (tests/cluster/accounts.py renders and applies
+them), with leader election in flexhub's namespace as the chart's Deployment runs them, never
+the admin's rights; the snapshot controller, the cluster's, has its own account
+(``snapshot-controller-rbac.yaml``, upstream's rules).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from tests.conftest import REPO
 
 HERE = Path(__file__).resolve().parent
 DRIVER = "flexhub.csi.k8s.io"
-#: STAND-IN for the chart's CSI RBAC (see the file's header).
-STANDIN_RBAC = HERE / "csi-rbac-standin.yaml"
+#: The snapshot controller's account (the cluster's component, not the chart's).
+SNAPSHOT_CONTROLLER_RBAC = HERE / "snapshot-controller-rbac.yaml"
 #: The account of each process, in flexhub's namespace (whose accounts the audit log records):
 #: the sidecars share the controller pod's account, as in the chart; the snapshot controller
 #: is the cluster's, with its own.
@@ -36,6 +37,8 @@ ACCOUNTS = {
     "csi-controller": "flexhub-csi-controller",
     "snapshot-controller": "flexhub-test-snapshot-controller",
 }
+#: Leader election as the chart's Deployment runs the sidecars (its Lease Role names them).
+LEADER = ["--leader-election", f"--leader-election-namespace={NAMESPACE}"]
 #: A CSI call's bound in the sidecars: loopfile's CreateVolume and CreateSnapshot take a few
 #: seconds on a loaded host; the sidecars' default (10 s) would retry calls that are running.
 CSI_TIMEOUT = "120s"
@@ -61,17 +64,15 @@ class Csi:
             proc.stop()
 
 
-def install_accounts(cluster: Cluster, rbac: Path = STANDIN_RBAC) -> dict[str, Path]:
-    """Apply ``rbac`` (strict field validation), mint a token of each account, write their
-    kubeconfigs; flexhub's namespace must exist (the ``accounts`` fixture makes it)."""
-    for doc in documents(rbac.read_text()):
+def snapshot_controller_account(cluster: Cluster) -> Path:
+    """Apply the snapshot controller's RBAC (strict field validation), mint a token, write its
+    kubeconfig; flexhub's namespace must exist (the ``accounts`` fixture makes it)."""
+    for doc in documents(SNAPSHOT_CONTROLLER_RBAC.read_text()):
         apply(cluster, doc)
-    kubeconfigs = {}
-    for component, account in ACCOUNTS.items():
-        path = cluster.root / f"{component}.kubeconfig"
-        write_kubeconfig(path, cluster.server, mint_token(cluster, account), account)
-        kubeconfigs[component] = path
-    return kubeconfigs
+    account = ACCOUNTS["snapshot-controller"]
+    path = cluster.root / "snapshot-controller.kubeconfig"
+    write_kubeconfig(path, cluster.server, mint_token(cluster, account), account)
+    return path
 
 
 def apply_crds(cluster: Cluster, bin_dir: Path) -> list[str]:
@@ -144,7 +145,7 @@ def provisioner(cluster: Cluster, bin_dir: Path, socket: Path, kubeconfig: Path)
     CreateVolume (flexhub's loopfile namespaces its files by the claim's namespace)."""
     return _sidecar(cluster, "csi-provisioner", [
         str(bin_dir / "csi-provisioner"), f"--csi-address={socket}",
-        f"--kubeconfig={kubeconfig}", "--leader-election=false", "--extra-create-metadata",
+        f"--kubeconfig={kubeconfig}", *LEADER, "--extra-create-metadata",
         f"--timeout={CSI_TIMEOUT}", "--retry-interval-max=10s", "--v=4",
     ])  # fmt: skip
 
@@ -152,7 +153,7 @@ def provisioner(cluster: Cluster, bin_dir: Path, socket: Path, kubeconfig: Path)
 def resizer(cluster: Cluster, bin_dir: Path, socket: Path, kubeconfig: Path) -> Process:
     return _sidecar(cluster, "csi-resizer", [
         str(bin_dir / "csi-resizer"), f"--csi-address={socket}", f"--kubeconfig={kubeconfig}",
-        "--leader-election=false", f"--timeout={CSI_TIMEOUT}", "--retry-interval-max=10s",
+        *LEADER, f"--timeout={CSI_TIMEOUT}", "--retry-interval-max=10s",
         "--v=4",
     ])  # fmt: skip
 
@@ -160,7 +161,7 @@ def resizer(cluster: Cluster, bin_dir: Path, socket: Path, kubeconfig: Path) -> 
 def snapshotter(cluster: Cluster, bin_dir: Path, socket: Path, kubeconfig: Path) -> Process:
     return _sidecar(cluster, "csi-snapshotter", [
         str(bin_dir / "csi-snapshotter"), f"--csi-address={socket}",
-        f"--kubeconfig={kubeconfig}", "--leader-election=false", "--extra-create-metadata",
+        f"--kubeconfig={kubeconfig}", *LEADER, "--extra-create-metadata",
         f"--timeout={CSI_TIMEOUT}", "--retry-interval-max=10s", "--v=4",
     ])  # fmt: skip
 
@@ -172,16 +173,17 @@ def snapshot_controller(cluster: Cluster, bin_dir: Path, kubeconfig: Path) -> Pr
     ])  # fmt: skip
 
 
-def start(cluster: Cluster, bin_dir: Path, rbac: Path = STANDIN_RBAC) -> Csi:
-    """Everything above, in order: accounts, CRDs, flexhub's controller, the sidecars."""
-    kubeconfigs = install_accounts(cluster, rbac)
+def start(cluster: Cluster, bin_dir: Path, controller: Path) -> Csi:
+    """Everything above, in order: accounts, CRDs, flexhub's controller, the sidecars (with
+    ``controller``, the kubeconfig of the chart's ``flexhub-csi-controller`` account)."""
+    kubeconfigs = {"csi-controller": controller,
+                   "snapshot-controller": snapshot_controller_account(cluster)}  # fmt: skip
     apply_crds(cluster, bin_dir)
     config, state_dir, root = controller_config(cluster)
     socket = cluster.root / "csi" / "csi.sock"
     csi = Csi(socket, config, state_dir, root, kubeconfigs, {})
     try:
         csi.processes["flexhub"] = flexhub_controller(cluster, config, socket)
-        controller = kubeconfigs["csi-controller"]
         csi.processes["csi-provisioner"] = provisioner(cluster, bin_dir, socket, controller)
         csi.processes["csi-resizer"] = resizer(cluster, bin_dir, socket, controller)
         csi.processes["csi-snapshotter"] = snapshotter(cluster, bin_dir, socket, controller)

@@ -63,7 +63,7 @@ def csi(
     except Exception as exc:
         tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
         pytest.fail(f"building the sidecars failed: {exc}\n{tail}", pytrace=False)
-    running = sidecars.start(cluster, bin_dir)
+    running = sidecars.start(cluster, bin_dir, accounts.kubeconfig("csi-controller"))
     try:
         yield running
     finally:
