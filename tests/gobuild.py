@@ -1,6 +1,10 @@
-"""Build a Go program from the Go module proxy at a pinned version, once per pin.
+"""Build Go programs from the Go module proxy at pinned versions, once per pin.
 
-The tools the tests run but nobody here wrote (csi-sanity, a registry, ...) are built with
+:func:`cached_build` is the one way every Go build of the tests is kept (the control plane,
+the CSI sidecars, csi-sanity, the registry): into ``<key>.partial``, renamed into place whole
+with a ``.complete`` marker (a build killed half way is never taken for a result), one build
+at a time under the cache directory's lock (a second caller waits and then finds it), older
+keys removed. The tools the tests run but nobody here wrote (csi-sanity, a registry, ...) are built with
 ``go install MODULE/cmd/X@VERSION`` into ``$FLEXHUB_CI_CACHE/<name>/<version>/`` (without that
 cache, ``tests/<name>-bin/<version>/``, git-ignored): a new pin builds anew, an unchanged one
 never does. The build goes into ``<version>.partial`` and is renamed into place with a
@@ -16,10 +20,48 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO
 
 HERE = Path(__file__).resolve().parent
+
+
+def go(args: Sequence[str], *, cwd: Path, env: dict[str, str], timeout: float,
+       log: Path | None) -> None:  # fmt: skip
+    """Run ``go ARGS`` with its output in ``log`` (else stderr)."""
+    out: IO[str] | None = open(log, "w") if log else None  # noqa: SIM115 - closed below
+    try:
+        subprocess.run(["go", *args], cwd=cwd, env=env, check=True, timeout=timeout,
+                       stdout=out or sys.stderr, stderr=subprocess.STDOUT)  # fmt: skip
+    finally:
+        if out:
+            out.close()
+
+
+def cached_build(target: Path, complete: Callable[[Path], bool],
+                 make: Callable[[Path], None]) -> Path:  # fmt: skip
+    """``target`` once ``complete``; else ``make(partial)`` fills a fresh directory that
+    becomes ``target`` with its ``.complete`` marker. Other keys beside it are removed."""
+    if complete(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if complete(target):
+            return target
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        started = time.monotonic()
+        make(partial)
+        (partial / ".complete").write_text(f"built in {time.monotonic() - started:.0f} s\n")
+        shutil.rmtree(target, ignore_errors=True)
+        partial.rename(target)
+    for old in target.parent.iterdir():  # a pin change would otherwise keep every old build
+        if old.is_dir() and old != target and not old.name.endswith(".partial"):
+            shutil.rmtree(old, ignore_errors=True)
+    return target
 
 
 class GoProgram:
@@ -50,43 +92,12 @@ class GoProgram:
 
     def build(self, log: Path | None = None) -> Path:
         """The directory holding the binaries, building them first if needed."""
-        target = self.bin_dir()
-        if self.complete(target):
-            return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target.parent / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if self.complete(target):
-                return target
-            partial = target.with_name(target.name + ".partial")
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir()
-            env = {
-                **os.environ,
-                "CGO_ENABLED": "0",
-                "GOFLAGS": "-mod=mod -buildvcs=false",
-                "GOBIN": str(partial),
-            }
-            started = time.monotonic()
-            out = open(log, "w") if log else None  # noqa: SIM115 - closed below
-            try:
-                subprocess.run(
-                    ["go", "install", "-trimpath", "-ldflags=-s -w",
-                     *(f"{self.module}/{command}@{self.version}" for command in self.commands)],
-                    cwd=partial,
-                    env=env,
-                    check=True,
-                    timeout=self.timeout,
-                    stdout=out or sys.stderr,
-                    stderr=subprocess.STDOUT,
-                )  # fmt: skip
-            finally:
-                if out:
-                    out.close()
-            (partial / ".complete").write_text(f"built in {time.monotonic() - started:.0f} s\n")
-            shutil.rmtree(target, ignore_errors=True)
-            partial.rename(target)
-        for old in target.parent.iterdir():  # older versions go
-            if old.is_dir() and old != target and not old.name.endswith(".partial"):
-                shutil.rmtree(old, ignore_errors=True)
-        return target
+
+        def make(partial: Path) -> None:
+            env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod -buildvcs=false",
+                   "GOBIN": str(partial)}  # fmt: skip
+            packages = [f"{self.module}/{command}@{self.version}" for command in self.commands]
+            go(["install", "-trimpath", "-ldflags=-s -w", *packages], cwd=partial, env=env,
+               timeout=self.timeout, log=log)  # fmt: skip
+
+        return cached_build(self.bin_dir(), self.complete, make)

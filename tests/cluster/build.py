@@ -11,14 +11,14 @@ One build at a time: a second caller waits on the lock and then finds the result
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script by .ci/run
+
+from tests.gobuild import cached_build, go
 
 HERE = Path(__file__).resolve().parent
 #: The one pin: the Kubernetes release every binary is built from (its staging modules are
@@ -81,49 +81,13 @@ def complete(directory: Path) -> bool:
 
 def build(log: Path | None = None) -> Path:
     """Return the directory of the binaries, building them first if needed."""
-    target = bin_dir()
-    if complete(target):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if complete(target):
-            return target
-        partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir()
+
+    def make(partial: Path) -> None:
         env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false"}
-        started = time.monotonic()
-        out = open(log, "w") if log else None  # noqa: SIM115 - closed below
-        try:
-            subprocess.run(
-                [
-                    "go",
-                    "build",
-                    "-trimpath",
-                    f"-ldflags={_ldflags()}",
-                    "-o",
-                    f"{partial}/",
-                    *PACKAGES,
-                ],
-                cwd=HERE,
-                env=env,
-                check=True,
-                timeout=BUILD_TIMEOUT,
-                stdout=out or sys.stderr,
-                stderr=subprocess.STDOUT,
-            )
-        finally:
-            if out:
-                out.close()
-        (partial / ".complete").write_text(f"built in {time.monotonic() - started:.0f} s\n")
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
-    # Older keys of this tier go: a pin change would otherwise keep 400 MB per key.
-    for old in target.parent.iterdir():
-        if old.is_dir() and old != target and not old.name.endswith(".partial"):
-            shutil.rmtree(old, ignore_errors=True)
-    return target
+        go(["build", "-trimpath", f"-ldflags={_ldflags()}", "-o", f"{partial}/", *PACKAGES],
+           cwd=HERE, env=env, timeout=BUILD_TIMEOUT, log=log)  # fmt: skip
+
+    return cached_build(bin_dir(), complete, make)
 
 
 if __name__ == "__main__":

@@ -18,16 +18,17 @@ that is the client built and the module the CRDs are copied from.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script by .ci/run
+
+from tests.gobuild import cached_build, go
 
 HERE = Path(__file__).resolve().parent
 MODULE_DIR = HERE / "sidecars"
@@ -76,11 +77,6 @@ def complete(directory: Path) -> bool:
     )
 
 
-def _go(args: list[str], env: dict[str, str], out: Any) -> None:
-    subprocess.run(["go", *args], cwd=MODULE_DIR, env=env, check=True, timeout=BUILD_TIMEOUT,
-                   stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-
-
 def _module_dir(module: str, env: dict[str, str]) -> Path:
     """Where the Go module cache holds ``module`` at the version go.mod requires."""
     listed = subprocess.run(["go", "list", "-m", "-json", module], cwd=MODULE_DIR, env=env,
@@ -90,42 +86,18 @@ def _module_dir(module: str, env: dict[str, str]) -> Path:
 
 def build(log: Path | None = None) -> Path:
     """Return the directory of the sidecars and CRDs, building them first if needed."""
-    target = bin_dir()
-    if complete(target):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if complete(target):
-            return target
-        partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir()
+
+    def make(partial: Path) -> None:
         env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=readonly -buildvcs=false"}
-        started = time.monotonic()
-        out = open(log, "w") if log else None  # noqa: SIM115 - closed below
-        try:
-            _go(
-                ["build", "-trimpath", f"-ldflags={LDFLAGS}", "-o", f"{partial}/", *PACKAGES],
-                env,
-                out or sys.stderr,
-            )
-        finally:
-            if out:
-                out.close()
+        go(["build", "-trimpath", f"-ldflags={LDFLAGS}", "-o", f"{partial}/", *PACKAGES],
+           cwd=MODULE_DIR, env=env, timeout=BUILD_TIMEOUT, log=log)  # fmt: skip
         # The build read the client module, so the module cache holds it.
         client = _module_dir(SNAPSHOT_CLIENT, env)
         (partial / "crd").mkdir()
         for name in CRDS:
             shutil.copyfile(client / "config" / "crd" / name, partial / "crd" / name)
-        (partial / ".complete").write_text(f"built in {time.monotonic() - started:.0f} s\n")
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
-    # Older keys go: a pin change would otherwise keep 200 MB per key.
-    for old in target.parent.iterdir():
-        if old.is_dir() and old != target and not old.name.endswith(".partial"):
-            shutil.rmtree(old, ignore_errors=True)
-    return target
+
+    return cached_build(bin_dir(), complete, make)
 
 
 if __name__ == "__main__":
