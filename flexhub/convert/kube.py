@@ -86,7 +86,11 @@ class Kube:
                 continue
             for volume in (pod.spec and pod.spec.volumes) or []:
                 source = volume.persistent_volume_claim
-                if source is not None and source.claim_name == claim:
+                # a generic ephemeral volume's claim is named <pod>-<volume>
+                ephemeral = volume.ephemeral is not None and (
+                    f"{pod.metadata.name}-{volume.name}" == claim
+                )
+                if ephemeral or (source is not None and source.claim_name == claim):
                     names.append(pod.metadata.name)
                     break
         return sorted(names)

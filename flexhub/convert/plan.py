@@ -83,6 +83,14 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return obj.get("metadata") or {}
 
 
+#: Option keys kubelet merges over its own (the PV's options come last) and the FlexVolume
+#: driver reads: under CSI they are the source's ``readOnly`` and ``fsType``.
+_READ_WRITE = "kubernetes.io/readwrite"
+_FS_TYPE = "kubernetes.io/fsType"
+#: Credentials written into a PV's options (the driver reads them as kubelet's secret keys).
+_INLINE_SECRET = "kubernetes.io/secret/"
+
+
 def check_flex_pair(pv: Mapping[str, Any], pvc: Mapping[str, Any]) -> None:
     """Refuse (one line) a PV that is not flexhub's FlexVolume PV bound to ``pvc``."""
     ns, name = _meta(pvc).get("namespace", ""), _meta(pvc).get("name", "")
@@ -101,6 +109,12 @@ def check_flex_pair(pv: Mapping[str, Any], pvc: Mapping[str, Any]) -> None:
         raise ConvertError(f"PV {pv_name} names no backend (option 'backend')")
     if not all(isinstance(v, str) for v in options.values()):
         raise ConvertError(f"PV {pv_name}: every option must be a string")
+    inline = sorted(k for k in options if str(k).startswith(_INLINE_SECRET))
+    if inline:
+        raise ConvertError(
+            f"PV {pv_name} carries credentials in its options ({', '.join(inline)[:120]}): "
+            "convert copies no secret; move them into the Secret its secretRef names first"
+        )
     ref = (pv.get("spec") or {}).get("claimRef") or {}
     if (ref.get("namespace"), ref.get("name"), ref.get("uid")) != (
         ns,
@@ -140,9 +154,10 @@ def csi_pv(
         "volumeHandle": volume_handle(pv, pvc),
         "volumeAttributes": attributes,
     }
-    if flex.get("fsType"):
-        source["fsType"] = flex["fsType"]
-    if flex.get("readOnly"):
+    read_write, option_fs_type = attributes.pop(_READ_WRITE, ""), attributes.pop(_FS_TYPE, "")
+    if option_fs_type or flex.get("fsType"):
+        source["fsType"] = option_fs_type or flex["fsType"]  # kubelet merges options last
+    if flex.get("readOnly") or read_write == "ro":
         source["readOnly"] = True
     ref = flex.get("secretRef")
     if ref and ref.get("name"):

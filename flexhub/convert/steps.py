@@ -255,6 +255,43 @@ def _forward(
     return []
 
 
+def _check_restored(claim: Mapping[str, Any], ns: str, name: str, volume: str,
+                    old_claim: str) -> None:  # fmt: skip
+    """A claim a rollback made (its annotation, which its namespace's author can also write)
+    that still names no PV but ``volume``: nothing else may get the PV pre-bound."""
+    if _annotation(claim, _ANN_RESTORED) != old_claim:
+        raise ConvertError(
+            f"claim {ns}/{name} exists and is not the converted one: delete it first"
+        )
+    if (claim.get("spec") or {}).get("volumeName") not in ("", None, volume):
+        raise ConvertError(f"claim {ns}/{name} names another PV than {volume}: not restored")
+
+
+def _check_rollback(kube: Kube, ns: str, name: str, volume: str, old_claim: str,
+                    handle: str) -> None:  # fmt: skip
+    """What a rollback would refuse on its way, refused before it changes anything: a claim
+    of that name that is neither the original, nor the converted, nor the restored one; a PV of
+    that name that is none of the three either."""
+    claim = kube.claim(ns, name)
+    if claim is not None and old_claim not in (
+        _uid(claim),
+        _annotation(claim, plan.ANN_CONVERTED_FROM),
+    ):
+        _check_restored(claim, ns, name, volume, old_claim)
+    now = kube.pv(volume)
+    if now is None:
+        return
+    spec = now.get("spec") or {}
+    known = (
+        (spec.get("csi") or {}).get("volumeHandle") == handle
+        or _annotation(now, _ANN_RESTORED) == old_claim
+        or _annotation(now, plan.ANN_CONVERTED_FROM) == old_claim
+        or ((spec.get("claimRef") or {}).get("uid") == old_claim and spec.get("flexVolume"))
+    )
+    if not known:
+        raise ConvertError(f"PV {volume} was made again meanwhile (not by flexhub convert)")
+
+
 def rollback_claim(
     kube: Kube, ns: str, name: str, settings: Settings, say: Say
 ) -> list[dict[str, Any]]:
@@ -271,6 +308,7 @@ def rollback_claim(
     volume = pv["metadata"]["name"]
     old_claim, old_pv = _uid(pvc), _uid(pv)
     handle = plan.volume_handle(pv, pvc)
+    _check_rollback(kube, ns, name, volume, old_claim, handle)
     if settings.dry_run:
         return [plan.flex_claim(pvc, pv), plan.flex_pv(pv, NEW_UID)]
     claim, now = kube.claim(ns, name), kube.pv(volume)
@@ -310,10 +348,8 @@ def rollback_claim(
         body["metadata"]["annotations"][_ANN_RESTORED] = old_claim
         claim = kube.create_claim(body)
         say(f"claim {ns}/{name}: FlexVolume claim created again")
-    elif _annotation(claim, _ANN_RESTORED) != old_claim:
-        raise ConvertError(
-            f"claim {ns}/{name} exists and is not the converted one: delete it first"
-        )
+    else:
+        _check_restored(claim, ns, name, volume, old_claim)
     _killed_after("rollback-claim-created")
     now = kube.pv(volume)
     if now is None:

@@ -167,8 +167,13 @@ def flexhub_volume(
     validate_options(cls, options, Memo(config.state_dir))
     volume = Volume(
         options=options,
-        fs_type=capability.mount.fs_type or context.get(CONTEXT_FS_TYPE, ""),
-        read_only=read_only or capability.access_mode.mode in READ_ONLY_MODES,
+        fs_type=capability.mount.fs_type
+        or options.get("kubernetes.io/fsType", "")
+        or context.get(CONTEXT_FS_TYPE, ""),
+        # a PV's options may ask read-only as kubelet's own key (the FlexVolume driver honours it)
+        read_only=read_only
+        or capability.access_mode.mode in READ_ONLY_MODES
+        or options.get("kubernetes.io/readwrite") == "ro",
         fs_group=fs_group,
         pod=PodInfo(namespace=context.get(CONTEXT_NAMESPACE, "")),
         secrets=secrets_of(secrets),

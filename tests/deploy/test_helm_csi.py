@@ -303,6 +303,15 @@ def test_the_controller_runs_flexhub_with_the_pinned_sidecars_on_one_socket(helm
     # its volume records on its host: <state_dir>/csi/volumes under the node config's state_dir
     state = mounts(pod, "flexhub")["/var/lib/flexhub"]["volume"]["hostPath"]
     assert state == {"path": "/var/lib/flexhub", "type": "DirectoryOrCreate"}
+    # one pid space with the node's other writers of that state (pid-named temporaries)
+    assert pod["hostPID"] is True
+    # the API token reaches the sidecars only, never the privileged flexhub container
+    assert pod["automountServiceAccountToken"] is False
+    token = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert token not in mounts(pod, "flexhub")
+    for name in ("csi-provisioner", "csi-resizer", "csi-snapshotter"):
+        projected = mounts(pod, name)[token]["volume"]["projected"]["sources"]
+        assert projected[0]["serviceAccountToken"]["path"] == "token", name
     text = one(docs, "ConfigMap", "flexhub-node-config")["data"]["flexhub.toml"]
     assert 'state_dir = "/var/lib/flexhub"' in text
 

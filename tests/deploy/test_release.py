@@ -194,5 +194,9 @@ def test_the_release_workflow_runs_the_script_on_a_version_tag() -> None:
     steps = [step for job in workflow["jobs"].values() for step in job["steps"]]
     runs = "\n".join(step.get("run", "") for step in steps)
     assert 'python3 deploy/release.py "${GITHUB_REF_NAME#v}" --registry "$FLEXHUB_REGISTRY"' in runs
-    # credentials reach the tools on standard input, never on a command line
+    # credentials reach the tools on standard input, never on a command line, and only once
+    # everything that runs third-party install code (pip, go) has run
     assert "--password-stdin" in runs and "secrets." not in runs
+    login = next(i for i, step in enumerate(steps) if "login" in step.get("run", ""))
+    assert all("build_runtime" not in step.get("run", "") and "helm_binary" not in step.get("run", "")
+               and "pip" not in step.get("run", "") for step in steps[login:])  # fmt: skip
