@@ -39,9 +39,42 @@ def plugin(cluster: Cluster) -> Iterator[Process]:
         _wait_registered(cluster, proc, 1)
         yield proc
     finally:
-        proc.stop()
-        if created:
-            cluster.storage.delete_csi_driver(DRIVER)
+        try:
+            _unstage_leftovers(cluster)
+        finally:
+            proc.stop()
+            if created:
+                cluster.storage.delete_csi_driver(DRIVER)
+
+
+#: Each static volume made here: (volume handle, pv name, raw block).
+_VOLUMES: list[tuple[str, str, bool]] = []
+
+
+def _unstage_leftovers(cluster: Cluster) -> None:
+    """Cleanup, not a check: unstage what the kubelet left staged (it never unstages a
+    flexhub volume: see test (b)'s note), by the plugin's own NodeUnstageVolume, so the
+    package's later tests find no mount or loop device of this module's."""
+    import grpc
+
+    from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
+
+    csi = cluster.kubelet_root / "plugins" / "kubernetes.io" / "csi"
+    with grpc.insecure_channel(f"unix://{csi_node.csi_socket(cluster)}") as channel:
+        node = csi_pb2_grpc.NodeStub(channel)
+        for handle, pv, block in _VOLUMES:
+            staging = (
+                csi / "volumeDevices" / "staging" / pv if block else _globalmount(cluster, handle)
+            )
+            if staging.exists():
+                request = csi_pb2.NodeUnstageVolumeRequest(
+                    volume_id=handle, staging_target_path=str(staging)
+                )
+                try:
+                    node.NodeUnstageVolume(request, timeout=60)
+                except grpc.RpcError as exc:
+                    print(f"cleanup: NodeUnstageVolume {handle}: {exc}")
+    _VOLUMES.clear()
 
 
 def _registrations(proc: Process) -> int:
@@ -148,6 +181,7 @@ def _static_volume(
                     == "Bound")  # fmt: skip
 
     eventually(f"claim {ns}/{claim} Bound", bound)
+    _VOLUMES.append((f"static:{ns}:{name}", pv, block))
     return pv, claim
 
 
@@ -246,7 +280,8 @@ def test_a_pod_mounts_a_static_csi_pv_and_its_data_survives_it(
     dir); a file written through it is read by a second pod after the first is gone (its
     publish undone). The plugin never opened a TCP connection (it has no API access at all).
 
-    Not asserted: the kubelet's unstage. kubelet v1.37.2 refuses UnmountDevice while another
+    Not asserted: the kubelet's unstage of a file system volume (a raw block one is: test
+    (c)). kubelet v1.37.2 refuses UnmountDevice while another
     mount of the same filesystem root exists (operation_generator.go:859-866,
     mount-utils SearchMountPoints), and flexhub's own per-node staging mount in its state
     directory is one: NodeUnstageVolume is never called (issue #34, open)."""
@@ -280,7 +315,8 @@ def test_a_pod_mounts_a_static_csi_pv_and_its_data_survives_it(
 
 def test_a_raw_block_claim_is_a_device_in_the_pod(cluster: Cluster, plugin: Process) -> None:
     """(c) A volumeMode Block claim used as volumeDevices: the kubelet's pod device path holds
-    a block device node, bytes written through it are in the backing file."""
+    a block device node, bytes written through it are in the backing file; once the pod is
+    gone the kubelet unstages it: its loop device is detached."""
     ns = namespace(cluster, "csi-block")
     pv, claim = _static_volume(cluster, ns, "raw", block=True)
     running = run_pod(cluster, ns, _claim_pod("raw", claim, block=True))
@@ -303,6 +339,10 @@ def test_a_raw_block_claim_is_a_device_in_the_pod(cluster: Cluster, plugin: Proc
         raw.seek(1 << 20)
         assert raw.read(len(payload)) == payload
     delete_pod(cluster, ns, "raw")
+    # a raw block volume is unstaged by the kubelet (no second mount holds it): released
+    staging = cluster.kubelet_root / "plugins/kubernetes.io/csi/volumeDevices/staging" / pv
+    eventually("the raw volume's loop device detached", lambda: _loops_of(backing) == [], 60)
+    assert _mounts_at(staging) == [] and not staging.exists()
 
 
 def test_a_plugin_killed_under_a_running_pod_is_registered_again_and_remounts_nothing(
