@@ -24,6 +24,23 @@ def csi(
         Path | None, typer.Option(help="flexhub node config (default: FLEXHUB_CONFIG)")
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    registration_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="the kubelet's plugins_registry: register this node plugin with the kubelet "
+            "(serves <dir>/flexhub.csi.k8s.io-reg.sock; node or both mode)"
+        ),
+    ] = None,
+    kubelet_endpoint: Annotated[
+        str,
+        typer.Option(
+            help="the CSI socket's path as the kubelet sees it, given it at registration "
+            "(default: the --endpoint path)"
+        ),
+    ] = "",
+    health_port: Annotated[
+        int, typer.Option(help="serve HTTP GET /healthz on this port (0: off)")
+    ] = 0,
 ) -> int:
     """Serve CSI for every installed backend (logs to stderr; runs until SIGTERM)."""
     import logging
@@ -46,7 +63,15 @@ def csi(
     for handler in root.handlers:  # a secret a request carried never reaches the log
         handler.addFilter(RememberedRedact())
     node = node_id or os.environ.get("NODE_NAME", "") or socket.gethostname()
-    return serve(load_config(config), endpoint, mode, node)
+    return serve(
+        load_config(config),
+        endpoint,
+        mode,
+        node,
+        registration_dir=registration_dir,
+        kubelet_endpoint=kubelet_endpoint,
+        health_port=health_port,
+    )
 
 
 def register(app: typer.Typer) -> None:

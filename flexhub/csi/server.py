@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
-import stat
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -15,6 +13,7 @@ from typing import Any
 import grpc
 
 from flexhub.config import NodeConfig
+from flexhub.csi.sockets import listen, remove_socket, remove_stale
 from flexhub.errors import UsageError
 
 __all__ = ["MODES", "build_server", "serve", "socket_path"]
@@ -39,25 +38,6 @@ def socket_path(endpoint: str) -> Path:
     raise UsageError(f"--endpoint {endpoint[:200]!r}: expected unix:///absolute/path")
 
 
-def _remove_stale(path: Path) -> None:
-    """Remove a socket a previous plugin left, never anything else."""
-    try:
-        info = path.lstat()
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(info.st_mode):
-        raise UsageError(f"--endpoint: {path} exists and is not a socket")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except OSError:
-        path.unlink()
-        return
-    finally:
-        probe.close()
-    raise UsageError(f"--endpoint: another process serves {path}")
-
-
 def build_server(config: NodeConfig, endpoint: str, mode: str, node_id: str) -> Any:
     """A started gRPC server serving ``mode``'s services on ``endpoint``."""
     from flexhub.csi.identity import IdentityService
@@ -69,7 +49,7 @@ def build_server(config: NodeConfig, endpoint: str, mode: str, node_id: str) -> 
         raise UsageError("--node-id: this node's name is required (default: $NODE_NAME)")
     path = socket_path(endpoint)
     path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-    _remove_stale(path)
+    remove_stale(path, "--endpoint")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS))
     controller = mode in ("controller", "both")
     csi_pb2_grpc.add_IdentityServicer_to_server(IdentityService(controller), server)  # type: ignore[no-untyped-call]
@@ -81,21 +61,35 @@ def build_server(config: NodeConfig, endpoint: str, mode: str, node_id: str) -> 
         from flexhub.csi.node import NodeService
 
         csi_pb2_grpc.add_NodeServicer_to_server(NodeService(config, node_id), server)  # type: ignore[no-untyped-call]
-    old = os.umask(0o077)  # the socket: root's alone
-    try:
-        if not server.add_insecure_port(f"unix://{path}"):
-            raise UsageError(f"--endpoint: cannot listen on {path}")
-    finally:
-        os.umask(old)
+    listen(server, path, "--endpoint")  # the socket: root's alone
     server.start()
     LOG.info("serving CSI (%s) for node %s on %s", mode, node_id, path)
     return server
 
 
-def serve(config: NodeConfig, endpoint: str, mode: str, node_id: str) -> int:
-    """Serve until SIGTERM or SIGINT, then stop (calls in flight get 10 s)."""
+def serve(
+    config: NodeConfig,
+    endpoint: str,
+    mode: str,
+    node_id: str,
+    registration_dir: Path | None = None,
+    kubelet_endpoint: str = "",
+    health_port: int = 0,
+) -> int:
+    """Serve until SIGTERM or SIGINT, then stop (calls in flight get 10 s).
+
+    With ``registration_dir`` (node or both mode) the kubelet's plugin registration is served
+    there (:mod:`flexhub.csi.registration`) for the CSI socket ``kubelet_endpoint`` (default:
+    the ``endpoint``'s path); with ``health_port`` an HTTP ``/healthz``
+    (:mod:`flexhub.csi.liveness`)."""
     from flexhub.node.statedir import secure_state_dir
 
+    if registration_dir is not None and mode not in ("node", "both"):
+        raise UsageError("--registration-dir: only a node plugin (--mode node or both) registers")
+    if not 0 <= health_port <= 65535:
+        raise UsageError(f"--health-port {health_port}: expected 0 (off) to 65535")
+    path = socket_path(endpoint)
+    seen_by_kubelet = _kubelet_path(kubelet_endpoint) if kubelet_endpoint else path
     secure_state_dir(config.state_dir)
     stop = threading.Event()
 
@@ -106,6 +100,31 @@ def serve(config: NodeConfig, endpoint: str, mode: str, node_id: str) -> int:
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     server = build_server(config, endpoint, mode, node_id)
-    stop.wait()
-    server.stop(10).wait()
+    registrar = liveness = None
+    try:
+        if health_port:
+            from flexhub.csi import liveness as live
+
+            liveness = live.start(path, health_port)
+        if registration_dir is not None:
+            from flexhub.csi import registration
+
+            registrar = registration.start(registration_dir, seen_by_kubelet)
+        stop.wait()
+    finally:
+        if registrar is not None:
+            registrar.stop()  # first: the kubelet drops the plugin before its socket goes
+        if liveness is not None:
+            liveness.stop()
+        server.stop(10).wait()
+        remove_socket(path)
     return 0
+
+
+def _kubelet_path(value: str) -> Path:
+    """``--kubelet-endpoint``: an absolute path (or ``unix:///path``)."""
+    if value.startswith("unix:"):
+        return socket_path(value)
+    if value.startswith("/") and "\0" not in value:
+        return Path(os.path.normpath(value))
+    raise UsageError(f"--kubelet-endpoint {value[:200]!r}: expected an absolute path")

@@ -304,6 +304,9 @@ class Cluster:
                 f"--audit-policy-file={audit_policy}",
                 f"--audit-log-path={self.audit_log}",
                 "--audit-log-format=json",
+                # pod status volumeHealth (the CSI node plugin's NodeGetVolumeHealth, through
+                # the kubelet): dropped by the API server unless the gate is on here too
+                "--feature-gates=CSIVolumeHealth=true",
                 "--v=1",
             ],
             self.logs / "kube-apiserver.log",
@@ -380,6 +383,7 @@ class Cluster:
     def _kubelet(self) -> None:
         config = self.root / "kubelet-config.json"
         healthz = free_port()
+        port = self.ports["kubelet"] = free_port()
         config.write_text(
             json.dumps(
                 {
@@ -393,13 +397,15 @@ class Cluster:
                     "localStorageCapacityIsolation": False,
                     "protectKernelDefaults": False,
                     "address": "127.0.0.1",
-                    "port": free_port(),
+                    "port": port,
                     "readOnlyPort": 0,
                     "healthzBindAddress": "127.0.0.1",
                     "healthzPort": healthz,
+                    # a bearer token (the admin's) is checked by a TokenReview: /metrics is
+                    # read with it (tests/cluster/test_csi_node.py); anonymous stays off
                     "authentication": {
                         "anonymous": {"enabled": False},
-                        "webhook": {"enabled": False},
+                        "webhook": {"enabled": True},
                     },
                     "authorization": {"mode": "AlwaysAllow"},
                     "containerRuntimeEndpoint": f"unix://{self.cri_socket}",
@@ -410,6 +416,11 @@ class Cluster:
                     "imageGCHighThresholdPercent": 100,
                     "evictionHard": {"memory.available": "1Mi"},
                     "serializeImagePulls": False,
+                    # CSI volume stats (kubelet_volume_stats_*) and volume health are polled
+                    # at this period (default 1m): short, so a test sees them within seconds
+                    "volumeStatsAggPeriod": "5s",
+                    # the kubelet calls NodeGetVolumeHealth (alpha, off by default)
+                    "featureGates": {"CSIVolumeHealth": True},
                 }
             )
         )
