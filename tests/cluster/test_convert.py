@@ -6,6 +6,7 @@ and a kill after every step followed by a rerun ends converted (or rolled back).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -372,3 +373,65 @@ def test_all_converts_the_flexhub_claims_of_the_namespace_only(cluster: Cluster)
     finally:
         _cleanup(cluster, ns, first_pv.metadata.name)
         _cleanup(cluster, ns, second_pv.metadata.name, "logs")
+
+
+def test_a_converted_claim_keeps_its_data_under_csi(cluster: Cluster) -> None:
+    """The issue's end to end: a loopfile claim written through the FlexVolume driver by a pod,
+    the pod stopped, the claim converted, and a new pod on the same claim reads the data
+    through flexhub's CSI node plugin (registered with the stock kubelet): same storage, same
+    bytes. The plugin's NodeUnstageVolume undoes the stage afterwards (the kubelet does not
+    unstage a flexhub file system volume: tests/cluster/test_csi_node.py, test (b))."""
+    import grpc
+
+    from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
+    from tests.cluster import csi_node
+
+    created = csi_node.apply_csi_driver(cluster)
+    plugin = csi_node.node_plugin(cluster)
+    ns = namespace(cluster, "conv")
+    _, pv = _pair(cluster, ns)
+    volume = [{"name": "data", "persistentVolumeClaim": {"claimName": CLAIM}}]
+    handle = ""
+    try:
+
+        def registered() -> bool:
+            if plugin.popen.poll() is not None:
+                raise AssertionError(f"the node plugin exited:\n{plugin.tail()}")
+            log = plugin.log.read_text(errors="replace")
+            return f"kubelet registered {csi_node.DRIVER}" in log
+
+        eventually("the kubelet's registration of flexhub's CSI node plugin", registered, 90)
+        writer = run_pod(cluster, ns, pod("writer", volume), timeout=180)
+        flex_dir = cluster.kubelet_root / "pods" / writer.metadata.uid / "volumes"
+        written = flex_dir / "k8s~flexhub" / pv.metadata.name / "payload"
+        written.write_bytes(b"flexhub convert keeps this\n" * 1000)
+        os.sync()
+        delete_pod(cluster, ns, "writer")
+        done = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", ns)
+        assert done.returncode == 0, done.stderr
+        _, csi_pv = _bound(cluster, ns)
+        handle = csi_pv.spec.csi.volume_handle
+        reader = run_pod(cluster, ns, pod("reader", volume), timeout=180)
+        mount = (cluster.kubelet_root / "pods" / reader.metadata.uid / "volumes"
+                 / "kubernetes.io~csi" / pv.metadata.name / "mount")  # fmt: skip
+        assert (mount / "payload").read_bytes() == b"flexhub convert keeps this\n" * 1000
+        delete_pod(cluster, ns, "reader")
+    finally:
+        try:
+            if handle:
+                digest = hashlib.sha256(handle.encode()).hexdigest()
+                staging = (cluster.kubelet_root / "plugins" / "kubernetes.io" / "csi"
+                           / csi_node.DRIVER / digest / "globalmount")  # fmt: skip
+                if staging.exists():
+                    with grpc.insecure_channel(f"unix://{csi_node.csi_socket(cluster)}") as ch:
+                        csi_pb2_grpc.NodeStub(ch).NodeUnstageVolume(  # type: ignore[no-untyped-call]
+                            csi_pb2.NodeUnstageVolumeRequest(
+                                volume_id=handle, staging_target_path=str(staging)
+                            ),
+                            timeout=60,
+                        )
+        finally:
+            plugin.stop()
+            if created:
+                cluster.storage.delete_csi_driver(csi_node.DRIVER)
+            _cleanup(cluster, ns, pv.metadata.name)
