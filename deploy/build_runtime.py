@@ -38,6 +38,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,6 +65,13 @@ LAUNCHER = """#!/bin/sh
 RT=$(cd "$(dirname "$0")/.." && pwd -P)
 exec "$RT/lib/{loader}" --library-path "$RT/lib" "$RT/bin/{python}" -I -m flexhub "$@"
 """
+
+
+def _say(started: float, what: str) -> None:
+    """A progress line on stderr (stdout carries only the runtime's path)."""
+    print(
+        f"build_runtime: {time.monotonic() - started:5.0f} s  {what}", file=sys.stderr, flush=True
+    )
 
 
 def _run(argv: list[str], **kwargs: object) -> None:
@@ -204,6 +212,8 @@ def build(out_dir: Path, python: str = sys.executable, extras: tuple[str, ...] =
     if profile not in PROFILES:
         raise SystemExit(f"build_runtime: --profile {profile!r}: expected full or node")
     out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    _say(started, f"building the {profile} runtime in {out_dir}")
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=out_dir))
     try:
         rt = work / "runtime"
@@ -220,18 +230,22 @@ def build(out_dir: Path, python: str = sys.executable, extras: tuple[str, ...] =
             _clean_copy(Path(extra), work / "src" / f"with-{i}") if Path(extra).is_dir() else extra
             for i, extra in enumerate(extras)
         )
+        _say(started, "installing flexhub, its backends and their dependencies (pip)")
         _run(
             [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             "--no-compile", "--no-warn-script-location", "--target", str(site),
+             "--no-compile", "--no-warn-script-location", "--no-warn-conflicts",
+             "--target", str(site),
              f"{core}[csi]" if profile == "full" else str(core),
              *(str(b) for b in backends), *extras],
             env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"},
         )  # fmt: skip
         if profile == "node":
-            _prune(site, NODE_DROPS)
+            removed = _prune(site, NODE_DROPS)
+            _say(started, f"left out of the node profile: {', '.join(removed) or 'nothing'}")
         _drop_direct_urls(site)
         # The shared libpython comes in with the interpreter's own needs (ldd of bin/), under
         # the one name it is loaded by (not also as the libpython3.11.so link-time name).
+        _say(started, "copying the shared libraries they load")
         libraries: dict[str, Path] = {}
         for path in sorted(rt.rglob("*")):
             if (
@@ -253,6 +267,7 @@ def build(out_dir: Path, python: str = sys.executable, extras: tuple[str, ...] =
             str(rt / "lib"),
             str(rt / "bin" / PYVER),
         ]
+        _say(started, "byte-compiling")
         _run([*runner, "-I", "-m", "compileall", "-q", "-j", "0",
               "--invalidation-mode", "unchecked-hash", str(rt / "lib" / PYVER)],
              stdout=subprocess.DEVNULL)  # fmt: skip
@@ -271,6 +286,8 @@ def build(out_dir: Path, python: str = sys.executable, extras: tuple[str, ...] =
         if final.exists():
             shutil.rmtree(final)
         rt.rename(final)
+        size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file()) >> 20
+        _say(started, f"done: {final} ({size} MiB)")
         return final
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -92,6 +92,7 @@ def build_runtime(out: Path, profile: str = "full") -> Path:
         shutil.rmtree(extra.parent, ignore_errors=True)
     if proc.returncode != 0:
         raise RuntimeError(f"deploy/build_runtime.py failed:\n{proc.stderr[-3000:]}")
+    (out / "build.log").write_text(proc.stderr)  # its progress lines, beside the runtime
     path = Path(proc.stdout.strip().splitlines()[-1])
     if not (path / MARKER).is_file():
         raise RuntimeError(f"deploy/build_runtime.py made no runtime in {path}")

@@ -315,3 +315,22 @@ def test_the_node_runtime_entrypoint_installs_a_working_driver(
         json.loads(lines["installed"])["runtime"] == f"/var/lib/flexhub/runtime/{node_runtime.name}"
     )
     assert json.loads(lines["init"])["status"] == "Success"
+
+
+def test_the_build_says_what_it_does_and_the_docs_name_the_runtime_it_printed(
+    node_runtime: Path,
+) -> None:
+    """build_runtime.py's progress goes to stderr (stdout is the runtime's path alone), and
+    the documented commands take the path it printed: with two runtimes in ``out/`` (full and
+    node) a glob ``out/flexhub-*/`` names both."""
+    log = node_runtime.parent / "build.log"
+    progress = log.read_text().splitlines()
+    assert progress and all(line.startswith("build_runtime: ") for line in progress), progress
+    said = "\n".join(progress)
+    for step in ("installing flexhub", "left out of the node profile: ", "byte-compiling",
+                 f"/{node_runtime.name} ("):  # fmt: skip
+        assert step in said, (step, said)
+    assert "kubernetes" in said.split("left out of the node profile: ")[1].splitlines()[0]
+    repo = Path(__file__).resolve().parents[2]
+    for doc in [repo / "README.md", *(repo / "docs").rglob("*.md")]:
+        assert "--runtime out/flexhub-*" not in doc.read_text(), doc
