@@ -183,13 +183,26 @@ def client_of(cluster: Cluster, token: str) -> Any:
     return client.ApiClient(configuration)
 
 
-def audited(cluster: Cluster) -> list[dict[str, Any]]:
-    """Every request of flexhub's accounts so far, as the API server's audit log holds it."""
+def audit_offset(cluster: Cluster) -> int:
+    """Where the audit log ends now: :func:`audited` from here sees only what comes after."""
     try:
-        text = cluster.audit_log.read_text(errors="replace")
+        return cluster.audit_log.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def audited(
+    cluster: Cluster, users: set[str] | None = None, since: int = 0
+) -> list[dict[str, Any]]:
+    """Every request of ``users`` (default: flexhub's chart accounts) as the API server's audit
+    log holds it, from byte ``since`` of the log (:func:`audit_offset`) on."""
+    try:
+        with open(cluster.audit_log, "rb") as log:
+            log.seek(since)
+            text = log.read().decode(errors="replace")
     except FileNotFoundError:
         return []
-    users = {username(c) for c in ACCOUNTS}
+    users = users if users is not None else {username(c) for c in ACCOUNTS}
     found = []
     for line in text.splitlines():
         try:

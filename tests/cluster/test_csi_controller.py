@@ -290,7 +290,7 @@ def test_deleted_claims_and_snapshot_are_reclaimed(cluster: Cluster, csi: sideca
 def test_sidecars_were_never_refused(cluster: Cluster, csi: sidecars.Csi) -> None:
     """The sidecars' accounts made their calls (the audit log holds them) and the API server
     refused none (no 403): their RBAC is enough for everything above."""
-    events = sidecars.audited(cluster)
+    events = sidecars.audited(cluster, csi)
     users = {e["user"]["username"] for e in events}
     assert users == {sidecars.username(c) for c in sidecars.ACCOUNTS}, users
     assert forbidden(events) == []
