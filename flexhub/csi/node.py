@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -215,14 +216,19 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         pod's mount: a block backend's filesystem root (the staged one) gets the group,
         ``g+rwx`` and setgid, the last pod's group winning; a filesystem backend's group was
         its mount's (cifs ``gid=``, at stage) or is never applied (NFS)."""
-        from flexhub.csi.volumes import backend_class
         from flexhub.node.staging import apply_fs_group
 
         found = self.staged.get(staging)
         if found is None or found[0] != volume_id:
             return
-        if issubclass(backend_class(found[1].get("backend", ""), self.config), BlockBackend):
+        if self._block_backend(found[1]):
             apply_fs_group(staging, gid)
+
+    def _block_backend(self, context: Mapping[str, str]) -> bool:
+        """Whether a staged volume's backend (its kept context's) is a block backend."""
+        from flexhub.csi.volumes import backend_class
+
+        return issubclass(backend_class(context.get("backend", ""), self.config), BlockBackend)
 
     def _refuse_second_writer(
         self, node: Any, volume_id: str, staging: Path, target: Path, staged: Any
@@ -307,11 +313,10 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                 ),
             )
         )
-        from flexhub.csi.volumes import backend_class
         from flexhub.node.rawblock import expand_raw, raw_device
         from flexhub.node.volumes import expand_volume
 
-        if not issubclass(backend_class(found[1].get("backend", ""), self.config), BlockBackend):
+        if not self._block_backend(found[1]):
             # a share grows on its server: nothing on this node to grow or to log in for (the
             # controller never asks kubelet for this; csi-sanity does, with no secrets)
             LOG.info("%s is a share: nothing to expand on the node", volume_id)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flexhub.config import NodeConfig
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 SKIPS = HERE / "sanity-skips.tsv"
@@ -131,6 +133,17 @@ def plugin(config: Path, endpoint: Path, log: Path, node_id: str = "node-1") -> 
         code = stop_plugin(proc)
     if code != 0:
         raise RuntimeError(f"flexhub csi exited {code}: {log.read_text()[-2000:]}")
+
+
+def plugin_config(top: Path) -> NodeConfig:
+    """An in-process plugin's config: state, log and loopfile root under ``top``."""
+    return NodeConfig(
+        state_dir=top / "state",
+        log_dir=top / "log",
+        lock_timeout=10,
+        command_timeout=30,
+        backends={"loopfile": {"root": str(top / "loopfiles")}},
+    )
 
 
 def node_config(top: Path) -> Path:

@@ -24,7 +24,6 @@ from typing import Any
 import grpc
 import pytest
 
-from flexhub.config import NodeConfig
 from flexhub.csi import DRIVER_NAME, liveness, registration
 from flexhub.csi.identity import IdentityService
 from flexhub.csi.proto import csi_pb2
@@ -32,18 +31,9 @@ from flexhub.csi.proto import pluginregistration_pb2 as reg_pb
 from flexhub.csi.proto import pluginregistration_pb2_grpc as reg_rpc
 from flexhub.csi.server import build_server
 from flexhub.errors import UsageError
+from tests.csi.sanity import plugin_config
 
 KUBELET_SIDE = Path("/var/lib/kubelet/plugins/flexhub.csi.k8s.io/csi.sock")
-
-
-def _config(tmp_path: Path) -> NodeConfig:
-    return NodeConfig(
-        state_dir=tmp_path / "state",
-        log_dir=tmp_path / "log",
-        lock_timeout=10,
-        command_timeout=30,
-        backends={"loopfile": {"root": str(tmp_path / "loopfiles")}},
-    )
 
 
 @pytest.fixture
@@ -139,7 +129,7 @@ def test_healthz_answers_200_while_the_plugin_probes_ready_500_once_it_does_not(
     tmp_path: Path,
 ) -> None:
     sock = tmp_path / "csi.sock"
-    server = build_server(_config(tmp_path), f"unix://{sock}", "node", "n")
+    server = build_server(plugin_config(tmp_path), f"unix://{sock}", "node", "n")
     live = liveness.start(sock, 0, "127.0.0.1")
     try:
         assert _get(live.port) == (200, "ok\n")
@@ -162,7 +152,7 @@ def test_healthz_answers_500_when_probe_says_not_ready(
 
     monkeypatch.setattr(IdentityService, "Probe", not_ready)
     sock = tmp_path / "csi.sock"
-    server = build_server(_config(tmp_path), f"unix://{sock}", "node", "n")
+    server = build_server(plugin_config(tmp_path), f"unix://{sock}", "node", "n")
     live = liveness.start(sock, 0, "127.0.0.1")
     try:
         assert _get(live.port) == (500, "Probe answered not ready\n")

@@ -13,13 +13,13 @@ import grpc
 import pytest
 
 from flexhub import __version__
-from flexhub.config import NodeConfig
 from flexhub.csi import DRIVER_NAME, TOPOLOGY_NODE_KEY
 from flexhub.csi.proto import csi_pb2 as pb
 from flexhub.csi.proto import csi_pb2_grpc as rpc
 from flexhub.csi.server import build_server
 from flexhub.errors import UsageError
 from tests.conftest import needs_root
+from tests.csi.sanity import plugin_config
 
 Mode = pb.VolumeCapability.AccessMode.Mode
 S = grpc.StatusCode
@@ -33,16 +33,6 @@ class Plugin:
     state: Path
 
 
-def _config(tmp_path: Path) -> NodeConfig:
-    return NodeConfig(
-        state_dir=tmp_path / "state",
-        log_dir=tmp_path / "log",
-        lock_timeout=10,
-        command_timeout=30,
-        backends={"loopfile": {"root": str(tmp_path / "loopfiles")}},
-    )
-
-
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Any]:
     servers: list[Any] = []
@@ -50,7 +40,7 @@ def serve(tmp_path: Path) -> Iterator[Any]:
 
     def start(mode: str = "both", node_id: str = "node-1") -> Plugin:
         sock = tmp_path / f"{mode}-{node_id}.sock"
-        servers.append(build_server(_config(tmp_path), f"unix://{sock}", mode, node_id))
+        servers.append(build_server(plugin_config(tmp_path), f"unix://{sock}", mode, node_id))
         channel = grpc.insecure_channel(f"unix://{sock}")
         channels.append(channel)
         return Plugin(
@@ -286,17 +276,19 @@ def test_a_live_socket_is_refused_and_a_stale_one_replaced(serve: Any, tmp_path:
 
     serve("both")
     with pytest.raises(UsageError, match="another process serves"):
-        build_server(_config(tmp_path), f"unix://{tmp_path / 'both-node-1.sock'}", "both", "n")
+        build_server(
+            plugin_config(tmp_path), f"unix://{tmp_path / 'both-node-1.sock'}", "both", "n"
+        )
     stale = tmp_path / "stale.sock"
     left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     left.bind(str(stale))
     left.close()  # a socket file nobody listens on: a plugin that died
-    server = build_server(_config(tmp_path), f"unix://{stale}", "node", "n")
+    server = build_server(plugin_config(tmp_path), f"unix://{stale}", "node", "n")
     server.stop(0)
     regular = tmp_path / "file.sock"
     regular.write_text("not a socket")
     with pytest.raises(UsageError, match="not a socket"):
-        build_server(_config(tmp_path), f"unix://{regular}", "node", "n")
+        build_server(plugin_config(tmp_path), f"unix://{regular}", "node", "n")
     assert regular.read_text() == "not a socket"
 
 

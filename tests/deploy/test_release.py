@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.cluster.cluster import free_port
 from tests.conftest import REPO, needs_root
 from tests.deploy import build_registry
 
@@ -31,15 +32,6 @@ import render_manifest  # type: ignore[import-not-found]  # noqa: E402
 VERSION = release.flexhub_version()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A registry serving plain HTTP on 127.0.0.1, its storage a fresh directory."""
@@ -47,7 +39,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip("the registry is built with Go, which is not installed (.ci/install-system.sh)")
     binary = build_registry.build()
     root = tmp_path_factory.mktemp("registry")
-    port = _free_port()
+    port = free_port()
     config = root / "config.yml"
     config.write_text(
         yaml.safe_dump(
