@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -91,14 +92,28 @@ def _pair(
 
 
 def _bound(cluster: Cluster, ns: str, name: str = CLAIM) -> tuple[Any, Any]:
-    def bound() -> Any:
+    """The claim and its PV, both Bound and settled: the binder writes both again after it
+    marks them Bound, so the pair is taken once two reads 0.5 s apart find the same versions
+    (the tests compare versions later to prove convert wrote nothing)."""
+
+    def read() -> tuple[Any, Any] | None:
         claim = cluster.core.read_namespaced_persistent_volume_claim(name, ns)
         if claim.status.phase != "Bound":
             return None
         pv = cluster.core.read_persistent_volume(claim.spec.volume_name)
         return (claim, pv) if pv.status.phase == "Bound" else None
 
-    claim, pv = eventually(f"claim {ns}/{name} and its PV Bound", bound)
+    def settled() -> Any:
+        first = read()
+        time.sleep(0.5)
+        second = read()
+        if first is None or second is None:
+            return None
+        versions = [(c.metadata.resource_version, p.metadata.resource_version)
+                    for c, p in (first, second)]  # fmt: skip
+        return second if versions[0] == versions[1] else None
+
+    claim, pv = eventually(f"claim {ns}/{name} and its PV Bound and settled", settled)
     return claim, pv
 
 
