@@ -1,0 +1,154 @@
+"""Attacks on the CO staging layout (flexhub's own staging mount repeating the CO's staging
+path below ``<state_dir>/staging/<hash>/``): the volume staged elsewhere already (FlexVolume
+first, an older flexhub, a second staging path), a lost volume record, raw and file system
+of one volume, odd and very long staging paths. Real loop devices and mounts; the kubelet's
+check is mount-utils' own (``GetMountRefs`` then ``HasMountRefs`` from
+``/plugins/kubernetes.io/`` on).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import Rig
+from test_node_co_staging import DRIVER
+
+from flexhub.errors import FlexhubError
+from flexhub.node.mounts import MountTable, bind_mount, cleanup_mount_point
+from flexhub.node.volumes import mount_volume, staging_dir, unmount_volume
+
+pytestmark = pytest.mark.root
+
+_PREFIX = "/plugins/kubernetes.io/"  # mount-utils' kubernetesPluginPathPrefix
+
+
+def kubelet_refs(staging: Path) -> list[str]:
+    """The references for which kubelet v1.37 refuses ``UnmountDevice`` of ``staging``:
+    ``SearchMountPoints`` (the mount ``staging`` is in, then every other mount with its
+    major:minor and root) filtered by ``HasMountRefs``."""
+    real = os.path.realpath(staging)
+    entries = list(MountTable().entries())
+    here = None
+    for entry in reversed(entries):  # later mounts overlap earlier ones
+        if real == entry.mount_point or real.startswith(entry.mount_point.rstrip("/") + "/"):
+            here = entry
+            break
+    assert here is not None
+    rest = real[len(here.mount_point) :] if here.mount_point != "/" else real
+    root = os.path.normpath(here.root + "/" + rest.lstrip("/")) if rest else here.root
+    refs = [
+        e.mount_point
+        for e in entries
+        if e is not here and e.root == root and e.major_minor == here.major_minor
+    ]
+    path = str(staging)
+    find = path[path.index(_PREFIX) :] if _PREFIX in path else path
+    return [ref for ref in refs if find not in ref]
+
+
+def co_staging(rig: Rig, handle: str) -> Path:
+    path = rig.base / "kubelet/plugins/kubernetes.io/csi" / DRIVER / handle / "globalmount"
+    path.mkdir(parents=True)
+    return path
+
+
+def _unmount(rig: Rig, target: Path) -> None:
+    unmount_volume(rig.node, target, lambda name: rig.backend)
+
+
+def _number(device: str) -> str:
+    rdev = os.stat(device).st_rdev
+    return f"{os.major(rdev)}:{os.minor(rdev)}"
+
+
+def _staging_mounts(rig: Rig, device: str) -> list[str]:
+    """The mounts of ``device`` below the state directory's staging root."""
+    root = os.path.realpath(rig.state / "staging") + "/"
+    wanted = _number(device)
+    return [
+        e.mount_point
+        for e in MountTable().entries()
+        if e.major_minor == wanted and e.mount_point.startswith(root)
+    ]
+
+
+def test_a_co_stage_after_the_volume_record_is_lost_never_mounts_into_the_volume(
+    rig: Rig,
+) -> None:
+    """A FlexVolume pod staged the volume (flat), then its volume record became unreadable
+    (the journal falls back to the mount table): a CO stage must not create its staging
+    directories inside the mounted volume (its data) nor mount the device a second time."""
+    volume = rig.volume(rig.file())
+    volume_id = rig.backend.volume_id(volume)
+    pod = rig.pod("flex")
+    mount_volume(rig.node, rig.backend, pod, volume)
+    record = rig.node.journal.get_volume(volume_id)
+    assert record is not None
+    for path in (rig.state / "volumes").iterdir():
+        path.write_bytes(b"\x00garbage")
+    stage = co_staging(rig, "2" * 64)
+    mount_volume(rig.node, rig.backend, stage, volume, stage=True)
+    assert sorted(os.listdir(pod)) == ["lost+found"], "staging directories in the user's data"
+    assert _staging_mounts(rig, record.device) == [str(staging_dir(rig.node, volume_id))]
+    _unmount(rig, stage)
+    assert MountTable().is_mount_point(pod)
+    _unmount(rig, pod)
+    rig.assert_clean()
+
+
+def test_a_flexvolume_mount_after_the_volume_record_is_lost_never_mounts_twice(
+    rig: Rig,
+) -> None:
+    """The CO staged the volume (nested), its volume record became unreadable, then a
+    FlexVolume pod mounts it: one staging mount of the device, not a second one on the flat
+    path above the nested one (which would hide it)."""
+    volume = rig.volume(rig.file())
+    volume_id = rig.backend.volume_id(volume)
+    stage = co_staging(rig, "3" * 64)
+    mount_volume(rig.node, rig.backend, stage, volume, stage=True)
+    record = rig.node.journal.get_volume(volume_id)
+    assert record is not None
+    for path in (rig.state / "volumes").iterdir():
+        path.write_bytes(b"\x00garbage")
+    pod = rig.pod("flex")
+    mount_volume(rig.node, rig.backend, pod, volume)
+    assert len(_staging_mounts(rig, record.device)) == 1
+    _unmount(rig, pod)
+    assert MountTable().is_mount_point(stage)
+    _unmount(rig, stage)
+    rig.assert_clean()
+
+
+@pytest.mark.parametrize("name", ["with space", "tab\there", "new\nline", "back\\slash", "é✓"])
+def test_odd_characters_in_the_co_staging_path(rig: Rig, name: str) -> None:
+    volume = rig.volume(rig.file())
+    stage = rig.base / "kubelet" / name / "plugins/kubernetes.io/csi" / DRIVER / "h/globalmount"
+    stage.mkdir(parents=True)
+    mount_volume(rig.node, rig.backend, stage, volume, stage=True)
+    assert kubelet_refs(stage) == []
+    pod = rig.pod("a")
+    bind_mount(rig.node.runner, stage, pod, False, MountTable(), 30)
+    assert kubelet_refs(stage) == [str(pod)]
+    cleanup_mount_point(rig.node.runner, pod, 30, MountTable())
+    _unmount(rig, stage)
+    rig.assert_clean()
+
+
+def test_a_co_staging_path_too_long_to_repeat_is_a_clear_error_and_changes_nothing(
+    rig: Rig,
+) -> None:
+    """A staging path the CO can use (under PATH_MAX) but too long to repeat below the
+    state directory: a one-line error, nothing staged, attached or recorded."""
+    volume = rig.volume(rig.file())
+    room = 4080 - len(str(rig.base))
+    parts = ["d" * 200] * (room // 201)
+    parts.append("e" * (room - 201 * len(parts) - 1))
+    stage = rig.base.joinpath(*parts)
+    os.makedirs(stage)
+    assert 4000 < len(str(stage)) < 4095
+    with pytest.raises(FlexhubError) as info:
+        mount_volume(rig.node, rig.backend, stage, volume, stage=True)
+    assert "\n" not in str(info.value)
+    rig.assert_clean()
