@@ -9,12 +9,14 @@ check is mount-utils' own (``GetMountRefs`` then ``HasMountRefs`` from
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import Rig
 from test_node_co_staging import DRIVER
 
+from flexhub.admin.state import node_state, render_state
 from flexhub.errors import FlexhubError
 from flexhub.node.mounts import MountTable, bind_mount, cleanup_mount_point
 from flexhub.node.volumes import mount_volume, staging_dir, unmount_volume
@@ -151,4 +153,29 @@ def test_a_co_staging_path_too_long_to_repeat_is_a_clear_error_and_changes_nothi
     with pytest.raises(FlexhubError) as info:
         mount_volume(rig.node, rig.backend, stage, volume, stage=True)
     assert "\n" not in str(info.value)
+    rig.assert_clean()
+
+
+def test_the_changelog_s_upgrade_procedure_for_a_volume_staged_flat(rig: Rig) -> None:
+    """A CSI volume staged and published by the earlier flexhub (its staging mount flat),
+    restaged by the kubelet after the upgrade (shared where it is), its pod gone: `flexhub
+    state` names the mount to unmount, and after that `umount` the kubelet unstages and
+    flexhub releases everything (CHANGELOG, Unreleased)."""
+    volume = rig.volume(rig.file())
+    flat = staging_dir(rig.node, rig.backend.volume_id(volume))
+    stage = co_staging(rig, "6" * 64)
+    mount_volume(rig.node, rig.backend, stage, volume)  # the earlier flexhub: flat
+    pod = rig.pod("a")
+    bind_mount(rig.node.runner, stage, pod, False, MountTable(), 30)
+    mount_volume(rig.node, rig.backend, stage, volume, stage=True)  # after the upgrade
+    assert _staging_mounts(
+        rig, rig.node.journal.get_volume(rig.backend.volume_id(volume)).device
+    ) == [str(flat)]
+    cleanup_mount_point(rig.node.runner, pod, 30, MountTable())
+    assert kubelet_refs(stage) == [str(flat)]
+    shown = "\n".join(render_state(node_state(rig.config)))
+    assert str(flat) in shown, f"`flexhub state` does not name {flat}:\n{shown}"
+    subprocess.run(["umount", str(flat)], check=True)
+    assert kubelet_refs(stage) == []
+    _unmount(rig, stage)
     rig.assert_clean()
