@@ -179,3 +179,29 @@ def test_the_changelog_s_upgrade_procedure_for_a_volume_staged_flat(rig: Rig) ->
     assert kubelet_refs(stage) == []
     _unmount(rig, stage)
     rig.assert_clean()
+
+
+def test_a_propagated_copy_of_the_staging_mount_keeps_the_kubelet_s_path(rig: Rig) -> None:
+    """The state directory on a shared mount with a peer elsewhere (mount propagation): the
+    copy of flexhub's staging mount that appears at the peer repeats the CO's path too, so
+    the kubelet's check still passes, and the unstage takes the copy with it."""
+    rig.state.mkdir()
+    peer = rig.base / "peer"
+    peer.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0700", "state", str(rig.state)], check=True)
+    subprocess.run(["mount", "--make-shared", str(rig.state)], check=True)
+    subprocess.run(["mount", "--bind", str(rig.state), str(peer)], check=True)
+    volume = rig.volume(rig.file())
+    stage = co_staging(rig, "7" * 64)
+    mount_volume(rig.node, rig.backend, stage, volume, stage=True)
+    device = rig.node.journal.get_volume(rig.backend.volume_id(volume)).device
+    copies = [
+        e.mount_point
+        for e in MountTable().entries()
+        if e.major_minor == _number(device) and e.mount_point.startswith(f"{peer}/")
+    ]
+    assert len(copies) == 1 and copies[0].endswith(str(stage))  # propagated, path repeated
+    assert kubelet_refs(stage) == []
+    _unmount(rig, stage)
+    assert [p for p in rig.mounts() if p not in (str(rig.state), str(peer))] == []
+    assert rig.loops() == [] and rig.records() == [] and rig.staging_dirs() == []
