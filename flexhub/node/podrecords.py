@@ -43,8 +43,8 @@ def staging_dir(node: Node, volume_id: str, co_staging: Path | None = None) -> P
     (``co_staging``: CSI's ``staging_target_path``), that path repeated below it:
     ``<hash>/var/lib/kubelet/plugins/kubernetes.io/csi/<driver>/<sha>/globalmount``. The
     kubelet unstages a volume only when no other mount of the staged filesystem exists but
-    those whose path contains the staging path's part from ``/plugins/`` on (mount-utils
-    ``HasMountRefs``: mounts of kubelet's own directories seen under another root), and
+    those whose path contains the staging path's part from ``/plugins/kubernetes.io/`` on
+    (mount-utils ``HasMountRefs``: mounts of kubelet's own directories seen under another root), and
     flexhub's own staging mount is one. The path is normalised first (no ``..`` can climb).
     """
     from flexhub.node.fastpath import sha256

@@ -205,3 +205,25 @@ def test_a_propagated_copy_of_the_staging_mount_keeps_the_kubelet_s_path(rig: Ri
     _unmount(rig, stage)
     assert [p for p in rig.mounts() if p not in (str(rig.state), str(peer))] == []
     assert rig.loops() == [] and rig.records() == [] and rig.staging_dirs() == []
+
+
+def test_a_volume_a_flexvolume_pod_staged_first_unstages_after_the_documented_umount(
+    rig: Rig,
+) -> None:
+    """FlexVolume pod first, then the CO shares its flat staging mount; once the pod is gone
+    the flat mount stays (the CO's staging uses it) and the kubelet waits for it: the
+    documented `umount` of the mount `flexhub state` names lets the kubelet unstage and
+    flexhub release everything (docs/csi.md)."""
+    volume = rig.volume(rig.file())
+    flat = staging_dir(rig.node, rig.backend.volume_id(volume))
+    pod = rig.pod("flex")
+    mount_volume(rig.node, rig.backend, pod, volume)
+    stage = co_staging(rig, "8" * 64)
+    mount_volume(rig.node, rig.backend, stage, volume, stage=True)
+    _unmount(rig, pod)
+    assert kubelet_refs(stage) == [str(flat)]
+    assert f"    staging {flat}" in render_state(node_state(rig.config))
+    subprocess.run(["umount", str(flat)], check=True)
+    assert kubelet_refs(stage) == []
+    _unmount(rig, stage)
+    rig.assert_clean()
