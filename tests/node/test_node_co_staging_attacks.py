@@ -227,3 +227,61 @@ def test_a_volume_a_flexvolume_pod_staged_first_unstages_after_the_documented_um
     assert kubelet_refs(stage) == []
     _unmount(rig, stage)
     rig.assert_clean()
+
+
+def test_a_co_unstage_with_a_read_only_then_full_state_dir(rig: Rig) -> None:
+    """The CO's unstage with the state dir read-only unmounts and releases (the records and
+    the repeated directories stay); writable again, the retried unstage forgets the records
+    and removes the repeated directories. A stage into a full state dir fails cleanly."""
+    rig.state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "state", str(rig.state)], check=True)
+    volume = rig.volume(rig.file())
+    stage = co_staging(rig, "9" * 64)
+    mount_volume(rig.node, rig.backend, stage, volume, stage=True)
+    subprocess.run(["mount", "-o", "remount,ro", str(rig.state)], check=True)
+    note = unmount_volume(rig.node, stage, lambda name: rig.backend)
+    assert "journal not updated" in note
+    assert [m for m in rig.mounts() if m != str(rig.state)] == [] and rig.loops() == []
+    subprocess.run(["mount", "-o", "remount,rw", str(rig.state)], check=True)
+    assert unmount_volume(rig.node, stage, lambda name: rig.backend) == ""
+    assert rig.records() == [] and rig.staging_dirs() == []
+    with open(rig.state / "filler", "wb") as handle, pytest.raises(OSError):
+        while True:
+            handle.write(b"\0" * 65536)
+            handle.flush()
+    with pytest.raises(FlexhubError):
+        mount_volume(rig.node, rig.backend, stage, volume, stage=True)
+    assert [m for m in rig.mounts() if m != str(rig.state)] == [] and rig.loops() == []
+    assert rig.staging_dirs() == []
+
+
+def test_a_flexvolume_mount_racing_a_co_stage_mounts_the_device_once(rig: Rig) -> None:
+    """A FlexVolume pod's mount and the CO's stage of one volume at once (the volume lock
+    orders them): one staging mount of the device, both bound, both unmounted cleanly."""
+    import threading
+
+    volume = rig.volume(rig.file())
+    pod, stage = rig.pod("flex"), co_staging(rig, "c" * 64)
+    errors: list[BaseException] = []
+
+    def run(target: Path, as_stage: bool) -> None:
+        try:
+            mount_volume(rig.node, rig.backend, target, volume, stage=as_stage)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=run, args=(pod, False)),
+        threading.Thread(target=run, args=(stage, True)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    device = rig.node.journal.get_volume(rig.backend.volume_id(volume)).device
+    assert len(_staging_mounts(rig, device)) == 1
+    assert MountTable().is_mount_point(pod) and MountTable().is_mount_point(stage)
+    _unmount(rig, stage)
+    _unmount(rig, pod)
+    rig.assert_clean()
