@@ -285,3 +285,48 @@ def test_a_flexvolume_mount_racing_a_co_stage_mounts_the_device_once(rig: Rig) -
     _unmount(rig, stage)
     _unmount(rig, pod)
     rig.assert_clean()
+
+
+def test_a_co_unstage_with_every_record_unreadable_finds_the_nested_staging(rig: Rig) -> None:
+    """Pod and volume records unreadable: the unstage finds flexhub's staging mount (nested)
+    in the mount table, unmounts it, forgets the unreadable volume record by its hash
+    (``staging_key``) and removes the repeated directories; only the device stays attached
+    (no record tells the backend what to detach: documented)."""
+    volume = rig.volume(rig.file())
+    stage = co_staging(rig, "d" * 64)
+    mount_volume(rig.node, rig.backend, stage, volume, stage=True)
+    for sub in ("pods", "volumes"):
+        for path in (rig.state / sub).iterdir():
+            path.write_bytes(b"\x00garbage")
+    _unmount(rig, stage)
+    assert rig.mounts() == [] and rig.records() == [] and rig.staging_dirs() == []
+    assert len(rig.loops()) == 1
+
+
+@pytest.mark.parametrize("where", ["state", "ancestor", "staging root", "flat", "journal"])
+def test_a_mount_on_or_inside_the_state_dir_is_refused_and_changes_nothing(
+    rig: Rig, where: str
+) -> None:
+    """A CO staging path (or pod directory) that is flexhub's state directory, holds it, or
+    lies inside it: bound there, the volume would hide the journal and locks (or every
+    staging mount) under the user's filesystem, and the unstage leaves the device attached.
+    Refused with a one-line error before anything is attached or recorded."""
+    world = Rig(rig.base / "outer") if where == "ancestor" else rig
+    world.base.mkdir(exist_ok=True)
+    volume = world.volume(world.file())
+    rig.files += world.files if world is not rig else []
+    volume_id = world.backend.volume_id(volume)
+    world.state.mkdir(parents=True)
+    target = {
+        "state": world.state,
+        "ancestor": world.base,  # the state directory inside the CO's path
+        "staging root": world.state / "staging",
+        "flat": staging_dir(world.node, volume_id),
+        "journal": world.state / "pods",
+    }[where]
+    target.mkdir(parents=True, exist_ok=True)
+    with pytest.raises(FlexhubError, match="state directory") as info:
+        mount_volume(world.node, world.backend, target, volume, stage=True)
+    assert "\n" not in str(info.value)
+    assert not MountTable().is_mount_point(target)
+    assert world.loops() == [] and world.records() == []
