@@ -330,3 +330,21 @@ def test_a_mount_on_or_inside_the_state_dir_is_refused_and_changes_nothing(
     assert "\n" not in str(info.value)
     assert not MountTable().is_mount_point(target)
     assert world.loops() == [] and world.records() == []
+
+
+def test_a_flexvolume_pod_after_the_co_shares_the_nested_staging_and_both_go(rig: Rig) -> None:
+    """CO first (nested), then a FlexVolume pod of the same volume: it shares the nested
+    staging mount; the kubelet waits for the pod's bind, and once the pod is gone the
+    kubelet's check passes and the unstage leaves nothing."""
+    volume = rig.volume(rig.file())
+    stage = co_staging(rig, "e" * 64)
+    mount_volume(rig.node, rig.backend, stage, volume, stage=True)
+    pod = rig.pod("flex")
+    mount_volume(rig.node, rig.backend, pod, volume)
+    device = rig.node.journal.get_volume(rig.backend.volume_id(volume)).device
+    assert len(_staging_mounts(rig, device)) == 1
+    assert kubelet_refs(stage) == [str(pod)]
+    _unmount(rig, pod)
+    assert kubelet_refs(stage) == []
+    _unmount(rig, stage)
+    rig.assert_clean()
