@@ -78,7 +78,8 @@ def _staging_for(node: Node, volume_id: str, co_staging: Path | None) -> Path:
     mounted, else any mount below the volume's own staging directory (its record may be
     unreadable: the mount table still tells). The caller holds the volume's lock.
 
-    :raises VolumeError: the repeated CO staging path is too long for a system call.
+    :raises VolumeError: the repeated CO staging path is too long for a system call, or the
+        volume is staged for another CO staging path.
     """
     wanted = staging_dir(node, volume_id, co_staging)
     found = _mounted_staging(node, volume_id)
@@ -90,6 +91,14 @@ def _staging_for(node: Node, volume_id: str, co_staging: Path | None) -> Path:
                 f"{_PATH_MAX - 1}): shorten the CO's root directory or flexhub's state_dir"
             )
         return wanted
+    if co_staging is not None and found != staging_dir(node, volume_id):
+        # Another CO staging path of the same storage (two PVs of one loop file): sharing it
+        # would make each staging mount a foreign reference of the other to the kubelet,
+        # which would then unstage neither.
+        raise VolumeError(
+            f"volume {volume_id} is staged on this node for another staging path already "
+            f"({found}): one staging path per volume (two PVs of the same storage?)"
+        )
     if co_staging is not None:
         LOG.warning(
             "%s is staged on %s already (for a FlexVolume pod, or by an older flexhub): "

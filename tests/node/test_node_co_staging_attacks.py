@@ -17,7 +17,7 @@ from conftest import Rig
 from test_node_co_staging import DRIVER
 
 from flexhub.admin.state import node_state, render_state
-from flexhub.errors import FlexhubError
+from flexhub.errors import FlexhubError, VolumeError
 from flexhub.node.mounts import MountTable, bind_mount, cleanup_mount_point
 from flexhub.node.volumes import mount_volume, staging_dir, unmount_volume
 
@@ -347,4 +347,20 @@ def test_a_flexvolume_pod_after_the_co_shares_the_nested_staging_and_both_go(rig
     _unmount(rig, pod)
     assert kubelet_refs(stage) == []
     _unmount(rig, stage)
+    rig.assert_clean()
+
+
+def test_a_second_co_staging_path_of_one_volume_is_refused(rig: Rig) -> None:
+    """Two staging paths of one volume on the node (two PVs of one loop file): sharing would
+    make each staging mount a foreign reference to the kubelet for the other, so neither
+    would ever be unstaged; the second is refused in one line and changes nothing."""
+    volume = rig.volume(rig.file())
+    first, second = co_staging(rig, "a" * 64), co_staging(rig, "b" * 64)
+    mount_volume(rig.node, rig.backend, first, volume, stage=True)
+    with pytest.raises(VolumeError, match="one staging path per volume") as refused:
+        mount_volume(rig.node, rig.backend, second, volume, stage=True)
+    assert "\n" not in str(refused.value)
+    assert not MountTable().is_mount_point(second)
+    assert kubelet_refs(first) == []
+    _unmount(rig, first)
     rig.assert_clean()
