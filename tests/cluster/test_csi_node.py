@@ -441,3 +441,32 @@ def test_an_unmounted_staging_path_becomes_the_pod_s_volume_health(
     assert str(staged) in conditions[0]["message"]
     assert running.metadata.uid
     delete_pod(cluster, ns, "app")
+
+
+# ------------------------------------------------------------------------------ volume stats
+
+
+def test_the_kubelet_s_volume_stats_of_a_csi_claim_are_its_statvfs(
+    cluster: Cluster, plugin: Process
+) -> None:
+    """(g) issue #34: what NodeGetVolumeStats answers reaches the kubelet's own
+    ``kubelet_volume_stats_{capacity,available,used}_bytes`` and ``_inodes{,_free,_used}`` of
+    the pod's claim: equal to statvfs of the pod's mount, and following it when a write uses
+    8 MiB more (the kubelet polls every 5 s)."""
+    from tests.cluster import volume_stats
+
+    ns = namespace(cluster, "csi-volstats")
+    pv, claim = _static_volume(cluster, ns, "volstats")
+    running = run_pod(cluster, ns, _claim_pod("app", claim))
+    target = _mount_dir(cluster, running.metadata.uid, pv)
+    assert len(_mounts_at(target)) == 1
+    before = volume_stats.wait_equal(cluster, ns, claim, target)
+    assert before["capacity_bytes"] > 50 * 1024 * 1024  # an ext4 of the 64 MiB loopfile
+    assert before["inodes"] > before["inodes_used"] > 0
+
+    (target / "payload").write_bytes(os.urandom(8 * 1024 * 1024))
+    os.sync()
+    after = volume_stats.wait_equal(cluster, ns, claim, target)
+    assert after["used_bytes"] - before["used_bytes"] >= 8 * 1024 * 1024
+    assert after["inodes_used"] == before["inodes_used"] + 1
+    delete_pod(cluster, ns, "app")
