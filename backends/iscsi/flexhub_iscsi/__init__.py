@@ -54,7 +54,9 @@ expand); its helpers are private modules beside it, each one job, mixed into the
 :mod:`~flexhub_iscsi._devices` (LUN scan, multipath, flush, removal, an unreachable target)
 and :mod:`~flexhub_iscsi._fencing` (the reservation glue around
 :mod:`~flexhub_iscsi._reservation`, which uses :mod:`~flexhub_iscsi._keys` and
-:mod:`~flexhub_iscsi._preempt`); below them :mod:`~flexhub_iscsi._options`,
+:mod:`~flexhub_iscsi._preempt`), and, for the provisioner and the CSI controller only,
+:mod:`~flexhub_iscsi._provisioning` (LUNs made on a LIO target host, their snapshots and
+clones); below them :mod:`~flexhub_iscsi._options`,
 :mod:`~flexhub_iscsi._chap`, :mod:`~flexhub_iscsi._records`, :mod:`~flexhub_iscsi._iscsiadm`
 and :mod:`~flexhub_iscsi._sysfs`.
 """
@@ -71,14 +73,11 @@ from flexhub.backend import (
     Attachment,
     CommandError,
     FlexhubError,
-    InvalidOptions,
     NodeConfig,
     NodeRequirements,
-    Secrets,
     Volume,
     VolumeError,
 )
-from flexhub.provisioning import Claim, Provisioned, Provisioning
 from flexhub_iscsi._chap import access, check_chap
 from flexhub_iscsi._chap import node_key as access_key
 from flexhub_iscsi._devices import _POLL
@@ -96,6 +95,7 @@ from flexhub_iscsi._options import (
     dedicated_iface,
     parse_target,
 )
+from flexhub_iscsi._provisioning import _LioProvisioning
 from flexhub_iscsi._sessions import _Sessions
 
 __all__ = ["IscsiBackend"]
@@ -106,7 +106,7 @@ LOG = logging.getLogger(__name__)
 _RESIZE_WAIT = 5.0
 
 
-class IscsiBackend(_Sessions, _Fencing, Provisioning):
+class IscsiBackend(_Sessions, _Fencing, _LioProvisioning):
     """Block volumes on LUNs of iSCSI targets; provisioned on a Linux LIO target host
     (:mod:`flexhub_iscsi._lio`)."""
 
@@ -120,10 +120,6 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
     #: A LUN can be logged in from several nodes: read-only staging mounts use
     #: ``norecovery`` and read-write mounts are fenced with a persistent reservation.
     shared_device = True
-    #: Provisioning: the LUN is grown on the target host, then the node's ``expandfs``
-    #: rescans it and grows the filesystem.
-    expands_storage = True
-    on_delete = frozenset({"delete", "retain"})
 
     # --------------------------------------------------------------------------- helpers
 
@@ -398,147 +394,3 @@ class IscsiBackend(_Sessions, _Fencing, Provisioning):
             attachment.device,
             details.get("multipath", ""),
         )
-
-    # --------------------------------------------------------------------------- provisioning
-
-    @classmethod
-    def check_parameters(cls, parameters: Mapping[str, str]) -> None:
-        """The class's parameters, beyond what the schema checks (see :mod:`~._lio`)."""
-        from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
-
-        _lio.parse_class(parameters)
-
-    def provision(
-        self, claim: Claim, parameters: Mapping[str, str], secrets: Secrets
-    ) -> Provisioned:
-        """Make (or find) the claim's target, LUN 0 and its backing file or logical volume
-        on the target host."""
-        from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
-
-        lio = _lio.parse_class(parameters)
-        if _lio.UID.fullmatch(claim.uid) is None:
-            raise InvalidOptions(f"claim {claim.namespace}/{claim.name}: uid is not a UUID")
-        chap = _lio.chap_from(secrets)
-        if chap is not None and lio.node_secret is None:
-            raise InvalidOptions(
-                "parameter 'nodeSecretName' is required with CHAP: the PV's secretRef must "
-                "name a Secret with only the CHAP keys, never the one holding the SSH key"
-            )
-        if chap is None and lio.node_secret is not None:
-            raise InvalidOptions(
-                f"parameter 'nodeSecretName': the class's Secret holds no CHAP keys "
-                f"({SESSION}username, {SESSION}password)"
-            )
-        if chap is None and not lio.initiators:
-            raise InvalidOptions(
-                "parameter 'initiators' is required without CHAP: otherwise any initiator "
-                "that reaches the portal could use the LUN"
-            )
-        name = claim.volume_name
-        iqn = f"{lio.iqn_prefix}:{name}"
-        store: dict[str, Any]
-        if lio.backstore == "block":
-            store = {"backstore": "block", "vg": lio.volume_group}
-        else:
-            store = {"directory": lio.directory, "file": f"{name}.img", "sparse": lio.sparse,
-                     "overcommit": lio.overcommit}  # fmt: skip
-        spec = {
-            "name": name,
-            "iqn": iqn,
-            **store,
-            "size": _lio.size_of(claim.size),
-            "portals": [[p.host, p.port] for p in lio.portals],
-            "initiators": list(lio.initiators),
-            "chap": chap,
-        }
-        masked = list(chap.values()) if chap else []
-        done = _lio.Lio(self.node.runner, lio.ssh, secrets).call("provision", spec, masked)
-        LOG.info(
-            "iscsi: %s on %s: LUN 0 of %s, %s bytes (%s)",
-            name,
-            lio.ssh.host,
-            iqn,
-            done.get("size"),
-            "made" if done.get("created") else "found",
-        )
-        options = {"targetPortal": str(lio.portals[0]), "iqn": iqn, "lun": "0"}
-        if len(lio.portals) > 1:
-            options["portals"] = ",".join(str(p) for p in lio.portals[1:])
-        if chap is not None:
-            options["chapAuthSession"] = "true"
-        record = {
-            "targetHost": lio.ssh.host,
-            "sshUser": lio.ssh.user,
-            "sshPort": str(lio.ssh.port),
-            "backstore": lio.backstore,
-            # reclaim and expansion check that the iqn names this claim (the controller
-            # checks that this uid is the PV's own)
-            "claimUid": claim.uid,
-        }
-        if lio.backstore == "block":
-            record["volumeGroup"] = lio.volume_group
-        else:
-            record["fileioDirectory"] = lio.directory
-            record["sparse"] = "true" if lio.sparse else "false"
-            # for expansion's room check (a record without it predates the check)
-            record["overcommit"] = f"{lio.overcommit:.3f}".rstrip("0").rstrip(".")
-        return Provisioned(
-            options=options,
-            size=int(done["size"]),
-            reclaim=record,
-            fs_type=lio.fs_type,
-            secret=lio.node_secret if chap is not None else None,
-        )
-
-    def reclaim(
-        self, options: Mapping[str, str], reclaim: Mapping[str, str], secrets: Secrets
-    ) -> None:
-        """``delete``: remove the target, the backstore and its file or logical volume (gone
-        is success; an LV is zeroed before it is removed, within the SSH call's bound plus
-        the zeroing's for the record's size); ``retain``: leave them all on the target host."""
-        from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
-
-        on_delete = reclaim.get("onDelete", "delete")
-        if on_delete not in self.on_delete:
-            raise InvalidOptions(f"onDelete {on_delete!r}: iscsi honours delete and retain")
-        volume = _lio.parse_volume(options, reclaim)
-        if on_delete == "retain":
-            LOG.info("iscsi: %s kept on %s (onDelete: retain)", volume.iqn, volume.ssh.host)
-            return
-        spec = {"iqn": volume.iqn, **volume.spec()}
-        timeout = _lio.CALL_TIMEOUT
-        if volume.backstore == "block":  # the LV is zeroed before lvremove: its size's time
-            size = reclaim.get("size", "")
-            known = size.isascii() and size.isdigit() and len(size) < 20
-            timeout += _lio.zero_seconds(int(size) if known else 0)
-        done = _lio.Lio(self.node.runner, volume.ssh, secrets).call("delete", spec, [], timeout)
-        LOG.info(
-            "iscsi: %s on %s deleted (%s)",
-            volume.iqn,
-            volume.ssh.host,
-            ", ".join(done.get("deleted", [])) or "already gone",
-        )
-
-    def expand_storage(
-        self,
-        options: Mapping[str, str],
-        reclaim: Mapping[str, str],
-        new_size: int,
-        secrets: Secrets,
-    ) -> int:
-        """Grow the backing file and the backstore, or the logical volume (``lvextend``), to
-        ``new_size`` (rounded up to MiB, an LV to its extents; never shrinks; the range an LV
-        gains is zeroed before the answer); return the LUN's size. The node's ``expandfs``
-        then rescans the LUN and grows the filesystem."""
-        from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
-
-        volume = _lio.parse_volume(options, reclaim)
-        spec = {**volume.spec(), "iqn": volume.iqn, "size": _lio.size_of(new_size)}
-        timeout = _lio.CALL_TIMEOUT
-        if volume.backstore == "fileio":
-            spec["sparse"] = volume.sparse
-            spec["overcommit"] = volume.overcommit
-        else:  # the range lvextend adds (at most the new size) is zeroed before the answer
-            timeout += _lio.zero_seconds(spec["size"])
-        done = _lio.Lio(self.node.runner, volume.ssh, secrets).call("expand", spec, [], timeout)
-        return int(done["size"])

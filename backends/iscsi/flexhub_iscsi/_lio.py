@@ -99,6 +99,8 @@ REMOTE_PARTS = (
     "_lio_room.py",
     "_lio_save.py",
     "_lio_lvm.py",
+    "_lio_files.py",
+    "_lio_snap.py",
     "_lio_remote.py",
 )
 _FUTURE = "from __future__ import annotations\n"

@@ -112,7 +112,11 @@ def zero(path: str, offset: int, length: int, shared: bool) -> None:
 
 
 def tag_of(spec: dict[str, Any]) -> str:
+    """``flexhub:<uid>`` for a claim's LV (``pvc-<uid>``), ``flexhub-snapshot:<uid>`` for a
+    snapshot's (``snap-<uid>``)."""
     name: str = spec["name"]
+    if name.startswith("snap-"):
+        return "flexhub-snapshot:" + name[len("snap-") :]
     return "flexhub:" + name[len("pvc-") :]
 
 

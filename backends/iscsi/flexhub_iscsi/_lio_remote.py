@@ -55,6 +55,7 @@ from typing import Any
 
 if __name__ != "__main__":  # imported on the host; sent, the parts' texts come before this
     from flexhub_iscsi._lio_errors import NoRoomLeft, Refused
+    from flexhub_iscsi._lio_files import check_directory, grow, open_file, ratio
     from flexhub_iscsi._lio_lvm import (
         ZERO_TAG,
         activate,
@@ -72,6 +73,7 @@ if __name__ != "__main__":  # imported on the host; sent, the parts' texts come 
     )
     from flexhub_iscsi._lio_room import check_room
     from flexhub_iscsi._lio_save import SAVE_FILE, merged, read_saved, stamp, write_saved
+    from flexhub_iscsi._lio_snap import delete_snapshot, prepare_copy, snapshot
 
 MARK = "FLEXHUB-LIO "
 #: configfs's storage objects: ``core/<kind>_<index>/<name>``.
@@ -93,55 +95,6 @@ def rts() -> Any:
         ) from None
 
     return rtslib_fb
-
-
-def check_directory(path: str) -> None:
-    """A directory that only root can change, reached without a symlink."""
-    if os.path.realpath(path) != path:
-        raise Refused(f"fileioDirectory {path} is (or is under) a symlink")
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        raise Refused(f"fileioDirectory {path}: {exc.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise Refused(f"fileioDirectory {path} is not a directory")
-    if st.st_uid != 0 or st.st_mode & 0o022:
-        raise Refused(f"fileioDirectory {path} must be owned by root and writable by no one else")
-
-
-def open_file(spec: dict[str, Any], create: bool) -> tuple[int, bool]:
-    """Open (or create, 0600) the backing file in its directory, never through a symlink."""
-    directory, name = spec["directory"], spec["file"]
-    check_directory(directory)
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
-        made = False
-        if create:
-            try:
-                fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dfd)
-                made = True
-            except FileExistsError:
-                fd = os.open(name, flags, dir_fd=dfd)
-        else:
-            fd = os.open(name, flags, dir_fd=dfd)
-    finally:
-        os.close(dfd)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        os.close(fd)
-        raise Refused(f"{directory}/{name} is not a plain file of its own")
-    return fd, made
-
-
-def grow(fd: int, size: int, sparse: bool) -> None:
-    if os.fstat(fd).st_size >= size:
-        return
-    if sparse:
-        os.ftruncate(fd, size)
-    else:
-        os.posix_fallocate(fd, 0, size)
-    os.fsync(fd)
 
 
 def udev_path(so: Any) -> str:
@@ -333,11 +286,6 @@ def save(lib: Any, spec: dict[str, Any]) -> None:
     raise Refused(f"{path} changes under every save: try again")
 
 
-def ratio(spec: dict[str, Any]) -> float:
-    """The class's ``overcommit`` (1: none; 0: a PV from before room accounting)."""
-    return float(spec.get("overcommit", 1))
-
-
 def set_chap(node: Any, chap: dict[str, str]) -> None:
     node.chap_userid = chap["userid"]
     node.chap_password = chap["password"]
@@ -346,7 +294,9 @@ def set_chap(node: Any, chap: dict[str, str]) -> None:
         node.chap_mutual_password = chap["mutual_password"]
 
 
-def provision(spec: dict[str, Any]) -> dict[str, Any]:
+def provision(spec: dict[str, Any], copied: bool = False) -> dict[str, Any]:
+    """``copied``: this call made the backing file or LV as a copy (:func:`restore`), so a
+    failure removes it again (an LV zeroed first: it holds data)."""
     lib = rts()
     root = lib.RTSRoot()  # loads the target modules and mounts configfs when needed
     del root
@@ -373,6 +323,7 @@ def provision(spec: dict[str, Any]) -> dict[str, Any]:
             finally:
                 os.close(fd)
             so = lib.FileIOStorageObject(spec["name"], dev=path, size=size, write_back=False)
+        made = made or copied
         fabric = lib.FabricModule("iscsi")
         new_target = target_of(lib, fabric, spec["iqn"]) is None
         target = lib.Target(fabric, spec["iqn"], mode="any")
@@ -412,7 +363,7 @@ def provision(spec: dict[str, Any]) -> dict[str, Any]:
                 for so in named(lib, spec["name"]):
                     if so.plugin == "block":
                         so.delete()
-                undo(delete_lv, spec, False)  # no PV names it yet: nothing to zero
+                undo(delete_lv, spec, copied)  # no PV names it yet: zeroed if it has data
             else:
                 so = storage_object(lib, spec["name"])
                 if so is not None:
@@ -500,7 +451,24 @@ def expand(spec: dict[str, Any]) -> dict[str, Any]:
     return {"size": int(lib.FileIOStorageObject(spec["name"]).size)}
 
 
-ACTIONS = {"provision": provision, "delete": delete, "expand": expand}
+def restore(spec: dict[str, Any]) -> dict[str, Any]:
+    """``provision`` of a claim whose file or LV is first made a copy of ``spec["source"]``
+    (a snapshot, or another claim's LUN: :func:`prepare_copy`)."""
+    rts()  # before anything is copied: a host without rtslib refuses at once
+    copied, how = prepare_copy(spec)
+    done = provision(spec, copied)
+    done["how"] = how
+    return done
+
+
+ACTIONS = {
+    "provision": provision,
+    "delete": delete,
+    "expand": expand,
+    "snapshot": snapshot,
+    "delete_snapshot": delete_snapshot,
+    "restore": restore,
+}
 
 
 def main(request: dict[str, Any]) -> None:

@@ -15,8 +15,9 @@ loopfile backend's) is per directory, over every LUN file the provisioner made t
 * ``overcommit``: the class's parameter (a number >= 1, default 1: every promise can be kept).
 
 A preallocated (``sparse: "false"``) file or growth must besides fit in ``available`` now.
-Counted: the regular files named ``pvc-<uid>.img`` (the provisioner's names) directly in the
-directory, owned by root, on its filesystem, each inode once; nothing is opened or followed.
+Counted: the regular files named ``pvc-<uid>.img`` or ``snap-<uid>.img`` (the provisioner's
+names: LUNs and snapshots) directly in the directory, owned by root, on its filesystem, each
+inode once; nothing is opened or followed.
 
 Standard library only: this text runs on the target host (python3 3.7 or later).
 """
@@ -31,8 +32,11 @@ from typing import Any
 if __name__ != "__main__":  # imported on the host; sent, the parts' texts come before this
     from flexhub_iscsi._lio_errors import NoRoomLeft
 
-#: The LUN files the provisioner makes: ``pvc-<claim uid>.img``.
-LUN_FILE = re.compile(r"pvc-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.img")
+#: The files the provisioner makes: ``pvc-<claim uid>.img`` (LUNs), ``snap-<uid>.img``
+#: (snapshots).
+LUN_FILE = re.compile(
+    r"(pvc|snap)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.img"
+)
 
 
 def human(size: int) -> str:
