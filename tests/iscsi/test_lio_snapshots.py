@@ -480,7 +480,7 @@ def read(device: str, length: int = 8 * MiB) -> bytes:
 
 
 def test_remote_block_snapshot_is_a_whole_copy_in_a_tagged_lv(
-    monkeypatch: pytest.MonkeyPatch, loops: list[str]
+    monkeypatch: pytest.MonkeyPatch, loops: list[str], tmp_path: Path
 ) -> None:
     """The snapshot LV (same extents, tagged flexhub-snapshot:<uid>) holds the LV's bytes,
     read and written with O_DIRECT; it is marked whole only after the copy; asked again it
@@ -499,7 +499,25 @@ def test_remote_block_snapshot_is_a_whole_copy_in_a_tagged_lv(
     assert _lio_snap.snapshot(spec) == {"size": 8 * MiB, "how": "exists"}
 
     provisioned: list[bool] = []
-    monkeypatch.setattr(_lio_remote, "rts", lambda: None)
+
+    class Lib:  # rtslib: the claim's storage object is looked up in configfs (CORE) only
+        class RTSLibNotInCFS(Exception):
+            pass
+
+        class tcm:
+            class StorageObject:
+                @staticmethod
+                def so_from_path(path: str) -> Any:
+                    return type("SO", (), {"plugin": "fileio", "udev_path": "/srv/x.img",
+                                           "name": path.rsplit("/", 1)[1]})()  # fmt: skip
+
+        def RTSRoot(self) -> None:
+            return None
+
+    core = tmp_path / "core"
+    core.mkdir()
+    monkeypatch.setattr(_lio_remote, "rts", Lib)
+    monkeypatch.setattr(_lio_remote, "CORE", str(core))
     monkeypatch.setattr(
         _lio_remote, "provision",
         lambda s, copied=False: provisioned.append(copied) or {"size": 8 * MiB, "created": False},
@@ -512,6 +530,15 @@ def test_remote_block_snapshot_is_a_whole_copy_in_a_tagged_lv(
     assert group.lvs[new]["tags"] == f"flexhub:{NEW}" and read(group.lvs[new]["device"]) == data
     assert _lio_remote.restore(restore)["how"] == "exists"
     assert provisioned == [True, False]
+    # a storage object of the claim's name on something else: refused before any copy
+    other = f"pvc-{NEW[:-1]}0"
+    (core / "fileio_3" / other).mkdir(parents=True)
+    group.events.clear()
+    with pytest.raises(_lio_remote.Refused, match="another backing store"):
+        _lio_remote.restore({**restore, "name": other})
+    assert (
+        other not in group.lvs and "lvcreate" not in group.events and provisioned == [True, False]
+    )
 
     device = snap["device"]
     group.events.clear()

@@ -454,7 +454,16 @@ def expand(spec: dict[str, Any]) -> dict[str, Any]:
 def restore(spec: dict[str, Any]) -> dict[str, Any]:
     """``provision`` of a claim whose file or LV is first made a copy of ``spec["source"]``
     (a snapshot, or another claim's LUN: :func:`prepare_copy`)."""
-    rts()  # before anything is copied: a host without rtslib refuses at once
+    lib = rts()  # before anything is copied: a host without rtslib refuses at once
+    lib.RTSRoot()
+    # provision's own refusal before it changes anything, made before the copy too: a
+    # storage object of the claim's name on another file or device
+    if spec.get("backstore") == "block":
+        block_object(lib, spec)
+    else:
+        so = storage_object(lib, spec["name"])
+        if so is not None and so.udev_path != os.path.join(spec["directory"], spec["file"]):
+            raise Refused("storage object {} exists with another backing file".format(spec["name"]))
     copied, how = prepare_copy(spec)
     done = provision(spec, copied)
     done["how"] = how
