@@ -215,6 +215,7 @@ def start(cluster: Cluster, bin_dir: Path, controller: Path, on_node: bool = Fal
     else:
         config, state_dir, root = controller_config(cluster)
     socket = cluster.root / "csi" / "csi.sock"
+    socket.parent.mkdir(mode=0o700, exist_ok=True)
     csi = Csi(socket, config, state_dir, root, kubeconfigs, {}, accounts.audit_offset(cluster))
     try:
         csi.processes["flexhub"] = flexhub_controller(cluster, config, socket)
