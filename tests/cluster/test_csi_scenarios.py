@@ -153,8 +153,16 @@ def _leave_nothing(cluster: Cluster, state: Scenario) -> None:
     for name in list(state.pods):
         with contextlib.suppress(ApiException, AssertionError):
             delete_pod(cluster, state.ns, name, timeout=60)
-    for volume in state.volumes.values():
-        csi_node.unstage(cluster, volume.handle)
+    unstaged = [csi_node.unstage(cluster, volume.handle) for volume in state.volumes.values()]
+    if any(unstaged):  # DeleteVolume's retry of a deleted claim's volume may now reclaim it
+
+        def reclaimed() -> bool:
+            pvs = cluster.core.list_persistent_volume().items
+            return not any(pv.spec.claim_ref and pv.spec.claim_ref.namespace == state.ns
+                           and pv.status.phase == "Released" for pv in pvs)  # fmt: skip
+
+        with contextlib.suppress(AssertionError):
+            eventually("the released volumes reclaimed", reclaimed, timeout=30)
 
 
 def _volume(cluster: Cluster, csi: sidecars.Csi, ns: str, claim: str) -> tuple[Any, Volume]:
