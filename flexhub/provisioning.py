@@ -239,6 +239,13 @@ class Provisioning:
         on the node this runs on). Read only: nothing is reserved."""
         raise NotSupported(f"{type(self).__name__} does not know its capacity")
 
+    def max_volume_size(self, parameters: Mapping[str, str]) -> int | None:
+        """Optional (CSI ``GetCapacity``'s ``maximum_volume_size``, which the scheduler
+        compares with a claim): the largest volume a class with ``parameters`` allows,
+        whatever the room (loopfile: ``maxSize``); ``None``: no bound but :meth:`capacity`.
+        Called only after :meth:`capacity` answered for the same ``parameters``."""
+        return None
+
     # Optional, for the CSI controller's snapshots and clones (``snapshots = True``). With
     # ``reclaim_on = "node"`` every call runs on the volume's node.
 

@@ -402,8 +402,8 @@ class Doctor:
             point = entry.mount_point
             if (
                 point.startswith(staging)
-                and "/" not in point[len(staging) :]
                 and point not in recorded
+                and not any(point.startswith(f"{path}/") for path in recorded)  # inside one
             ):
                 checks.append(
                     Check(

@@ -240,6 +240,12 @@ def _forward(
             f"claim {ns}/{name} was made again meanwhile (not by flexhub convert): delete it, "
             "then run flexhub convert again"
         )
+    if (claim.get("spec") or {}).get("volumeName") not in ("", None, volume):
+        # its annotation is the namespace author's to write: the CSI PV pre-binds to it
+        raise ConvertError(
+            f"claim {ns}/{name} names another PV than {volume}: delete it, then run flexhub "
+            "convert again"
+        )
     _killed_after("claim-created")
     now = kube.pv(volume)
     if now is None:

@@ -452,9 +452,10 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
     @rpc
     def GetCapacity(self, request: Any, context: grpc.ServicerContext) -> Any:
         """The backend's ``capacity`` for the parameters' ``backend`` (none named: the sum
-        over the configured backends that know theirs). A node-local backend's room is this
-        node's: another node's topology is ``FAILED_PRECONDITION`` (run a controller per node,
-        external-provisioner's ``--node-deployment``)."""
+        over the configured backends that know theirs); the largest volume is that, or less
+        where the class bounds it (``max_volume_size``: loopfile's ``maxSize``). A node-local
+        backend's room is this node's: another node's topology is ``FAILED_PRECONDITION`` (run
+        a controller per node, external-provisioner's ``--node-deployment``)."""
         from flexhub.errors import NotSupported
         from flexhub.provisioning import NODE
 
@@ -463,7 +464,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         }
         named = parameters.pop("backend", "")
         node = request.accessible_topology.segments.get(TOPOLOGY_NODE_KEY, "")
-        total = 0
+        total = largest = 0
         for name in [named] if named else sorted(self.config.backends):
             try:
                 backend = self._backend(name)
@@ -477,12 +478,16 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
                     f"the room of node {node!r} is measured by that node's plugin",
                 )
             try:
-                total += int(backend.capacity(parameters))
+                room = int(backend.capacity(parameters))
             except NotSupported:
                 if named:
                     raise
+                continue
+            total += room
+            bound = backend.max_volume_size(parameters)
+            largest = max(largest, room if bound is None else min(room, int(bound)))
         return csi_pb2.GetCapacityResponse(
-            available_capacity=total, maximum_volume_size=Int64Value(value=total)
+            available_capacity=total, maximum_volume_size=Int64Value(value=largest)
         )
 
     # -- snapshots ---------------------------------------------------------------------------

@@ -131,7 +131,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                     assert isinstance(backend, BlockBackend)  # check_capability said so
                     attach_raw(node, backend, staging, volume)
                 else:
-                    mount_volume(node, backend, staging, volume)
+                    mount_volume(node, backend, staging, volume, stage=True)
             except BaseException:
                 if not self._staged_here(node, staging):  # rolled back: nothing staged
                     self.staged.delete(staging)

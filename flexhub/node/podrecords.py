@@ -26,7 +26,7 @@ from flexhub.node import Node
 from flexhub.node.mounts import MountEntry
 from flexhub.volume import Volume
 
-__all__ = ["pod_dir", "staging_dir"]
+__all__ = ["is_staging_point", "journalled_staging", "pod_dir", "staging_dir", "staging_key"]
 
 LOG = logging.getLogger(__name__)
 
@@ -36,12 +36,46 @@ _NAMESPACE = "kubernetes.io/pod.namespace"
 _K = TypeVar("_K", str, Path)
 
 
-def staging_dir(node: Node, volume_id: str) -> Path:
-    """The directory where the block volume ``volume_id`` is mounted once for the node."""
+def staging_dir(node: Node, volume_id: str, co_staging: Path | None = None) -> Path:
+    """The directory where the block volume ``volume_id`` is mounted once for the node.
+
+    ``<state_dir>/staging/<sha256(volume id)[:32]>``. For a volume staged for a CO
+    (``co_staging``: CSI's ``staging_target_path``), that path repeated below it:
+    ``<hash>/var/lib/kubelet/plugins/kubernetes.io/csi/<driver>/<sha>/globalmount``. The
+    kubelet unstages a volume only when no other mount of the staged filesystem exists but
+    those whose path contains the staging path's part from ``/plugins/`` on (mount-utils
+    ``HasMountRefs``: mounts of kubelet's own directories seen under another root), and
+    flexhub's own staging mount is one. The path is normalised first (no ``..`` can climb).
+    """
     from flexhub.node.fastpath import sha256
 
     digest = sha256(volume_id.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-    return _staging_root(node) / digest
+    base = _staging_root(node) / digest
+    if co_staging is None:
+        return base
+    repeated = os.path.normpath(os.path.abspath(co_staging)).lstrip("/")
+    return base / repeated if repeated else base
+
+
+def journalled_staging(node: Node, volume_id: str) -> Path:
+    """Where the journal says ``volume_id`` is staged (else :func:`staging_dir`)."""
+    record = node.journal.get_volume(volume_id)
+    if record is not None and record.staging:
+        return Path(record.staging)
+    return staging_dir(node, volume_id)
+
+
+def is_staging_point(node: Node, point: str | os.PathLike[str]) -> bool:
+    """Whether ``point`` is a staging mount point of this node (a volume's, at any depth)."""
+    return os.fspath(point).startswith(f"{_staging_root(node)}/")
+
+
+def staging_key(node: Node, staging: Path) -> str:
+    """The hash that names the volume of the staging directory ``staging``."""
+    try:
+        return staging.relative_to(_staging_root(node)).parts[0]
+    except (ValueError, IndexError):
+        return staging.name
 
 
 def _staging_root(node: Node) -> Path:
@@ -153,7 +187,7 @@ def _users(node: Node, staging: Path, exclude: Path) -> list[str]:
             point = entry.mount_point
             if point in (str(staging), str(exclude)) or point in users:
                 continue
-            if Path(point).parent == staging.parent:
+            if is_staging_point(node, point):
                 continue  # another staging dir of the same device: not a pod
             LOG.warning("%s is bound to %s without a pod record: counting it", point, staging)
             users.add(point)
@@ -175,9 +209,8 @@ def _guess_staging(node: Node, target: Path) -> tuple[Path | None, str | None]:
     here = node.mounts.at(target)
     if here is None:
         return None, None
-    root = str(_staging_root(node))
     for entry in node.mounts.users_of(here):
-        if entry.mount_point != str(target) and str(Path(entry.mount_point).parent) == root:
+        if entry.mount_point != str(target) and is_staging_point(node, entry.mount_point):
             staging = Path(entry.mount_point)
             record = node.journal.volume_by_staging(staging)
             LOG.warning(

@@ -24,7 +24,13 @@ from flexhub.errors import VolumeError
 from flexhub.node import Node
 from flexhub.node.checkpoints import checkpoint
 from flexhub.node.journal import PodRecord
-from flexhub.node.podrecords import _backend_name, _volume_locks, pod_dir, staging_dir
+from flexhub.node.podrecords import (
+    _backend_name,
+    _volume_locks,
+    journalled_staging,
+    pod_dir,
+    staging_dir,
+)
 from flexhub.node.statedir import secure_state_dir
 from flexhub.volume import Volume
 
@@ -76,7 +82,9 @@ def attach_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume) 
     name = _backend_name(node, backend, volume)
     staging = staging_dir(node, volume_id)
     with node.lock("pod", str(target)), _volume_locks(node, volume_id, staging):
-        if node.mounts.is_mount_point(staging):
+        if node.mounts.is_mount_point(staging) or node.mounts.is_mount_point(
+            journalled_staging(node, volume_id)
+        ):
             raise VolumeError(
                 f"volume {volume_id} is mounted with a filesystem on this node: refusing to "
                 "hand its device out as a raw block volume"

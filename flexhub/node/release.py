@@ -27,7 +27,14 @@ from flexhub.node import Node
 from flexhub.node.checkpoints import checkpoint
 from flexhub.node.journal import VolumeRecord
 from flexhub.node.mounts import cleanup_mount_point
-from flexhub.node.podrecords import _NAMESPACE, _forget, _users, staging_dir
+from flexhub.node.podrecords import (
+    _NAMESPACE,
+    _forget,
+    _staging_root,
+    _users,
+    journalled_staging,
+    staging_key,
+)
 from flexhub.volume import PodInfo, Volume
 
 __all__ = ["OPEN_TIMEOUT", "RETRY_MAX", "retry_deferred_releases"]
@@ -55,7 +62,7 @@ def retry_deferred_releases(node: Node, load_backend: Callable[[str], Backend]) 
         if now - waiting.since < pause:
             continue
         volume_id = waiting.volume_id
-        staging = staging_dir(node, volume_id)
+        staging = journalled_staging(node, volume_id)
         try:
             with node.lock("volume", volume_id, 0), node.lock("staging", str(staging), 0):
                 if not _retry_release(node, volume_id, staging, load_backend):
@@ -88,7 +95,7 @@ def _retry_release(
         return False
     node.journal.delete_volume(volume_id)
     node.journal.clear_deferred(volume_id)
-    _remove_dir(staging)
+    _remove_staging(node, staging)
     LOG.info("released %s (its release had waited for the storage)", volume_id)
     return True
 
@@ -106,7 +113,7 @@ def _keep_for_later(
     except StateError as state_exc:
         LOG.warning("the deferred release was not recorded: %s", state_exc)
         notes.append(f"journal not updated: {state_exc}")
-    _remove_dir(staging)
+    _remove_staging(node, staging)
 
 
 def _load_for_unmount(
@@ -147,7 +154,7 @@ def _release(
             LOG.warning(
                 "no readable record for %s: %s unmounted but left attached", staging, staged.source
             )
-        _forget(node.journal.delete_volume_by_prefix, staging.name, notes)
+        _forget(node.journal.delete_volume_by_prefix, staging_key(node, staging), notes)
     else:
         backend = _load_for_unmount(load_backend, record.backend, record.volume_id)
         if not isinstance(backend, BlockBackend):
@@ -160,7 +167,7 @@ def _release(
             )
             LOG.warning("%s", left)
             notes.append(left)
-            _remove_dir(staging)
+            _remove_staging(node, staging)
             return
         try:
             _check_free(backend, _attachment(record), record.volume_id)
@@ -169,7 +176,7 @@ def _release(
             _keep_for_later(node, record.volume_id, staging, exc, notes)
             return
         _forget(node.journal.delete_volume, record.volume_id, notes)
-    _remove_dir(staging)
+    _remove_staging(node, staging)
     LOG.info("released %s", record.volume_id if record else staging)
 
 
@@ -291,11 +298,28 @@ def _detach(backend: BlockBackend, record: VolumeRecord) -> None:
     backend.detach(attachment)
 
 
-def _remove_dir(path: Path) -> None:
+def _remove_staging(node: Node, staging: Path) -> None:
+    """Remove the staging directory ``staging`` and, for one that repeats a CO's staging
+    path (:func:`~flexhub.node.podrecords.staging_dir`), its parents up to the volume's."""
+    root = _staging_root(node)
+    path = staging
+    while path != root and root in path.parents:
+        if not _remove_dir(path):
+            return
+        path = path.parent
+
+
+def _remove_dir(path: Path) -> bool:
+    """Remove the empty directory ``path``; ``False`` when it stays (not empty, busy, a
+    read-only state directory), ``True`` when it is gone."""
     try:
         path.rmdir()
     except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return True
         if exc.errno == errno.EROFS:
             LOG.warning("cannot remove %s: %s", path, exc.strerror)
-        elif exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EBUSY):
+        elif exc.errno not in (errno.ENOTEMPTY, errno.EBUSY):
             raise
+        return False
+    return True

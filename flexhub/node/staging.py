@@ -32,7 +32,6 @@ from flexhub.node.podrecords import (
     _device_number,
     _same_device,
     _users,
-    _volume_locks,
     staging_dir,
 )
 from flexhub.volume import Volume
@@ -68,49 +67,88 @@ def _clean_if_corrupted(node: Node, path: Path) -> MountEntry | None:
     return entry
 
 
+def _staging_for(node: Node, volume_id: str, co_staging: Path | None) -> Path:
+    """The staging directory of a mount of ``volume_id``: where it is staged on this node
+    already (a device is never mounted twice), else :func:`staging_dir` (for ``co_staging``,
+    the CO's staging path repeated). The caller holds the volume's lock."""
+    wanted = staging_dir(node, volume_id, co_staging)
+    record = node.journal.get_volume(volume_id)
+    if record is None or not record.staging or record.staging == str(wanted):
+        return wanted
+    if not node.mounts.is_mount_point(record.staging):
+        return wanted
+    if co_staging is not None:
+        LOG.warning(
+            "%s is staged on %s already (for a FlexVolume pod, or by an older flexhub): "
+            "sharing it; the kubelet unstages it only once no other mount uses it",
+            volume_id,
+            record.staging,
+        )
+    return Path(record.staging)
+
+
 def _mount_block(
-    node: Node, backend: BlockBackend, target: Path, volume: Volume, volume_id: str
+    node: Node,
+    backend: BlockBackend,
+    target: Path,
+    volume: Volume,
+    volume_id: str,
+    co_staging: Path | None = None,
 ) -> None:
     name = _backend_name(node, backend, volume)
     fs_type = volume.fs_type_or_default()
-    staging = staging_dir(node, volume_id)
-    with _volume_locks(node, volume_id, staging):
-        staged = _clean_if_corrupted(node, staging)
-        here = _clean_if_corrupted(node, target)
-        shared = node.journal.get_volume(volume_id)
-        if staged is not None and _record_matches(shared, staged):
-            assert shared is not None
-            _check_access(backend, volume, volume_id, shared)
-        elif shared is not None and shared.device and volume_id in node.journal.deferred():
-            # Not staged, but still attached with its identity (its release waits for the
-            # storage): reusing the device would skip the login, as sharing a staged one would.
-            _check_access(backend, volume, volume_id, shared)
-        record = node.journal.get_pod(target)
-        if here is not None:
-            if _same_device(here, staged) and here.read_only == volume.read_only:
-                if record is None or record.staging != str(staging):
-                    node.journal.put_pod(
-                        PodRecord(str(target), name, volume_id, str(staging), volume.read_only)
-                    )
-                if not _record_matches(node.journal.get_volume(volume_id), staged):
-                    LOG.warning("re-journalling the staged volume %s", volume_id)
-                    _attach_and_record(
-                        node, backend, volume, volume_id, name, staging, staged, _Progress()
-                    )
-                LOG.info("%s is already mounted (%s): nothing to do", target, volume_id)
-                return
-            if record is None or record.volume_id != volume_id:
-                raise VolumeError(f"{target} is already a mount point of {here.source}")
-            # Our own leftover (an interrupted call, or the wrong mode): start again.
-            cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
-        progress = _Progress()
-        try:
-            _do_mount_block(
-                node, backend, target, volume, volume_id, name, fs_type, staging, staged, progress
-            )
-        except BaseException:
-            _undo_block(node, backend, target, volume_id, staging, progress)
-            raise
+    with node.lock("volume", volume_id):
+        staging = _staging_for(node, volume_id, co_staging)
+        with node.lock("staging", str(staging)):
+            _mount_block_locked(node, backend, target, volume, volume_id, name, fs_type, staging)
+
+
+def _mount_block_locked(
+    node: Node,
+    backend: BlockBackend,
+    target: Path,
+    volume: Volume,
+    volume_id: str,
+    name: str,
+    fs_type: str,
+    staging: Path,
+) -> None:
+    staged = _clean_if_corrupted(node, staging)
+    here = _clean_if_corrupted(node, target)
+    shared = node.journal.get_volume(volume_id)
+    if staged is not None and _record_matches(shared, staged):
+        assert shared is not None
+        _check_access(backend, volume, volume_id, shared)
+    elif shared is not None and shared.device and volume_id in node.journal.deferred():
+        # Not staged, but still attached with its identity (its release waits for the
+        # storage): reusing the device would skip the login, as sharing a staged one would.
+        _check_access(backend, volume, volume_id, shared)
+    record = node.journal.get_pod(target)
+    if here is not None:
+        if _same_device(here, staged) and here.read_only == volume.read_only:
+            if record is None or record.staging != str(staging):
+                node.journal.put_pod(
+                    PodRecord(str(target), name, volume_id, str(staging), volume.read_only)
+                )
+            if not _record_matches(node.journal.get_volume(volume_id), staged):
+                LOG.warning("re-journalling the staged volume %s", volume_id)
+                _attach_and_record(
+                    node, backend, volume, volume_id, name, staging, staged, _Progress()
+                )
+            LOG.info("%s is already mounted (%s): nothing to do", target, volume_id)
+            return
+        if record is None or record.volume_id != volume_id:
+            raise VolumeError(f"{target} is already a mount point of {here.source}")
+        # Our own leftover (an interrupted call, or the wrong mode): start again.
+        cleanup_mount_point(node.runner, target, node.config.unmount_timeout, node.mounts)
+    progress = _Progress()
+    try:
+        _do_mount_block(
+            node, backend, target, volume, volume_id, name, fs_type, staging, staged, progress
+        )
+    except BaseException:
+        _undo_block(node, backend, target, volume_id, staging, progress)
+        raise
 
 
 class _Progress:
@@ -378,7 +416,7 @@ def _undo_block(
         _check_free,
         _detach,
         _keep_for_later,
-        _remove_dir,
+        _remove_staging,
     )
 
     try:
@@ -400,7 +438,7 @@ def _undo_block(
             _keep_for_later(node, volume_id, staging, exc, [])
             return
         node.journal.delete_volume(volume_id)
-        _remove_dir(staging)
+        _remove_staging(node, staging)
         if progress.attachment is not None:
             backend.discard(progress.attachment)  # e.g. the file this call's attach created
     except (FlexhubError, OSError) as exc:

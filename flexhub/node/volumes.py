@@ -3,7 +3,8 @@
 This is what the core dispatcher calls for ``mount``, ``unmount`` and ``expandfs``.
 
 Block volumes (:class:`~flexhub.backend.BlockBackend`) are attached and mounted once per node
-on ``<state_dir>/staging/<sha256(volume id)[:32]>`` and bind-mounted into each pod directory.
+on ``<state_dir>/staging/<sha256(volume id)[:32]>`` (for a CO's staging directory, that path
+repeated below it: :func:`staging_dir`) and bind-mounted into each pod directory.
 The last pod's ``unmount`` unmounts the staging directory and detaches the device. Who uses a
 staging mount is derived from the journal's pod records and checked against mountinfo, so the
 count heals after a crash or a reboot.
@@ -72,6 +73,7 @@ from flexhub.node.podrecords import (
     _forget,
     _guess_staging,
     _volume_locks,
+    journalled_staging,
     pod_dir,
     staging_dir,
 )
@@ -123,9 +125,13 @@ def __getattr__(name: str) -> Any:
 # -- mount ---------------------------------------------------------------------------------------
 
 
-def mount_volume(node: Node, backend: Backend, target: Path, volume: Volume) -> None:
+def mount_volume(
+    node: Node, backend: Backend, target: Path, volume: Volume, *, stage: bool = False
+) -> None:
     """Mount ``volume`` on the pod directory ``target``; idempotent, rolled back on failure.
 
+    :param stage: ``target`` is a CO's staging directory (CSI ``NodeStageVolume``), which
+        names flexhub's own staging mount of a block volume (:func:`staging_dir`).
     :raises FlexhubError: the mount failed; what this call did was undone.
     """
     given, target = _abs(target), pod_dir(target)
@@ -137,7 +143,7 @@ def mount_volume(node: Node, backend: Backend, target: Path, volume: Volume) -> 
     with node.lock("pod", str(target)):
         _adopt_pod_record(node, given, target)
         if isinstance(backend, BlockBackend):
-            _mount_block(node, backend, target, volume, volume_id)
+            _mount_block(node, backend, target, volume, volume_id, given if stage else None)
         elif isinstance(backend, FilesystemBackend):
             _mount_filesystem(node, backend, target, volume, volume_id)
         else:
@@ -303,28 +309,29 @@ def expand_volume(
     if not isinstance(backend, BlockBackend):
         raise BackendError(f"backend {type(backend).__name__} is neither block nor filesystem")
     volume_id = _staged_volume_id(node, target, volume) or backend.volume_id(volume)
-    staging = staging_dir(node, volume_id)
-    with _volume_locks(node, volume_id, staging):
-        record = node.journal.get_volume(volume_id)
-        staged = node.mounts.at(staging)
-        if record is None or staged is None:
-            raise VolumeError(f"volume {volume_id} is not mounted on this node")
-        if _device_number(record.device) != staged.major_minor:
-            raise VolumeError(
-                f"{record.device} is no longer the device mounted on {staging}: "
-                "remount the volume before expanding it"
-            )
-        if "ro" in staged.options:
-            raise VolumeError(f"volume {volume_id} is mounted read-only: cannot grow it")
-        from flexhub.node.fs import grow_filesystem
+    with node.lock("volume", volume_id):
+        staging = journalled_staging(node, volume_id)
+        with node.lock("staging", str(staging)):
+            record = node.journal.get_volume(volume_id)
+            staged = node.mounts.at(staging)
+            if record is None or staged is None:
+                raise VolumeError(f"volume {volume_id} is not mounted on this node")
+            if _device_number(record.device) != staged.major_minor:
+                raise VolumeError(
+                    f"{record.device} is no longer the device mounted on {staging}: "
+                    "remount the volume before expanding it"
+                )
+            if "ro" in staged.options:
+                raise VolumeError(f"volume {volume_id} is mounted read-only: cannot grow it")
+            from flexhub.node.fs import grow_filesystem
 
-        started = time.monotonic()
-        backend.expand(Attachment(record.device, dict(record.details)), volume, new_size)
-        size = grow_filesystem(node.runner, record.device, str(staging), staged.fs_type)
-        LOG.info(
-            "expanded %s to %d bytes (filesystem %d) in %.2fs",
-            volume_id,
-            new_size,
-            size,
-            time.monotonic() - started,
-        )
+            started = time.monotonic()
+            backend.expand(Attachment(record.device, dict(record.details)), volume, new_size)
+            size = grow_filesystem(node.runner, record.device, str(staging), staged.fs_type)
+            LOG.info(
+                "expanded %s to %d bytes (filesystem %d) in %.2fs",
+                volume_id,
+                new_size,
+                size,
+                time.monotonic() - started,
+            )

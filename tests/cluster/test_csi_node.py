@@ -52,9 +52,9 @@ _VOLUMES: list[tuple[str, str, bool]] = []
 
 
 def _unstage_leftovers(cluster: Cluster) -> None:
-    """Cleanup, not a check: unstage what the kubelet left staged (it never unstages a
-    flexhub volume: see test (b)'s note), by the plugin's own NodeUnstageVolume, so the
-    package's later tests find no mount or loop device of this module's."""
+    """Cleanup, not a check: unstage what the kubelet left staged (a volume whose claim a
+    test left in use), by the plugin's own NodeUnstageVolume, so the package's later tests
+    find no mount or loop device of this module's."""
     import grpc
 
     from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
@@ -282,12 +282,10 @@ def test_a_pod_mounts_a_static_csi_pv_and_its_data_survives_it(
     mounts the loopfile) and publishes it (a bind of the staging mount into the pod's volume
     dir); a file written through it is read by a second pod after the first is gone (its
     publish undone). The plugin never opened a TCP connection (it has no API access at all).
-
-    Not asserted: the kubelet's unstage of a file system volume (a raw block one is: test
-    (c)). kubelet v1.37.2 refuses UnmountDevice while another
-    mount of the same filesystem root exists (operation_generator.go:859-866,
-    mount-utils SearchMountPoints), and flexhub's own per-node staging mount in its state
-    directory is one: NodeUnstageVolume is never called (issue #34, open)."""
+    Once no pod uses it, the kubelet unstages it (NodeUnstageVolume): the kubelet refuses
+    UnmountDevice while another mount of the staged filesystem exists whose path does not
+    repeat its staging path (operation_generator.go, mount-utils HasMountRefs), so
+    flexhub's own staging mount must repeat it; failed while it was ``<state>/staging/<hash>``."""
     ns = namespace(cluster, "csi-fs")
     pv, claim = _static_volume(cluster, ns, "fs")
     first = run_pod(cluster, ns, _claim_pod("writer", claim))
@@ -314,6 +312,12 @@ def test_a_pod_mounts_a_static_csi_pv_and_its_data_survives_it(
     assert (again / "hello").read_text() == "written through a CSI mount\n"
     delete_pod(cluster, ns, "reader")
     assert _mounts_at(again) == []
+    # no pod uses it any more: the kubelet unstages it, flexhub releases it
+    eventually(
+        "the kubelet's unstage: the loop device detached", lambda: not _loops_of(backing), 120
+    )
+    assert _mounts_at(_globalmount(cluster, f"static:{ns}:fs")) == []
+    assert _mounts_below(cluster.state_dir.resolve() / "staging") == []
 
 
 def test_a_raw_block_claim_is_a_device_in_the_pod(cluster: Cluster, plugin: Process) -> None:

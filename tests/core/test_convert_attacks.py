@@ -242,3 +242,41 @@ def test_an_fstype_option_survives_the_move() -> None:
     assert Volume.from_options(flex["options"]).fs_type == "xfs"
     source = plan.csi_pv(pv, pvc, "u")["spec"]["csi"]
     assert source.get("fsType") == "xfs", f"csi.fsType {source.get('fsType')!r}"
+
+
+def test_a_rerun_refuses_a_forged_claim_that_names_another_pv(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Killed after the CSI claim was created; before the rerun the tenant swaps in a claim
+    of that name carrying flexhub/convert-from=<old claim uid> (they know it) but bound to
+    another PV. The rerun refuses before it writes the CSI PV (it pre-binds to that claim)."""
+    monkeypatch.setattr(steps, "validate_options", lambda options: None)
+    kube = FakeKube()
+    pv, pvc = _provisioned()
+    name = pv["metadata"]["name"]
+    kube.pvs[name] = pv
+    kube.claims[("team", "data")] = pvc
+    monkeypatch.setattr(steps, "_killed_after", _stop_after("claim-created"))
+    with pytest.raises(_Killed):
+        steps.run(kube, "team", ["data"], S, False, lambda line: None)  # type: ignore[arg-type]
+    made = kube.claims.pop(("team", "data"))
+    forged = copy.deepcopy(made)
+    forged["metadata"]["uid"] = "tenant-new"
+    forged["spec"]["volumeName"] = "pvc-elsewhere"
+    kube.claims[("team", "data")] = forged
+    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
+    with pytest.raises(ConvertError, match="names another PV"):
+        steps.run(kube, "team", ["data"], S, False, lambda line: None)  # type: ignore[arg-type]
+    assert name not in kube.pvs, f"a CSI PV {name} was written for a forged claim"
+
+
+class _Killed(Exception):
+    """Stands for the SIGKILL of ``steps._killed_after``."""
+
+
+def _stop_after(wanted: str) -> Any:
+    def killed_after(step: str) -> None:
+        if step == wanted:
+            raise _Killed(step)
+
+    return killed_after

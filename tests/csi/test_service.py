@@ -439,6 +439,13 @@ def test_get_capacity_is_the_loopfile_node_room_for_this_node_only(
     assert abs(reply.available_capacity - _room_allowed(root)) < 64 << 20
     assert reply.available_capacity > 0
     assert reply.maximum_volume_size.value == reply.available_capacity
+    # a class's maxSize bounds the largest volume, not the room (the scheduler reads it)
+    bounded = pb.GetCapacityRequest(
+        parameters={"backend": "loopfile", "maxSize": "16Mi"}, accessible_topology=here
+    )
+    small = plugin.controller.GetCapacity(bounded)
+    assert small.maximum_volume_size.value == 16 << 20
+    assert abs(small.available_capacity - reply.available_capacity) < 64 << 20
     # no parameters: every configured backend that knows its room (here loopfile alone)
     empty = plugin.controller.GetCapacity(pb.GetCapacityRequest())
     assert abs(empty.available_capacity - reply.available_capacity) < 64 << 20

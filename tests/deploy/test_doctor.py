@@ -367,16 +367,21 @@ def test_journal_and_mounts_that_disagree(node: dict[str, Path], tmp_path: Path)
     gone = tmp_path / "kubelet/pods/u1/volumes/k8s~flexhub/pv"
     Journal(node["state"]).put_pod(PodRecord(str(gone), "loopfile", "loopfile:x", None, False))
     stray = node["state"] / "staging" / ("a" * 32)
-    stray.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "stray", str(stray)], check=True)
+    # a CSI volume's staging mount repeats the kubelet's staging path below its hash
+    nested = node["state"] / "staging" / ("b" * 32) / "var/lib/kubelet/plugins/x/globalmount"
+    for path in (stray, nested):
+        path.mkdir(parents=True)
+        subprocess.run(["mount", "-t", "tmpfs", "stray", str(path)], check=True)
     try:
         code, checks = doctor(node)
     finally:
-        subprocess.run(["umount", str(stray)], check=True)
+        for path in (stray, nested):
+            subprocess.run(["umount", str(path)], check=True)
     assert code == 1
     details = [d for s, d in status(checks, "journal") if s == "fail"]
     assert f"record of {gone} but nothing is mounted there" in details
     assert f"{stray} is mounted (stray) without a record" in details
+    assert f"{nested} is mounted (stray) without a record" in details
 
 
 def test_volumes_recorded_but_not_staged_and_a_release_that_waits(

@@ -28,7 +28,8 @@ def _backend(self: object) -> LoopfileBackend:
 
 
 class Copies:
-    """``capacity``, ``snapshot``, ``delete_snapshot``, ``restore`` and ``clone``."""
+    """``capacity``, ``max_volume_size``, ``snapshot``, ``delete_snapshot``, ``restore``,
+    ``clone``."""
 
     snapshots = True
 
@@ -45,6 +46,12 @@ class Copies:
         if _options.preallocate(parameters):
             allowed = min(allowed, room.available)
         return max(0, allowed)
+
+    def max_volume_size(self, parameters: Mapping[str, str]) -> int | None:
+        """The class's ``maxSize`` (default 1Ti)."""
+        from flexhub_loopfile import _provision
+
+        return _provision.max_size(parameters)[1]
 
     def snapshot(
         self,
