@@ -400,11 +400,7 @@ class Doctor:
         recorded = {v["staging"] for v in state["volumes"]}
         for entry in MountTable().entries():
             point = entry.mount_point
-            if (
-                point.startswith(staging)
-                and point not in recorded
-                and not any(point.startswith(f"{path}/") for path in recorded)  # inside one
-            ):
+            if point.startswith(staging) and point not in recorded:
                 checks.append(
                     Check(
                         "journal",

@@ -57,6 +57,7 @@ def render_state(state: dict[str, list[dict[str, Any]]]) -> list[str]:
             f"  {vol['volume_id']}  backend={vol['backend']} device={vol['device'] or '-'} "
             f"fs={vol['fs_type']} pods={vol['pods']} {status} age={_age(vol['created'])}"
         )
+        lines.append(f"    staging {vol['staging']}")
     lines.append(f"pod directories ({len(state['pods'])}):")
     for pod in state["pods"]:
         status = "mounted" if pod["mounted"] else "NOT MOUNTED"

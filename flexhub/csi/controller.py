@@ -160,6 +160,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
                     rpc_type.EXPAND_VOLUME,
                     rpc_type.CREATE_DELETE_SNAPSHOT,
                     rpc_type.LIST_SNAPSHOTS,
+                    rpc_type.GET_SNAPSHOT,
                     rpc_type.CLONE_VOLUME,
                     rpc_type.GET_CAPACITY,
                 )
@@ -555,6 +556,20 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
             self.snapshots.delete(uid)
             LOG.info("deleted snapshot %s", record["snapshot_id"])
         return csi_pb2.DeleteSnapshotResponse()
+
+    @rpc
+    def GetSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """One snapshot this controller made, as ``ListSnapshots`` lists it; ``NOT_FOUND``
+        for any other id."""
+        if not request.snapshot_id:
+            raise invalid("snapshot_id is required")
+        uid = uid_of_snapshot(request.snapshot_id)
+        record = self.snapshots.get(uid) if uid else None
+        if record is None or record["snapshot_id"] != request.snapshot_id:
+            raise CsiError(
+                grpc.StatusCode.NOT_FOUND, f"snapshot {request.snapshot_id[:200]} not found"
+            )
+        return csi_pb2.GetSnapshotResponse(snapshot=snapshot_message(record))
 
     @rpc
     def ListSnapshots(self, request: Any, context: grpc.ServicerContext) -> Any:

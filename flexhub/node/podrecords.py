@@ -43,8 +43,8 @@ def staging_dir(node: Node, volume_id: str, co_staging: Path | None = None) -> P
     (``co_staging``: CSI's ``staging_target_path``), that path repeated below it:
     ``<hash>/var/lib/kubelet/plugins/kubernetes.io/csi/<driver>/<sha>/globalmount``. The
     kubelet unstages a volume only when no other mount of the staged filesystem exists but
-    those whose path contains the staging path's part from ``/plugins/`` on (mount-utils
-    ``HasMountRefs``: mounts of kubelet's own directories seen under another root), and
+    those whose path contains the staging path's part from ``/plugins/kubernetes.io/`` on
+    (mount-utils ``HasMountRefs``: mounts of kubelet's own directories seen under another root), and
     flexhub's own staging mount is one. The path is normalised first (no ``..`` can climb).
     """
     from flexhub.node.fastpath import sha256
@@ -183,15 +183,28 @@ def _users(node: Node, staging: Path, exclude: Path) -> list[str]:
             with contextlib.suppress(FlexhubError):
                 node.journal.delete_pod(record.target)
     if staged is not None:
+        copy = _copy_suffix(node, staging)
         for entry in node.mounts.users_of(staged):
             point = entry.mount_point
             if point in (str(staging), str(exclude)) or point in users:
                 continue
             if is_staging_point(node, point):
                 continue  # another staging dir of the same device: not a pod
+            if copy is not None and point.endswith(copy):
+                continue  # the staging mount itself, propagated to a peer of the state dir
             LOG.warning("%s is bound to %s without a pod record: counting it", point, staging)
             users.add(point)
     return sorted(users)
+
+
+def _copy_suffix(node: Node, staging: Path) -> str | None:
+    """The end of the path of any copy of the staging mount ``staging`` that mount
+    propagation makes at a peer of the state directory (``/staging/<hash>[/<CO path>]``):
+    no pod directory ends so."""
+    try:
+        return "/" + str(staging.relative_to(_staging_root(node).parent))
+    except ValueError:
+        return None
 
 
 def _forget(delete: Callable[[_K], None], key: _K, notes: list[str]) -> None:

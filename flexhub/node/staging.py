@@ -67,24 +67,61 @@ def _clean_if_corrupted(node: Node, path: Path) -> MountEntry | None:
     return entry
 
 
+#: The longest path a system call takes (PATH_MAX, its NUL included).
+_PATH_MAX = 4096
+
+
 def _staging_for(node: Node, volume_id: str, co_staging: Path | None) -> Path:
     """The staging directory of a mount of ``volume_id``: where it is staged on this node
     already (a device is never mounted twice), else :func:`staging_dir` (for ``co_staging``,
-    the CO's staging path repeated). The caller holds the volume's lock."""
+    the CO's staging path repeated). Staged already: the journalled staging if it is
+    mounted, else any mount below the volume's own staging directory (its record may be
+    unreadable: the mount table still tells). The caller holds the volume's lock.
+
+    :raises VolumeError: the repeated CO staging path is too long for a system call, or the
+        volume is staged for another CO staging path.
+    """
     wanted = staging_dir(node, volume_id, co_staging)
-    record = node.journal.get_volume(volume_id)
-    if record is None or not record.staging or record.staging == str(wanted):
+    found = _mounted_staging(node, volume_id)
+    if found is None or found == wanted:
+        if len(os.fsencode(wanted)) >= _PATH_MAX:
+            raise VolumeError(
+                f"the staging path of {volume_id} is too long to repeat below "
+                f"{staging_dir(node, volume_id)} ({len(os.fsencode(wanted))} bytes, at most "
+                f"{_PATH_MAX - 1}): shorten the CO's root directory or flexhub's state_dir"
+            )
         return wanted
-    if not node.mounts.is_mount_point(record.staging):
-        return wanted
+    if co_staging is not None and found != staging_dir(node, volume_id):
+        # Another CO staging path of the same storage (two PVs of one loop file): sharing it
+        # would make each staging mount a foreign reference of the other to the kubelet,
+        # which would then unstage neither.
+        raise VolumeError(
+            f"volume {volume_id} is staged on this node for another staging path already "
+            f"({found}): one staging path per volume (two PVs of the same storage?)"
+        )
     if co_staging is not None:
         LOG.warning(
             "%s is staged on %s already (for a FlexVolume pod, or by an older flexhub): "
             "sharing it; the kubelet unstages it only once no other mount uses it",
             volume_id,
-            record.staging,
+            found,
         )
-    return Path(record.staging)
+    return found
+
+
+def _mounted_staging(node: Node, volume_id: str) -> Path | None:
+    """Where ``volume_id`` is staged on this node: its journalled staging directory if it
+    is mounted, else the shallowest mount at or below its own staging directory."""
+    record = node.journal.get_volume(volume_id)
+    if record is not None and record.staging and node.mounts.is_mount_point(record.staging):
+        return Path(record.staging)
+    base = str(staging_dir(node, volume_id))
+    points = [
+        entry.mount_point
+        for entry in node.mounts.entries()
+        if entry.mount_point == base or entry.mount_point.startswith(f"{base}/")
+    ]
+    return Path(min(points, key=len)) if points else None
 
 
 def _mount_block(

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -135,6 +136,7 @@ def mount_volume(
     :raises FlexhubError: the mount failed; what this call did was undone.
     """
     given, target = _abs(target), pod_dir(target)
+    _refuse_state_dir(node, target)
     check_mount_options(volume.mount_options)
     if isinstance(backend, BlockBackend):
         check_block_mount_options(volume.mount_options)
@@ -148,6 +150,20 @@ def mount_volume(
             _mount_filesystem(node, backend, target, volume, volume_id)
         else:
             raise BackendError(f"backend {type(backend).__name__} is neither block nor filesystem")
+
+
+def _refuse_state_dir(node: Node, target: Path) -> None:
+    """A mount on flexhub's state directory, on a directory that holds it, or inside it
+    would hide the journal and locks (or staging mounts) under a volume.
+
+    :raises VolumeError: ``target`` is such a directory.
+    """
+    state = Path(os.path.realpath(node.state_dir))
+    if target == state or state in target.parents or target in state.parents:
+        raise VolumeError(
+            f"{str(target)[:300]!r} is flexhub's state directory {state}, holds it or lies "
+            "inside it: refusing to mount a volume there"
+        )
 
 
 def _mount_filesystem(

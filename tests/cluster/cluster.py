@@ -394,7 +394,10 @@ class Cluster:
                     "enforceNodeAllocatable": [],
                     "cgroupDriver": "cgroupfs",
                     "failSwapOn": False,
-                    "localStorageCapacityIsolation": False,
+                    # true: the kubelet's cadvisor then collects disk usage, without which its
+                    # RootFsInfo fails and so ListPodStats, and kubelet_volume_stats_* is empty
+                    # (pkg/kubelet/cadvisor/cadvisor_linux.go:111, cri_stats_provider.go:142)
+                    "localStorageCapacityIsolation": True,
                     "protectKernelDefaults": False,
                     "address": "127.0.0.1",
                     "port": port,

@@ -218,3 +218,29 @@ def test_two_pods_share_a_claim_and_a_read_only_claim_cannot_write(cluster: Clus
     for name in ("first", "second", "reader"):
         delete_pod(cluster, ns, name)
     assert all(mount_of(p) is None for p in (a, b, r))
+
+
+def test_the_kubelet_s_volume_stats_of_a_flexvolume_claim_are_its_statvfs(
+    cluster: Cluster,
+) -> None:
+    """Issue #34, the FlexVolume side: flexhub's ``init`` reports ``supportsMetrics``, so the
+    kubelet statfs()es the pod's volume directory (MetricsStatFS) and reports it as its
+    ``kubelet_volume_stats_*`` of the claim: equal to statvfs of the mount, and following it
+    when a write uses 8 MiB more. (An inline volume has no claim: no series.)"""
+    from tests.cluster import volume_stats
+
+    ns = namespace(cluster, "flex-volstats")
+    _pv_and_claim(cluster, ns, "stats", loopfile("stats.img"))
+    running = run_pod(cluster, ns, pod("app", [_claim_volume("stats")]))
+    target = volume_dir(cluster, running.metadata.uid, f"{ns}-stats")
+    assert mount_of(target) is not None
+    before = volume_stats.wait_equal(cluster, ns, "stats", target)
+    assert before["capacity_bytes"] > 50 * MiB  # an ext4 of the 64 MiB loopfile
+    assert before["inodes"] > before["inodes_used"] > 0
+
+    (target / "payload").write_bytes(os.urandom(8 * MiB))
+    os.sync()
+    after = volume_stats.wait_equal(cluster, ns, "stats", target)
+    assert after["used_bytes"] - before["used_bytes"] >= 8 * MiB
+    assert after["inodes_used"] == before["inodes_used"] + 1
+    delete_pod(cluster, ns, "app")

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import re
-import ssl
 import subprocess
 import time
 import urllib.request
@@ -25,6 +24,7 @@ import pytest
 from tests.cluster import csi_node
 from tests.cluster.cluster import NODE, Cluster, Process
 from tests.cluster.kube import IMAGE, delete_pod, eventually, loopfile, namespace, run_pod
+from tests.cluster.volume_stats import kubelet_get
 
 pytestmark = [pytest.mark.cluster, pytest.mark.root]
 
@@ -208,19 +208,6 @@ def _mount_dir(cluster: Cluster, uid: str, pv: str) -> Path:
     return cluster.kubelet_root / "pods" / uid / "volumes" / "kubernetes.io~csi" / pv / "mount"
 
 
-def _kubelet_get(cluster: Cluster, path: str) -> str:
-    """GET from the kubelet's own port with the admin's token (its webhook authenticates it)."""
-    insecure = ssl.create_default_context()
-    insecure.check_hostname = False
-    insecure.verify_mode = ssl.CERT_NONE
-    request = urllib.request.Request(
-        f"https://127.0.0.1:{cluster.ports['kubelet']}{path}",
-        headers={"Authorization": f"Bearer {cluster.token}"},
-    )
-    with urllib.request.urlopen(request, context=insecure, timeout=20) as reply:
-        return str(reply.read().decode())
-
-
 def _globalmount(cluster: Cluster, handle: str) -> Path:
     """The kubelet's staging path of a CSI volume: ``.../<driver>/<sha256(handle)>/globalmount``."""
     digest = hashlib.sha256(handle.encode()).hexdigest()
@@ -384,12 +371,7 @@ def test_the_kubelet_polls_volume_stats_over_csi(cluster: Cluster, plugin: Proce
     """(e) The kubelet's volume stats poll (volumeStatsAggPeriod 5 s in the tier's kubelet
     config) calls NodeGetVolumeStats of a mounted claim and gets OK, again and again: its own
     ``csi_operations_seconds_count`` for the method, driver and status OK grows.
-
-    Not asserted: ``kubelet_volume_stats_*`` of the claim. The kubelet's collector
-    (pkg/kubelet/metrics/collectors/volume_stats.go, CollectWithStability) returns nothing
-    when ListPodStats fails, and the cadvisor stats provider's ListPodStats
-    (pkg/kubelet/stats/cadvisor_stats_provider.go:85-96) needs the runtime's ImageFsInfo and
-    cadvisor containers of the pod, which the tier's fake runtime does not have."""
+    The ``kubelet_volume_stats_*`` series it makes of them: test (g)."""
     ns = namespace(cluster, "csi-stats")
     _, claim = _static_volume(cluster, ns, "stats")
     run_pod(cluster, ns, _claim_pod("app", claim))
@@ -397,7 +379,7 @@ def test_the_kubelet_polls_volume_stats_over_csi(cluster: Cluster, plugin: Proce
 
     def calls() -> float:
         total = 0.0
-        for labels, value in pattern.findall(_kubelet_get(cluster, "/metrics")):
+        for labels, value in pattern.findall(kubelet_get(cluster, "/metrics")):
             if (
                 f'driver_name="{DRIVER}"' in labels
                 and 'method_name="/csi.v1.Node/NodeGetVolumeStats"' in labels
@@ -440,4 +422,33 @@ def test_an_unmounted_staging_path_becomes_the_pod_s_volume_health(
     assert [(c["status"], c["reason"]) for c in conditions] == [("Inaccessible", "NotMounted")]
     assert str(staged) in conditions[0]["message"]
     assert running.metadata.uid
+    delete_pod(cluster, ns, "app")
+
+
+# ------------------------------------------------------------------------------ volume stats
+
+
+def test_the_kubelet_s_volume_stats_of_a_csi_claim_are_its_statvfs(
+    cluster: Cluster, plugin: Process
+) -> None:
+    """(g) issue #34: what NodeGetVolumeStats answers reaches the kubelet's own
+    ``kubelet_volume_stats_{capacity,available,used}_bytes`` and ``_inodes{,_free,_used}`` of
+    the pod's claim: equal to statvfs of the pod's mount, and following it when a write uses
+    8 MiB more (the kubelet polls every 5 s)."""
+    from tests.cluster import volume_stats
+
+    ns = namespace(cluster, "csi-volstats")
+    pv, claim = _static_volume(cluster, ns, "volstats")
+    running = run_pod(cluster, ns, _claim_pod("app", claim))
+    target = _mount_dir(cluster, running.metadata.uid, pv)
+    assert len(_mounts_at(target)) == 1
+    before = volume_stats.wait_equal(cluster, ns, claim, target)
+    assert before["capacity_bytes"] > 50 * 1024 * 1024  # an ext4 of the 64 MiB loopfile
+    assert before["inodes"] > before["inodes_used"] > 0
+
+    (target / "payload").write_bytes(os.urandom(8 * 1024 * 1024))
+    os.sync()
+    after = volume_stats.wait_equal(cluster, ns, claim, target)
+    assert after["used_bytes"] - before["used_bytes"] >= 8 * 1024 * 1024
+    assert after["inodes_used"] == before["inodes_used"] + 1
     delete_pod(cluster, ns, "app")

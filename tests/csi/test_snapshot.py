@@ -206,11 +206,17 @@ def test_a_restored_snapshot_and_a_clone_hold_the_source_s_bytes(
         node.down()
         listed = c.ListSnapshots(pb.ListSnapshotsRequest(source_volume_id=source.volume_id))
         assert [e.snapshot.snapshot_id for e in listed.entries] == [snap.snapshot_id]
+        got = c.GetSnapshot(pb.GetSnapshotRequest(snapshot_id=snap.snapshot_id)).snapshot
+        assert got == listed.entries[0].snapshot  # GET_SNAPSHOT: the same as listed
         for volume in (restored, clone):
             c.DeleteVolume(pb.DeleteVolumeRequest(volume_id=volume.volume_id))
         for _ in range(2):
             c.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id))
         assert not snap_file.exists()
+        for unknown in (snap.snapshot_id, "loopfile:snapshot:not-ours"):
+            with pytest.raises(grpc.RpcError) as missing:
+                c.GetSnapshot(pb.GetSnapshotRequest(snapshot_id=unknown))
+            assert missing.value.code() == grpc.StatusCode.NOT_FOUND
         with pytest.raises(grpc.RpcError) as gone:
             c.CreateVolume(
                 pb.CreateVolumeRequest(

@@ -384,6 +384,33 @@ def test_journal_and_mounts_that_disagree(node: dict[str, Path], tmp_path: Path)
     assert f"{nested} is mounted (stray) without a record" in details
 
 
+@needs_root
+def test_a_stray_mount_inside_a_recorded_staging_mount_is_found(node: dict[str, Path]) -> None:
+    """A mount inside a volume's recorded staging mount (inside the volume's filesystem: a
+    second mount of its device below its own, or anything else) is no staging of any record:
+    reported like any other stray."""
+    install(node["plugins"], config=node["config"])
+    staging = node["state"] / "staging" / ("c" * 32)
+    inner = staging / "var/lib/kubelet/plugins/kubernetes.io/csi/x/globalmount"
+    Journal(node["state"]).put_volume(
+        VolumeRecord("loopfile:c", "loopfile", "/dev/null", str(staging), "ext4", {})
+    )
+    staging.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "staged", str(staging)], check=True)
+    try:
+        inner.mkdir(parents=True)
+        subprocess.run(["mount", "-t", "tmpfs", "stray", str(inner)], check=True)
+        try:
+            _, checks = doctor(node)
+        finally:
+            subprocess.run(["umount", str(inner)], check=True)
+    finally:
+        subprocess.run(["umount", str(staging)], check=True)
+    details = [d for s, d in status(checks, "journal") if s == "fail"]
+    assert f"{inner} is mounted (stray) without a record" in details
+    assert not any(d.startswith(f"{staging} is mounted") for d in details)
+
+
 def test_volumes_recorded_but_not_staged_and_a_release_that_waits(
     node: dict[str, Path], tmp_path: Path
 ) -> None:

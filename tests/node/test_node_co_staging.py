@@ -3,10 +3,10 @@
 Before the kubelet calls ``NodeUnstageVolume`` it looks for other mounts of the staged
 filesystem (mount-utils ``GetMountRefs``: every other mount point with the same device and
 root) and refuses while one exists whose path does not contain the staging path's part from
-``/plugins/`` on (``HasMountRefs``). flexhub's own per-node staging mount is such a mount, so
-under CSI its mount point repeats the CO's staging path below the volume's staging directory.
-:func:`kubelet_refuses_unstage` is the kubelet's check, line for line; real loop devices and
-mounts.
+``/plugins/kubernetes.io/`` on (``HasMountRefs``). flexhub's own per-node staging mount is
+such a mount, so under CSI its mount point repeats the CO's staging path below the volume's
+staging directory. :func:`kubelet_refuses_unstage` is the kubelet's check, line for line;
+real loop devices and mounts.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ DRIVER = "flexhub.csi.k8s.io"
 def kubelet_refuses_unstage(staging: Path) -> list[str]:
     """The mounts for which kubelet v1.37 refuses ``UnmountDevice`` of ``staging``:
     ``SearchMountPoints`` (same major:minor and root, not the path itself) filtered by
-    ``HasMountRefs`` (a reference that contains the path from ``/plugins/`` on is the
-    kubelet's own)."""
+    ``HasMountRefs`` (a reference that contains the path from ``/plugins/kubernetes.io/`` on is
+    the kubelet's own)."""
     table = MountTable()
     here = table.at(os.path.realpath(staging))
     assert here is not None, f"{staging} is not staged"
@@ -41,7 +41,8 @@ def kubelet_refuses_unstage(staging: Path) -> list[str]:
         and entry.mount_point != here.mount_point
     ]
     path = str(staging)
-    find = path[path.index("/plugins/") :] if "/plugins/" in path else path
+    prefix = "/plugins/kubernetes.io/"  # mount-utils kubernetesPluginPathPrefix
+    find = path[path.index(prefix) :] if prefix in path else path
     return [ref for ref in refs if find not in ref]
 
 
