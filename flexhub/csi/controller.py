@@ -27,6 +27,7 @@ from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
 from flexhub.csi.records import UID, VolumeRecord, VolumeRecords
 from flexhub.csi.snapshots import (
     SnapshotRecords,
+    copy_options,
     new_record,
     snapshot_message,
     snapshot_uid,
@@ -236,16 +237,21 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
                     grpc.StatusCode.OUT_OF_RANGE,
                     f"backend {spec.backend} made {made.size} bytes, outside the capacity range",
                 )
+            options = {**made.options, "backend": spec.backend}
+            fs_type = made.fs_type or spec.fs_type
+            if source is not None:
+                asked = {c.mount.fs_type for c in request.volume_capabilities}
+                options = copy_options(options, {fs_type, *asked})
             record = VolumeRecord(
                 name=name,
                 volume_id=f"{spec.backend}:{uid}",
                 backend=spec.backend,
                 parameters=parameters,
-                options={**made.options, "backend": spec.backend},
+                options=options,
                 reclaim={**made.reclaim, "onDelete": spec.on_delete},
                 namespace=namespace,
                 size=made.size,
-                fs_type=made.fs_type or spec.fs_type,
+                fs_type=fs_type,
                 node=made.node,
             )
             self.records.put(uid, record)

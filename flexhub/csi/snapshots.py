@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,13 @@ from flexhub.csi.proto import csi_pb2
 from flexhub.csi.records import UID, UidRecords
 from flexhub.csi.status import CsiError
 
-__all__ = ["SnapshotRecords", "snapshot_id", "snapshot_message", "snapshot_uid"]
+__all__ = [
+    "SnapshotRecords",
+    "copy_options",
+    "snapshot_id",
+    "snapshot_message",
+    "snapshot_uid",
+]
 
 LOG = logging.getLogger(__name__)
 
@@ -91,3 +98,16 @@ def new_record(name: str, uid: str, source: Any, made: dict[str, str], node: str
         "created": time.time(),
         "node": node,
     }
+
+
+def copy_options(options: Mapping[str, str], fs_types: Iterable[str]) -> dict[str, str]:
+    """The options of a volume made from a snapshot or a volume: a copy of its source's
+    filesystem, UUID included. The kernel refuses to mount an xfs whose UUID a mounted one
+    has ("Filesystem has duplicate UUID"), and a copy is often mounted beside its source (a
+    pod still uses it), so an xfs copy mounts with ``nouuid``; ext3 and ext4 check no UUID."""
+    if "xfs" not in fs_types:
+        return dict(options)
+    given = [o for o in options.get("mountOptions", "").split(",") if o]
+    if "nouuid" in given:
+        return dict(options)
+    return {**options, "mountOptions": ",".join([*given, "nouuid"])}

@@ -46,8 +46,9 @@ CONTEXT_FS_TYPE = "flexhub.csi/fsType"
 #: names no pod. Only the controller (or an admin's static PV) writes a volume context.
 CONTEXT_NAMESPACE = "flexhub.csi/namespace"
 _OWN_KEYS = (CONTEXT_FS_TYPE, CONTEXT_NAMESPACE)
-#: Keys the sidecars add (``csi.storage.k8s.io/pvc/name``, ...): never the backend's.
-_SIDECAR_PREFIX = "csi.storage.k8s.io/"
+#: Keys the sidecars add: ``csi.storage.k8s.io/pvc/name``, ... and external-provisioner's
+#: ``storage.kubernetes.io/csiProvisionerIdentity`` in every PV it makes: never the backend's.
+_SIDECAR_PREFIXES = ("csi.storage.k8s.io/", "storage.kubernetes.io/")
 
 _Mode = csi_pb2.VolumeCapability.AccessMode.Mode
 #: Access modes of one node (every backend) and of several (filesystem backends only).
@@ -149,7 +150,9 @@ def flexhub_volume(
     from flexhub.driver.validation import validate_options
 
     options = {
-        k: v for k, v in context.items() if not k.startswith(_SIDECAR_PREFIX) and k not in _OWN_KEYS
+        k: v
+        for k, v in context.items()
+        if not k.startswith(_SIDECAR_PREFIXES) and k not in _OWN_KEYS
     }
     if not options.get("backend"):
         raise invalid("the volume context names no backend (key 'backend')")

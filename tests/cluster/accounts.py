@@ -62,10 +62,15 @@ class Accounts:
         return self.kubeconfigs[component]
 
 
+def render(*values: str) -> list[dict[str, Any]]:
+    """The chart's documents as the accounts are rendered (:data:`VALUES`), plus ``values``
+    (``--set`` each)."""
+    return documents(render_manifest.render(render_manifest.helm_binary(), *VALUES, *values))
+
+
 def rights_documents() -> list[dict[str, Any]]:
     """The chart's objects that give (and limit) flexhub's processes' rights, as rendered."""
-    text = render_manifest.render(render_manifest.helm_binary(), *VALUES)
-    return [d for d in documents(text) if d["kind"] in KINDS]
+    return [d for d in render() if d["kind"] in KINDS]
 
 
 def install(cluster: Cluster) -> Accounts:

@@ -8,14 +8,18 @@ The node plugin runs with no API credentials at all (no kubeconfig, no service a
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 
 from tests.cluster.cluster import NODE, Cluster, Process, free_port
+from tests.cluster.csi_breaks import flexhub_argv
+from tests.cluster.kube import eventually, mount_of
+from tests.conftest import REPO
 
 DRIVER = "flexhub.csi.k8s.io"
 TOPOLOGY_KEY = "topology.flexhub.csi.k8s.io/node"
@@ -55,14 +59,18 @@ def node_plugin(cluster: Cluster, health_port: int | None = None) -> Process:
     """``flexhub csi --mode node`` with the cluster's node config (the FlexVolume driver's
     state directory and loopfile root: one node journal), its log ``flexhub-csi-node``."""
     port = free_port() if health_port is None else health_port
-    argv = [sys.executable, "-m", "flexhub", "csi", "--mode", "node",
+    argv = flexhub_argv("csi", "--mode", "node",
             "--endpoint", f"unix://{csi_socket(cluster)}",
             "--registration-dir", str(registration_dir(cluster)),
             "--node-id", NODE, "--health-port", str(port), "--log-level", "debug",
-            "--config", str(cluster.config)]  # fmt: skip
+            "--config", str(cluster.config))  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "KUBERNETES_"))}
-    proc = Process("flexhub-csi-node", argv, cluster.logs / "flexhub-csi-node.log", env=env)
+    env["PYTHONPATH"] = str(REPO)  # a broken plugin runs tests.cluster.csi_breaks
+    log = cluster.logs / "flexhub-csi-node.log"
+    start = log.stat().st_size if log.exists() else 0  # an earlier plugin's log is above
+    proc = Process("flexhub-csi-node", argv, log, env=env)
     proc.health_port = port  # type: ignore[attr-defined]
+    proc.log_start = start  # type: ignore[attr-defined]
     return proc
 
 
@@ -74,4 +82,65 @@ def apply_csi_driver(cluster: Cluster) -> bool:
         if exc.status != 409:
             raise
         return False
+    return True
+
+
+def wait_registered(cluster: Cluster, proc: Process, times: int = 1, timeout: float = 60) -> None:
+    """Until the kubelet has told ``proc`` (:func:`node_plugin`'s, since it started)
+    ``times`` times that it registered the driver; a plugin that exits fails at once."""
+    start = getattr(proc, "log_start", 0)
+
+    def count() -> bool:
+        if proc.popen.poll() is not None:
+            raise AssertionError(f"the node plugin exited:\n{proc.tail()}")
+        with open(proc.log, "rb") as log:
+            log.seek(start)
+            text = log.read().decode(errors="replace")
+        return text.count(f"kubelet registered {DRIVER}") >= times
+
+    eventually(f"the kubelet's registration #{times} of {DRIVER}", count, timeout=timeout)
+
+
+def staging_path(cluster: Cluster, handle: str) -> Path:
+    """The kubelet's staging path of a file system volume of the driver:
+    ``<kubelet>/plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/globalmount``."""
+    digest = hashlib.sha256(handle.encode()).hexdigest()
+    csi = cluster.kubelet_root / "plugins" / "kubernetes.io" / "csi"
+    return csi / DRIVER / digest / "globalmount"
+
+
+def publish_path(cluster: Cluster, pod_uid: str, pv: str) -> Path:
+    """Where the kubelet has the plugin publish a pod's file system volume ``pv``."""
+    return cluster.kubelet_root / "pods" / pod_uid / "volumes" / "kubernetes.io~csi" / pv / "mount"
+
+
+def loops_backed_by(backing: Path) -> list[str]:
+    """The loop devices whose backing file is ``backing`` (also once it was deleted: the
+    kernel then says ``<path> (deleted)``)."""
+    found = []
+    for entry in sorted(Path("/sys/block").glob("loop*/loop/backing_file")):
+        with contextlib.suppress(OSError):
+            name = entry.read_text().strip()
+            if name in (str(backing), f"{backing} (deleted)"):
+                found.append(f"/dev/{entry.parent.parent.name}")
+    return found
+
+
+def unstage(cluster: Cluster, handle: str) -> bool:
+    """Cleanup, not a check: the plugin's NodeUnstageVolume of a file system volume the
+    kubelet left staged (docs/csi.md, "Known defect"); whether there was one to unstage. A
+    refusal is printed, not raised (a cleanup must go on)."""
+    import grpc
+
+    from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
+
+    staging = staging_path(cluster, handle)
+    if mount_of(staging) is None:
+        return False
+    request = csi_pb2.NodeUnstageVolumeRequest(volume_id=handle, staging_target_path=str(staging))
+    with grpc.insecure_channel(f"unix://{csi_socket(cluster)}") as channel:
+        try:
+            csi_pb2_grpc.NodeStub(channel).NodeUnstageVolume(request, timeout=60)
+        except grpc.RpcError as exc:
+            print(f"cleanup: NodeUnstageVolume {handle}: {exc}")
     return True

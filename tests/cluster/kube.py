@@ -137,19 +137,37 @@ def volume_dir(cluster: Cluster, pod_uid: str, volume: str) -> Path:
     return cluster.kubelet_root / "pods" / pod_uid / "volumes" / "k8s~flexhub" / volume
 
 
-def mount_of(path: Path) -> dict[str, str] | None:
-    """The mountinfo entry mounted at ``path`` (``source``, ``fstype``, ``options``), or None."""
+def mounts_of(path: Path) -> list[dict[str, str]]:
+    """Every mountinfo entry mounted at ``path``, oldest first: ``id``, ``device``
+    (major:minor), ``root``, ``options``, ``fstype``, ``source``, ``super``."""
+    found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
         if fields[4] == str(path):
             tail = fields[fields.index("-") + 1 :]
-            return {
-                "fstype": tail[0],
-                "source": tail[1],
-                "options": fields[5],
-                "super": tail[2] if len(tail) > 2 else "",
-            }
-    return None
+            found.append(
+                {
+                    "id": fields[0],
+                    "device": fields[2],
+                    "root": fields[3],
+                    "fstype": tail[0],
+                    "source": tail[1],
+                    "options": fields[5],
+                    "super": tail[2] if len(tail) > 2 else "",
+                }
+            )
+    return found
+
+
+def mount_of(path: Path) -> dict[str, str] | None:
+    """The mountinfo entry mounted at ``path`` (:func:`mounts_of`'s first), or None."""
+    found = mounts_of(path)
+    return found[0] if found else None
+
+
+def claim_pod(name: str, claim: str) -> dict[str, Any]:
+    """A pod of :func:`pod` mounting claim ``claim`` as volume ``data`` (at ``/data/data``)."""
+    return pod(name, [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}])
 
 
 def loopfile(file: str, size: str = "64Mi", **more: str) -> dict[str, str]:
@@ -159,12 +177,14 @@ def loopfile(file: str, size: str = "64Mi", **more: str) -> dict[str, str]:
 __all__ = [
     "IMAGE",
     "NODE",
+    "claim_pod",
     "delete_pod",
     "events",
     "eventually",
     "flex",
     "loopfile",
     "mount_of",
+    "mounts_of",
     "namespace",
     "pod",
     "run_pod",

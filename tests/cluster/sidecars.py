@@ -13,16 +13,22 @@ the admin's rights; the snapshot controller, the cluster's, has its own account
 
 from __future__ import annotations
 
+import contextlib
 import os
-import sys
+import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.cluster import accounts, build_sidecars
 from tests.cluster.accounts import NAMESPACE, mint_token, write_kubeconfig
 from tests.cluster.cluster import NODE, Cluster, Process, wait_for
+from tests.cluster.csi_breaks import flexhub_argv
+from tests.cluster.kube import eventually
 from tests.cluster.manifests import apply, documents
 from tests.conftest import REPO
 
@@ -39,6 +45,8 @@ ACCOUNTS = {
 }
 #: Leader election as the chart's Deployment runs the sidecars (its Lease Role names them).
 LEADER = ["--leader-election", f"--leader-election-namespace={NAMESPACE}"]
+#: The VolumeSnapshot API (group, version) of the snapshot CRDs.
+SNAPSHOTS = ("snapshot.storage.k8s.io", "v1")
 #: A CSI call's bound in the sidecars: loopfile's CreateVolume and CreateSnapshot take a few
 #: seconds on a loaded host; the sidecars' default (10 s) would retry calls that are running.
 CSI_TIMEOUT = "120s"
@@ -120,9 +128,9 @@ def flexhub_controller(cluster: Cluster, config: Path, socket: Path) -> Process:
     once it answers Probe."""
     if socket.exists():
         socket.unlink()
-    argv = [sys.executable, "-m", "flexhub", "csi", "--mode", "controller",
+    argv = flexhub_argv("csi", "--mode", "controller",
             "--endpoint", f"unix://{socket}", "--node-id", NODE, "--config", str(config),
-            "--log-level", "debug"]  # fmt: skip
+            "--log-level", "debug")  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = Process("flexhub-csi-controller", argv, cluster.logs / "flexhub-csi-controller.log",
                    env=env)  # fmt: skip
@@ -175,14 +183,39 @@ def snapshot_controller(cluster: Cluster, bin_dir: Path, kubeconfig: Path) -> Pr
     ])  # fmt: skip
 
 
-def start(cluster: Cluster, bin_dir: Path, controller: Path) -> Csi:
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sidecars' directory, built now if the cache has none: a test without Go skips
+    (fails with ``CI=true``), a failed build fails with the tail of its log."""
+    if not build_sidecars.complete(build_sidecars.bin_dir()) and shutil.which("go") is None:
+        reason = "needs Go to build the kubernetes-csi sidecars (`go` not on PATH)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true but the CSI sidecar tests {reason}", pytrace=False)
+        pytest.skip(reason)
+    log = Path(tmp_path_factory.mktemp("sidecars-build")) / "go-build.log"
+    try:
+        return build_sidecars.build(log)
+    except Exception as exc:
+        tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+        pytest.fail(f"building the sidecars failed: {exc}\n{tail}", pytrace=False)
+
+
+def start(cluster: Cluster, bin_dir: Path, controller: Path, on_node: bool = False) -> Csi:
     """Everything above, in order: accounts, CRDs, flexhub's controller, the sidecars (with
-    ``controller``, the kubeconfig of the chart's ``flexhub-csi-controller`` account)."""
+    ``controller``, the kubeconfig of the chart's ``flexhub-csi-controller`` account).
+
+    ``on_node``: flexhub's controller runs with the node's config (its state directory and
+    loopfile root), as the chart's controller pinned to a node shares that node's
+    (``csi.controller.stateDir``), so the node plugin's staged volumes are its to snapshot
+    and reclaim; else with a config of its own."""
     kubeconfigs = {"csi-controller": controller,
                    "snapshot-controller": snapshot_controller_account(cluster)}  # fmt: skip
     apply_crds(cluster, bin_dir)
-    config, state_dir, root = controller_config(cluster)
+    if on_node:
+        config, state_dir, root = cluster.config, cluster.state_dir, cluster.loopfile_root
+    else:
+        config, state_dir, root = controller_config(cluster)
     socket = cluster.root / "csi" / "csi.sock"
+    socket.parent.mkdir(mode=0o700, exist_ok=True)
     csi = Csi(socket, config, state_dir, root, kubeconfigs, {}, accounts.audit_offset(cluster))
     try:
         csi.processes["flexhub"] = flexhub_controller(cluster, config, socket)
@@ -202,7 +235,70 @@ def start(cluster: Cluster, bin_dir: Path, controller: Path) -> Csi:
     return csi
 
 
+@contextlib.contextmanager
+def running(
+    cluster: Cluster,
+    controller: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    on_node: bool = False,
+) -> Iterator[Csi]:
+    """:func:`start` with the sidecars :func:`built`, until the block ends."""
+    csi = start(cluster, built(tmp_path_factory), controller, on_node)
+    try:
+        yield csi
+    finally:
+        csi.stop()
+
+
 def audited(cluster: Cluster, csi: Csi) -> list[dict[str, Any]]:
     """Every request of the CSI accounts since ``csi`` started (another module's deliberate
     403s with the same account, tests/cluster/test_chart_csi.py's, are not theirs)."""
     return accounts.audited(cluster, {username(c) for c in ACCOUNTS}, csi.audit_from)
+
+
+def claim(name: str, size: str, storage_class: str, snapshot: str | None = None) -> dict[str, Any]:
+    """A ReadWriteOnce claim of ``storage_class``, restored from VolumeSnapshot ``snapshot``
+    when one is named."""
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "storageClassName": storage_class,
+        "resources": {"requests": {"storage": size}},
+    }
+    if snapshot:
+        spec["dataSource"] = {"apiGroup": SNAPSHOTS[0], "kind": "VolumeSnapshot", "name": snapshot}
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+            "spec": spec}  # fmt: skip
+
+
+def bound_pv(cluster: Cluster, csi: Csi, ns: str, name: str, timeout: float = 90) -> Any:
+    """The PV of claim ``ns/name`` once the claim is Bound (a process of ``csi`` that exits
+    fails at once)."""
+
+    def bound() -> Any:
+        for proc in csi.processes.values():
+            assert proc.popen.poll() is None, f"{proc.name} exited:\n{proc.tail()}"
+        pvc = cluster.core.read_namespaced_persistent_volume_claim(name, ns)
+        return pvc if pvc.status.phase == "Bound" else None
+
+    pvc = eventually(f"claim {ns}/{name} bound", bound, timeout=timeout)
+    return cluster.core.read_persistent_volume(pvc.spec.volume_name)
+
+
+def record(csi: Csi, kind: str, handle: str) -> Path:
+    """flexhub's controller record of a volume (``kind`` volumes) or snapshot (snapshots)."""
+    return csi.state_dir / "csi" / kind / f"{handle.rsplit(':', 1)[1]}.json"
+
+
+def custom_objects(cluster: Cluster) -> Any:
+    from kubernetes import client
+
+    return client.CustomObjectsApi(cluster.api)
+
+
+def node_affinity(pv: Any) -> list[tuple[str, list[str]]]:
+    """The PV's required node affinity as (key, values) pairs (``[]``: none)."""
+    affinity = pv.spec.node_affinity
+    if affinity is None or affinity.required is None:
+        return []
+    terms = affinity.required.node_selector_terms
+    return [(e.key, e.values) for t in terms for e in t.match_expressions or []]

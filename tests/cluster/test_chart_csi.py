@@ -15,10 +15,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.cluster import accounts as chart_accounts
-from tests.cluster.accounts import NAMESPACE, Accounts, client_of, mint_token, username
+from tests.cluster.accounts import NAMESPACE, Accounts, client_of, mint_token, render, username
 from tests.cluster.cluster import Cluster
-from tests.cluster.manifests import apply, documents
+from tests.cluster.manifests import apply
 
 pytestmark = [pytest.mark.cluster, pytest.mark.root]
 
@@ -68,12 +67,6 @@ CLUSTER_SCOPED = {
 }
 VERBS = ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]
 NAMES = [None, "flexhub-csi-k8s-io", "external-snapshotter-leader-flexhub-csi-k8s-io", "other"]
-
-
-def render(*values: str) -> list[dict[str, Any]]:
-    """The chart as the accounts were rendered (tests/cluster/accounts.py), plus ``values``."""
-    helm = chart_accounts.render_manifest.helm_binary()
-    return documents(chart_accounts.render_manifest.render(helm, *chart_accounts.VALUES, *values))
 
 
 def granted(

@@ -6,7 +6,6 @@ and a kill after every step followed by a rerun ends converted (or rolled back).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import subprocess
@@ -396,9 +395,6 @@ def test_a_converted_claim_keeps_its_data_under_csi(cluster: Cluster) -> None:
     through flexhub's CSI node plugin (registered with the stock kubelet): same storage, same
     bytes. The plugin's NodeUnstageVolume undoes the stage afterwards (the kubelet does not
     unstage a flexhub file system volume: tests/cluster/test_csi_node.py, test (b))."""
-    import grpc
-
-    from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
     from tests.cluster import csi_node
 
     created = csi_node.apply_csi_driver(cluster)
@@ -408,14 +404,7 @@ def test_a_converted_claim_keeps_its_data_under_csi(cluster: Cluster) -> None:
     volume = [{"name": "data", "persistentVolumeClaim": {"claimName": CLAIM}}]
     handle = ""
     try:
-
-        def registered() -> bool:
-            if plugin.popen.poll() is not None:
-                raise AssertionError(f"the node plugin exited:\n{plugin.tail()}")
-            log = plugin.log.read_text(errors="replace")
-            return f"kubelet registered {csi_node.DRIVER}" in log
-
-        eventually("the kubelet's registration of flexhub's CSI node plugin", registered, 90)
+        csi_node.wait_registered(cluster, plugin, timeout=90)
         writer = run_pod(cluster, ns, pod("writer", volume), timeout=180)
         flex_dir = cluster.kubelet_root / "pods" / writer.metadata.uid / "volumes"
         written = flex_dir / "k8s~flexhub" / pv.metadata.name / "payload"
@@ -427,24 +416,13 @@ def test_a_converted_claim_keeps_its_data_under_csi(cluster: Cluster) -> None:
         _, csi_pv = _bound(cluster, ns)
         handle = csi_pv.spec.csi.volume_handle
         reader = run_pod(cluster, ns, pod("reader", volume), timeout=180)
-        mount = (cluster.kubelet_root / "pods" / reader.metadata.uid / "volumes"
-                 / "kubernetes.io~csi" / pv.metadata.name / "mount")  # fmt: skip
+        mount = csi_node.publish_path(cluster, reader.metadata.uid, pv.metadata.name)
         assert (mount / "payload").read_bytes() == b"flexhub convert keeps this\n" * 1000
         delete_pod(cluster, ns, "reader")
     finally:
         try:
             if handle:
-                digest = hashlib.sha256(handle.encode()).hexdigest()
-                staging = (cluster.kubelet_root / "plugins" / "kubernetes.io" / "csi"
-                           / csi_node.DRIVER / digest / "globalmount")  # fmt: skip
-                if staging.exists():
-                    with grpc.insecure_channel(f"unix://{csi_node.csi_socket(cluster)}") as ch:
-                        csi_pb2_grpc.NodeStub(ch).NodeUnstageVolume(  # type: ignore[no-untyped-call]
-                            csi_pb2.NodeUnstageVolumeRequest(
-                                volume_id=handle, staging_target_path=str(staging)
-                            ),
-                            timeout=60,
-                        )
+                csi_node.unstage(cluster, handle)
         finally:
             plugin.stop()
             if created:

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,44 +27,26 @@ from kubernetes.client.rest import ApiException
 
 from flexhub.csi import TOPOLOGY_NODE_KEY
 from flexhub.csi.controller import volume_uid
-from tests.cluster import build_sidecars, sidecars
+from tests.cluster import sidecars
 from tests.cluster.accounts import Accounts, forbidden
 from tests.cluster.cluster import NODE, Cluster
 from tests.cluster.kube import eventually, namespace
+from tests.cluster.sidecars import SNAPSHOTS, node_affinity
 
 pytestmark = [pytest.mark.cluster, pytest.mark.root]
 
 CLASS = "flexhub-csi-loopfile"
 SNAPSHOT_CLASS = "flexhub-csi-loopfile-snapshots"
-SNAPSHOTS = ("snapshot.storage.k8s.io", "v1")
 #: What the steps share: the namespace, the claims' PV names.
 STATE: dict[str, Any] = {}
-
-
-def _on_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 @pytest.fixture(scope="module")
 def csi(
     cluster: Cluster, accounts: Accounts, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[sidecars.Csi]:
-    if not build_sidecars.complete(build_sidecars.bin_dir()) and shutil.which("go") is None:
-        reason = "needs Go to build the kubernetes-csi sidecars (`go` not on PATH)"
-        if _on_ci():
-            pytest.fail(f"CI=true but the CSI controller tests {reason}", pytrace=False)
-        pytest.skip(reason)
-    log = Path(tmp_path_factory.mktemp("sidecars-build")) / "go-build.log"
-    try:
-        bin_dir = build_sidecars.build(log)
-    except Exception as exc:
-        tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
-        pytest.fail(f"building the sidecars failed: {exc}\n{tail}", pytrace=False)
-    running = sidecars.start(cluster, bin_dir, accounts.kubeconfig("csi-controller"))
-    try:
-        yield running
-    finally:
-        running.stop()
+    with sidecars.running(cluster, accounts.kubeconfig("csi-controller"), tmp_path_factory) as csi:
+        yield csi
 
 
 @pytest.fixture(scope="module")
@@ -96,50 +75,11 @@ def ns(cluster: Cluster, csi: sidecars.Csi) -> str:
     return name
 
 
-def _claim(name: str, size: str, source: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "accessModes": ["ReadWriteOnce"],
-        "storageClassName": CLASS,
-        "resources": {"requests": {"storage": size}},
-    }
-    if source:
-        spec["dataSource"] = {
-            "apiGroup": SNAPSHOTS[0],
-            "kind": "VolumeSnapshot",
-            "name": source,
-        }
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
-            "spec": spec}  # fmt: skip
-
-
-def _bound_pv(cluster: Cluster, ns: str, claim: str, csi: sidecars.Csi) -> Any:
-    """The claim's PV once the claim is Bound (a sidecar that exits fails at once)."""
-
-    def bound() -> Any:
-        for proc in csi.processes.values():
-            assert proc.popen.poll() is None, f"{proc.name} exited:\n{proc.tail()}"
-        pvc = cluster.core.read_namespaced_persistent_volume_claim(claim, ns)
-        return pvc if pvc.status.phase == "Bound" else None
-
-    pvc = eventually(f"claim {claim} bound", bound, timeout=90)
-    return cluster.core.read_persistent_volume(pvc.spec.volume_name)
-
-
 def _earlier(key: str) -> Any:
     """What an earlier step made (it failed if there is none: say so, not a KeyError)."""
     if key not in STATE:
         pytest.fail(f"an earlier step failed: no {key}", pytrace=False)
     return STATE[key]
-
-
-def _record(csi: sidecars.Csi, kind: str, handle: str) -> Path:
-    return csi.state_dir / "csi" / kind / f"{handle.rsplit(':', 1)[1]}.json"
-
-
-def _custom(cluster: Cluster) -> Any:
-    from kubernetes import client
-
-    return client.CustomObjectsApi(cluster.api)
 
 
 def test_claim_is_provisioned_by_create_volume(
@@ -148,8 +88,10 @@ def test_claim_is_provisioned_by_create_volume(
     """csi-provisioner sees the claim of flexhub's CSI class, calls CreateVolume, and makes
     a PV bound to it: CSI source of flexhub's driver, the volume id ``loopfile:<uid>`` derived
     from the PV's name, the node affinity of the node flexhub made it on, flexhub's record."""
-    claim = cluster.core.create_namespaced_persistent_volume_claim(ns, _claim("data", "64Mi"))
-    pv = _bound_pv(cluster, ns, "data", csi)
+    claim = cluster.core.create_namespaced_persistent_volume_claim(
+        ns, sidecars.claim("data", "64Mi", CLASS)
+    )
+    pv = sidecars.bound_pv(cluster, csi, ns, "data")
     assert pv.metadata.name == f"pvc-{claim.metadata.uid}"
     assert pv.spec.csi.driver == sidecars.DRIVER
     assert pv.spec.csi.volume_handle == f"loopfile:{volume_uid(pv.metadata.name)}"
@@ -157,11 +99,8 @@ def test_claim_is_provisioned_by_create_volume(
     assert pv.spec.capacity["storage"] == "64Mi"
     assert pv.spec.persistent_volume_reclaim_policy == "Delete"
     assert pv.metadata.annotations["pv.kubernetes.io/provisioned-by"] == sidecars.DRIVER
-    terms = pv.spec.node_affinity.required.node_selector_terms
-    assert [(e.key, e.values) for t in terms for e in t.match_expressions] == [
-        (TOPOLOGY_NODE_KEY, [NODE])
-    ]
-    record = json.loads(_record(csi, "volumes", pv.spec.csi.volume_handle).read_text())
+    assert node_affinity(pv) == [(TOPOLOGY_NODE_KEY, [NODE])]
+    record = json.loads(sidecars.record(csi, "volumes", pv.spec.csi.volume_handle).read_text())
     # the claim's namespace reached CreateVolume (--extra-create-metadata), and the node
     assert (record["namespace"], record["node"], record["size"]) == (ns, NODE, 64 << 20)
     STATE["ns"], STATE["pv"] = ns, pv.metadata.name
@@ -190,7 +129,7 @@ def test_claim_is_expanded_by_controller_expand_volume(cluster: Cluster, csi: si
     pvc = eventually("the claim's FileSystemResizePending", pending, timeout=30)
     assert pvc.status.capacity["storage"] == "64Mi"
     record = json.loads(
-        _record(csi, "volumes", f"loopfile:{volume_uid(_earlier('pv'))}").read_text()
+        sidecars.record(csi, "volumes", f"loopfile:{volume_uid(_earlier('pv'))}").read_text()
     )
     assert record["size"] == 96 << 20, record
 
@@ -199,7 +138,7 @@ def test_snapshot_becomes_ready(cluster: Cluster, csi: sidecars.Csi) -> None:
     """A VolumeSnapshot of the claim in a class of flexhub's driver: the snapshot controller
     makes its content, csi-snapshotter calls CreateSnapshot, and it becomes readyToUse with
     flexhub's snapshot id and record (a never-mounted volume copies as an empty file)."""
-    ns, custom = _earlier("ns"), _custom(cluster)
+    ns, custom = _earlier("ns"), sidecars.custom_objects(cluster)
     group, version = SNAPSHOTS
     with contextlib.suppress(ApiException):
         custom.delete_cluster_custom_object(group, version, "volumesnapshotclasses",
@@ -229,7 +168,7 @@ def test_snapshot_becomes_ready(cluster: Cluster, csi: sidecars.Csi) -> None:
     handle = content["status"]["snapshotHandle"]
     assert content["spec"]["driver"] == sidecars.DRIVER
     assert handle.startswith("loopfile:snapshot:"), handle
-    assert _record(csi, "snapshots", handle).is_file()
+    assert sidecars.record(csi, "snapshots", handle).is_file()
     # The volume was never mounted: its copy is an empty file of the size it was made with
     # (the node grows a file at its next stage, FileSystemResizePending above), so that is
     # the size a restore needs.
@@ -243,34 +182,31 @@ def test_claim_from_snapshot_is_provisioned(cluster: Cluster, csi: sidecars.Csi)
     claim."""
     ns = _earlier("ns")
     cluster.core.create_namespaced_persistent_volume_claim(
-        ns, _claim("restored", "96Mi", source="snap")
+        ns, sidecars.claim("restored", "96Mi", CLASS, snapshot="snap")
     )
-    pv = _bound_pv(cluster, ns, "restored", csi)
+    pv = sidecars.bound_pv(cluster, csi, ns, "restored")
     assert pv.spec.csi.driver == sidecars.DRIVER
     assert pv.spec.csi.volume_handle == f"loopfile:{volume_uid(pv.metadata.name)}"
     assert pv.metadata.name != _earlier("pv")
     assert pv.spec.capacity["storage"] == "96Mi"
-    record = json.loads(_record(csi, "volumes", pv.spec.csi.volume_handle).read_text())
+    record = json.loads(sidecars.record(csi, "volumes", pv.spec.csi.volume_handle).read_text())
     assert (record["node"], record["size"]) == (NODE, 96 << 20), record
-    terms = pv.spec.node_affinity.required.node_selector_terms
-    assert [(e.key, e.values) for t in terms for e in t.match_expressions] == [
-        (TOPOLOGY_NODE_KEY, [NODE])
-    ]
+    assert node_affinity(pv) == [(TOPOLOGY_NODE_KEY, [NODE])]
     STATE["restored"] = pv.metadata.name
 
 
 def test_deleted_claims_and_snapshot_are_reclaimed(cluster: Cluster, csi: sidecars.Csi) -> None:
     """The snapshot and both claims deleted: DeleteSnapshot and DeleteVolume remove flexhub's
     records and the storage, and the PVs and the snapshot's content go."""
-    ns, custom = _earlier("ns"), _custom(cluster)
+    ns, custom = _earlier("ns"), sidecars.custom_objects(cluster)
     group, version = SNAPSHOTS
     cluster.core.delete_namespaced_persistent_volume_claim("restored", ns)
     custom.delete_namespaced_custom_object(group, version, ns, "volumesnapshots", "snap")
     cluster.core.delete_namespaced_persistent_volume_claim("data", ns)
     records = [
-        _record(csi, "volumes", f"loopfile:{volume_uid(_earlier('pv'))}"),
-        _record(csi, "volumes", f"loopfile:{volume_uid(_earlier('restored'))}"),
-        _record(csi, "snapshots", _earlier("snapshot")),
+        sidecars.record(csi, "volumes", f"loopfile:{volume_uid(_earlier('pv'))}"),
+        sidecars.record(csi, "volumes", f"loopfile:{volume_uid(_earlier('restored'))}"),
+        sidecars.record(csi, "snapshots", _earlier("snapshot")),
     ]
 
     def gone() -> bool:

@@ -25,12 +25,12 @@ from kubernetes.client.rest import ApiException
 from tests.cluster.accounts import Accounts, audited, forbidden
 from tests.cluster.cluster import NODE, Cluster, Process
 from tests.cluster.kube import (
+    claim_pod,
     delete_pod,
     events,
     eventually,
     mount_of,
     namespace,
-    pod,
     run_pod,
     volume_dir,
 )
@@ -101,10 +101,6 @@ def _claim(cluster: Cluster, ns: str, name: str, sc: str, size: str = "64Mi") ->
     )
 
 
-def _claim_pod(name: str, claim: str) -> dict[str, Any]:
-    return pod(name, [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}])
-
-
 def _pv(cluster: Cluster, uid: str) -> Any:
     try:
         return cluster.core.read_persistent_volume(f"pvc-{uid}")
@@ -129,7 +125,7 @@ def test_loopfile_claim_lifecycle(cluster: Cluster, leader: Process, node_agent:
     uid = claim.metadata.uid
     time.sleep(2)
     assert _pv(cluster, uid) is None, "provisioned before a pod chose the node (WFFC)"
-    running = run_pod(cluster, ns, _claim_pod("app", "data"), timeout=180)
+    running = run_pod(cluster, ns, claim_pod("app", "data"), timeout=180)
     pv = _pv(cluster, uid)
     assert pv.metadata.annotations["pv.kubernetes.io/provisioned-by"] == "flexhub"
     assert "flexhub/reclaim" in pv.metadata.finalizers
@@ -181,7 +177,7 @@ def test_a_bad_parameter_is_an_event_naming_it(cluster: Cluster, leader: Process
     _class(cluster, "loop-typo", {"backend": "loopfile", "directroy": "x"})
     _claim(cluster, ns, "typo", "loop-typo")
     # WaitForFirstConsumer: the claim is the provisioner's once a pod made the scheduler pick.
-    cluster.core.create_namespaced_pod(ns, _claim_pod("typo", "typo"))
+    cluster.core.create_namespaced_pod(ns, claim_pod("typo", "typo"))
     message = eventually(
         "ProvisioningFailed",
         lambda: next(
@@ -212,7 +208,7 @@ def test_two_instances_make_one_pv_per_claim(cluster: Cluster) -> None:
     try:
         uids = [_claim(cluster, ns, f"c{i}", "loop-twice").metadata.uid for i in range(3)]
         for i in range(3):
-            run_pod(cluster, ns, _claim_pod(f"p{i}", f"c{i}"), timeout=180)
+            run_pod(cluster, ns, claim_pod(f"p{i}", f"c{i}"), timeout=180)
         ours = [
             pv
             for pv in cluster.core.list_persistent_volume().items
@@ -230,7 +226,7 @@ def test_two_instances_make_one_pv_per_claim(cluster: Cluster) -> None:
         assert "leading" not in second.log.read_text()
         first.kill()
         claim = _claim(cluster, ns, "after", "loop-twice")
-        run_pod(cluster, ns, _claim_pod("after", "after"), timeout=180)
+        run_pod(cluster, ns, claim_pod("after", "after"), timeout=180)
         assert "leading" in second.log.read_text()
         assert _pv(cluster, claim.metadata.uid) is not None
     finally:
@@ -249,7 +245,7 @@ def _killed_after_storage(cluster: Cluster, ns: str, name: str, trace: Path) -> 
         FLEXHUB_TEST_TRACE=str(trace),
     )
     claim = _claim(cluster, ns, "c", f"loop-{name}")
-    cluster.core.create_namespaced_pod(ns, _claim_pod("p", "c"))
+    cluster.core.create_namespaced_pod(ns, claim_pod("p", "c"))
     eventually(
         "paused after the storage was made",
         lambda: trace.exists() and "provisioner-made" in trace.read_text(),

@@ -19,7 +19,7 @@ from flexhub.csi.proto import csi_pb2_grpc as rpc
 from flexhub.csi.server import build_server
 from flexhub.errors import UsageError
 from tests.conftest import needs_root
-from tests.csi.sanity import plugin_config
+from tests.csi.sanity import LoopfilePlugin, plugin_config
 
 Mode = pb.VolumeCapability.AccessMode.Mode
 S = grpc.StatusCode
@@ -473,3 +473,43 @@ def test_a_backend_without_capacity_says_not_supported() -> None:
 
     with pytest.raises(NotSupported):
         Provisioning().capacity({})
+
+
+@needs_root
+@pytest.mark.root
+def test_a_volume_context_with_the_provisioner_s_identity_stages(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """external-provisioner adds ``storage.kubernetes.io/csiProvisionerIdentity`` to the
+    volume attributes of every PV it makes (the kubelet passes them to NodeStageVolume):
+    the CO's key, never the backend's option. Failed before: ``unknown option`` under the
+    cluster tier's stock kubelet (tests/cluster/test_csi_scenarios.py)."""
+    controller, node = loopfile_plugin.controller, loopfile_plugin.node
+    stage = loopfile_plugin.top / "stage"
+    stage.mkdir()
+    volume = controller.CreateVolume(
+        pb.CreateVolumeRequest(
+            name="pvc-identity",
+            capacity_range=pb.CapacityRange(required_bytes=8 << 20),
+            volume_capabilities=[mount()],
+            parameters={"backend": "loopfile"},
+        )
+    ).volume
+    context = {
+        **volume.volume_context,
+        "storage.kubernetes.io/csiProvisionerIdentity": "1733432100000-8081-flexhub.csi.k8s.io",
+    }
+    request = pb.NodeStageVolumeRequest(
+        volume_id=volume.volume_id,
+        staging_target_path=str(stage),
+        volume_capability=mount(),
+        volume_context=context,
+    )
+    try:
+        node.NodeStageVolume(request)
+        assert os.path.ismount(stage)
+    finally:
+        node.NodeUnstageVolume(
+            pb.NodeUnstageVolumeRequest(volume_id=volume.volume_id, staging_target_path=str(stage))
+        )
+        controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=volume.volume_id))

@@ -269,3 +269,74 @@ def test_no_volume_can_name_or_adopt_a_snapshot_file(tmp_path: Path) -> None:
     assert path == root / "namespaces" / "b" / name
     assert isolated._legacy(volume, path) is None
     assert snap.read_bytes() == b"secret data"
+
+
+def test_an_xfs_restore_and_clone_mount_beside_their_mounted_source(trusted_dir: Path) -> None:
+    """A restore or clone of an xfs volume is a copy of its filesystem, UUID included, and
+    the kernel refuses to mount an xfs whose UUID a mounted one has ("Filesystem has
+    duplicate UUID"): the copies carry mount option ``nouuid`` (in their volume context, so
+    a converted PV keeps it) and mount on the node while their source is still staged there
+    (a pod using it), holding its bytes. Failed before: NodeStageVolume of the restore."""
+    config = node_config(trusted_dir)
+    endpoint, log = trusted_dir / "csi.sock", trusted_dir / "plugin.log"
+    proc = start_plugin(config, endpoint, log)
+    channel = grpc.insecure_channel(f"unix://{endpoint}")
+    node = Node(trusted_dir, channel)
+    c = node.controller
+    xfs = {"backend": "loopfile", "fsType": "xfs"}  # xfs needs 300 MiB at least
+    made: list[str] = []
+    try:
+        source = c.CreateVolume(
+            pb.CreateVolumeRequest(
+                name="xfs-source",
+                capacity_range=pb.CapacityRange(required_bytes=320 * MiB),
+                volume_capabilities=[CAPABILITY],
+                parameters=xfs,
+            )
+        ).volume
+        made.append(source.volume_id)
+        assert "mountOptions" not in source.volume_context  # only copies need nouuid
+        data = os.urandom(2 * MiB)
+        target = node.up(source, "source")
+        (target / "data").write_bytes(data)
+        fd = os.open(target / "data", os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        snap = c.CreateSnapshot(
+            pb.CreateSnapshotRequest(name="xfs-snap", source_volume_id=source.volume_id)
+        ).snapshot
+        copies = {
+            "restored": pb.VolumeContentSource(
+                snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=snap.snapshot_id)
+            ),
+            "clone": pb.VolumeContentSource(
+                volume=pb.VolumeContentSource.VolumeSource(volume_id=source.volume_id)
+            ),
+        }
+        for name, content in copies.items():
+            copy = c.CreateVolume(
+                pb.CreateVolumeRequest(
+                    name=f"xfs-{name}",
+                    capacity_range=pb.CapacityRange(required_bytes=320 * MiB),
+                    volume_capabilities=[CAPABILITY],
+                    parameters=xfs,
+                    volume_content_source=content,
+                )
+            ).volume
+            made.append(copy.volume_id)
+            assert copy.volume_context["mountOptions"].split(",") == ["nouuid"], name
+            mounted = node.up(copy, name)  # beside the source, mounted all along
+            assert (mounted / "data").read_bytes() == data, name
+        assert (target / "data").read_bytes() == data
+        node.down()
+        for volume_id in made:
+            c.DeleteVolume(pb.DeleteVolumeRequest(volume_id=volume_id))
+        c.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id))
+    finally:
+        with contextlib.suppress(grpc.RpcError):
+            node.down()
+        channel.close()
+        stop_plugin(proc)
+    loopfiles = trusted_dir / "loopfiles"
+    assert loops_backed_under(loopfiles) == []
+    assert not any(loopfiles.rglob("*.img"))

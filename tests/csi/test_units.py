@@ -13,6 +13,7 @@ import pytest
 from flexhub.csi.controller import _uid_of, volume_uid
 from flexhub.csi.records import VolumeRecord, VolumeRecords
 from flexhub.csi.server import socket_path
+from flexhub.csi.snapshots import copy_options
 from flexhub.csi.status import CsiError, InFlight, code_of
 from flexhub.errors import (
     BackendError,
@@ -210,3 +211,15 @@ def test_a_mount_group_is_a_decimal_group_id_or_invalid(group: str, expected: An
     else:
         assert mount_group(cap) == expected
     assert mount_group(pb.VolumeCapability(block=pb.VolumeCapability.BlockVolume())) is None
+
+
+def test_an_xfs_copy_mounts_with_nouuid_once_and_keeps_its_options() -> None:
+    """The options of a restore or clone: ``nouuid`` added for xfs (whichever of the record's
+    or the capabilities' filesystem says so), once, after the class's own mount options."""
+    base = {"backend": "loopfile", "file": "provisioned/pvc-1.img"}
+    assert copy_options(base, {"", "ext4"}) == base
+    assert copy_options(base, {"xfs"}) == {**base, "mountOptions": "nouuid"}
+    given = {**base, "mountOptions": "noatime"}
+    assert copy_options(given, {"", "xfs"})["mountOptions"] == "noatime,nouuid"
+    twice = copy_options(copy_options(given, {"xfs"}), {"xfs"})
+    assert twice["mountOptions"] == "noatime,nouuid"
