@@ -326,14 +326,14 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                 block = csi_pb2.VolumeCapability(access_mode=capability.access_mode)
                 block.block.SetInParent()
                 volume, backend, node = flexhub_volume(
-                    found[1], block, request.secrets, self.config
+                    found[1], block, request.secrets, self.config, expanding=True
                 )
                 assert isinstance(backend, BlockBackend)  # check_capability said so
                 expand_raw(node, backend, staging, volume, new_size)
                 LOG.info("expanded raw %s to %d bytes", volume_id, new_size)
                 return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=new_size)
             volume, backend, node = flexhub_volume(
-                found[1], capability, request.secrets, self.config
+                found[1], capability, request.secrets, self.config, expanding=True
             )
             expand_volume(node, backend, staging, volume, new_size)
             LOG.info("expanded %s to %d bytes", volume_id, new_size)

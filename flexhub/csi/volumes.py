@@ -139,8 +139,13 @@ def flexhub_volume(
     config: NodeConfig,
     *,
     read_only: bool = False,
+    expanding: bool = False,
 ) -> tuple[Volume, Backend, Node]:
-    """Validate a node request's volume as the FlexVolume driver validates a ``mount``.
+    """Validate a node request's volume as the FlexVolume driver validates a ``mount``
+    (``expanding``: NodeExpandVolume, as it validates ``expandfs``, a call without a pod: it
+    logs in to nothing, so an iSCSI CHAP volume's credentials are not required, and kubelet
+    sends secrets there only with a ``nodeExpandSecretRef``). The volume returned keeps the
+    context's namespace either way (loopfile resolves its file in it).
 
     :raises CsiError: ``INVALID_ARGUMENT`` for a context that names no backend or a
         capability flexhub cannot serve.
@@ -184,5 +189,16 @@ def flexhub_volume(
     node = Node(config, backend=volume.backend)
     backend = cls(node)
     cls.check_options(volume)
-    backend.check(volume)
+    if expanding:
+        backend.check(
+            Volume(
+                options=volume.options,
+                fs_type=volume.fs_type,
+                read_only=volume.read_only,
+                fs_group=volume.fs_group,
+                secrets=volume.secrets,
+            )
+        )
+    else:
+        backend.check(volume)
     return volume, backend, node

@@ -4,6 +4,7 @@ and the node's argument checks (the node's real stage and publish: test_sanity.p
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -513,3 +514,44 @@ def test_a_volume_context_with_the_provisioner_s_identity_stages(
             pb.NodeUnstageVolumeRequest(volume_id=volume.volume_id, staging_target_path=str(stage))
         )
         controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=volume.volume_id))
+
+
+@needs_root
+@pytest.mark.root
+def test_a_node_expand_of_a_chap_iscsi_volume_needs_no_chap_credentials(
+    serve: Any, tmp_path: Path
+) -> None:
+    """NodeExpandVolume is FlexVolume's ``expandfs``: it logs in to nothing, so a staged CHAP
+    volume's expansion without secrets (kubelet sends some only with ``nodeExpandSecretRef``;
+    csi-sanity sends none) is not refused for want of CHAP credentials: it reaches the staged
+    volume (here none is journalled: FAILED_PRECONDITION). A stage still needs them."""
+    from flexhub.csi.records import StagedContexts
+
+    plugin = serve()
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    context = {"backend": "iscsi", "targetPortal": "127.0.0.1:3260", "lun": "0",
+               "iqn": "iqn.2026-01.io.flexhub.test:pvc-a", "chapAuthSession": "true"}  # fmt: skip
+    volume_id = "iscsi:6f1c2a9e-1c7b-4a43-9b8e-3a1f0d2c4b5e"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "stage", str(stage)], check=True)
+    try:
+        StagedContexts(plugin.state).put(stage, volume_id, context)
+        code, message = refused(
+            plugin.node.NodeExpandVolume,
+            pb.NodeExpandVolumeRequest(
+                volume_id=volume_id,
+                volume_path=str(stage),
+                staging_target_path=str(stage),
+                capacity_range=pb.CapacityRange(required_bytes=64 << 20),
+            ),
+        )
+        assert (code, "CHAP" in message) == (S.FAILED_PRECONDITION, False), message
+        assert "is not mounted on this node" in message
+    finally:
+        subprocess.run(["umount", str(stage)], check=True)
+    code, message = refused(
+        plugin.node.NodeStageVolume,
+        pb.NodeStageVolumeRequest(volume_id=volume_id, staging_target_path=str(stage),
+                                  volume_capability=mount(), volume_context=context),
+    )  # fmt: skip
+    assert code == S.INVALID_ARGUMENT and "node.session.auth.username" in message, message
