@@ -9,8 +9,13 @@ Zero failures, and exactly the skips of ``tests/csi/sanity-skips-<backend>.tsv``
 list (capabilities no backend serves) plus the specs of capabilities the one driver name
 advertises for loopfile that these volumes do not have (snapshots, clones, GetCapacity; raw
 block for a share), left out with ``--ginkgo.skip`` because csi-sanity gates them on the
-driver, not on the volume's backend. iSCSI runs twice: every volume with a filesystem, then
-every volume raw (``--csi.testvolumeaccesstype block``, which gates no spec). Credentials (cifs's
+driver, not on the volume's backend; for iSCSI, whose snapshots
+tests/vm/test_iscsi_snapshots.py proves, they are left out for CI time. iSCSI runs with every
+volume raw (``--csi.testvolumeaccesstype block``, which gates no spec: raw block is CSI's own
+path; a file system stage of an iSCSI volume under CSI is the shared node code every
+FlexVolume iSCSI test runs, and tests/vm/test_csi_iscsi_fence_vm.py stages one through the CSI
+node plugin; the ``iscsi`` run, a file system on every volume, runs when
+``FLEXHUB_SANITY_ISCSI_MOUNT=1``: green on 2026-12-05, left out of CI for time). Credentials (cifs's
 password; iSCSI's SSH key for the controller and CHAP for the controller and the node) reach
 the plugin the way external-provisioner and kubelet give them, in the requests' ``secrets``
 (csi-sanity's ``--csi.secrets`` file, 0600), never on a command line, and are in no log.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -132,7 +138,13 @@ def _iscsi(vm: VM, access: str) -> Served:
     )
 
 
-@pytest.fixture(scope="module", params=["nfs", "cifs", "iscsi", "iscsi-block"])
+#: The runs; ``iscsi`` (a file system on every volume) only when asked (the docstring says why).
+RUNS = ["nfs", "cifs", "iscsi-block"] + (
+    ["iscsi"] if os.environ.get("FLEXHUB_SANITY_ISCSI_MOUNT") == "1" else []
+)
+
+
+@pytest.fixture(scope="module", params=RUNS)
 def plugin(request: pytest.FixtureRequest, vm: VM) -> Iterator[tuple[VM, str, Served]]:
     run: str = request.param
     csiguest.prepare(vm, BASE)

@@ -7,8 +7,10 @@ new LUN and the LUN cloned into another are logged into and mounted, and each ho
 the data of its moment (compared byte for byte on the target: backing files with ``cmp``, LVs
 read with ``O_DIRECT``); the snapshot is deleted (twice: gone is success); LIO's saved
 configuration holds the new claims exactly as the running target does and no snapshot.
-fileio on the rig's tmpfs (a full copy keeping holes) and on an xfs with reflink=1 (a
-reflink), and the LVM-backed block backstore (a full copy into an LV).
+fileio on the rig's tmpfs (a full copy keeping holes) and the LVM-backed block backstore (a
+full copy into an LV). The reflink of a fileio LUN on xfs is the same remote code on a real
+xfs and loop device on the host (tests/iscsi/test_lio_snapshots.py); it ran here too, on
+2026-12-05, and was left out of CI for time.
 """
 
 from __future__ import annotations
@@ -223,50 +225,6 @@ def test_fileio_snapshot_restore_clone_and_delete(vm: VM, kubelet: Kubelet, clea
     check_saved(vm, [], [name, r_name, c_name, snap])
     print(f"iscsi fileio snapshots: {time.monotonic() - started:.1f} s; calls (s): "
           f"{json.dumps(SECONDS)}")  # fmt: skip
-
-
-def test_fileio_snapshot_is_a_reflink_on_xfs(vm: VM, clean: None) -> None:
-    """On an xfs with reflink=1 the snapshot and the restore are reflinks: the same bytes,
-    sharing the source's blocks (the filesystem's used space hardly grows)."""
-    ssh, secrets = setup(vm)
-    image, mountpoint = f"{services.LUN_DIR}/xfs.img", f"{services.LUN_DIR}/xfs"
-    vm.run(["truncate", "-s", str(320 * MiB), image])
-    loop = vm.run(["losetup", "--find", "--show", image]).stdout.strip()
-    try:
-        vm.run(["mkfs.xfs", "-q", "-f", "-m", "reflink=1", loop])
-        vm.run(["mkdir", "-p", "-m", "0755", mountpoint])
-        vm.run(["mount", loop, mountpoint])
-        vm.run(["chmod", "0755", mountpoint])
-        params = parameters(ssh, fileioDirectory=mountpoint)
-        (pv,) = calls(vm, secrets, {"op": "provision", "claim": claim(64 * MiB),
-                                    "parameters": params})  # fmt: skip
-        assert "error" not in pv, pv
-        name = pv["options"]["iqn"].rsplit(":", 1)[1]
-        vm.sh(f"head -c {8 * MiB} /dev/urandom | dd of={mountpoint}/{name}.img bs=1M seek=3 "
-              "conv=notrunc,fsync status=none")  # fmt: skip
-        used = int(vm.run(["df", "-B1", "--output=used", mountpoint]).stdout.split()[-1])
-        snap = snap_name()
-        (record,) = calls(vm, secrets, {"op": "snapshot", "options": pv["options"],
-                                        "reclaim": pv["reclaim"], "name": snap})  # fmt: skip
-        assert record.get("how") == "reflink", record
-        (restored,) = calls(vm, secrets, {"op": "restore", "claim": claim(64 * MiB),
-                                          "parameters": params, "snapshot": record})  # fmt: skip
-        assert "error" not in restored, restored
-        r_name = restored["options"]["iqn"].rsplit(":", 1)[1]
-        vm.run(["cmp", f"{mountpoint}/{name}.img", f"{mountpoint}/{snap}.img"])
-        vm.run(["cmp", f"{mountpoint}/{name}.img", f"{mountpoint}/{r_name}.img"])
-        grown = int(vm.run(["df", "-B1", "--output=used", mountpoint]).stdout.split()[-1])
-        assert grown - used < 16 * MiB, (used, grown)  # two 64 MiB copies share their blocks
-        assert exists(vm, f"{CONFIGFS}/iscsi/{restored['options']['iqn']}/tpgt_1/lun/lun_0")
-        assert calls(vm, secrets, {"op": "delete_snapshot", "snapshot": record}) == [{}]
-        for made in (pv, restored):
-            assert calls(vm, secrets, {"op": "reclaim", **made}) == [{}]
-        assert vm.sh(f"ls -A {mountpoint}").stdout.split() == []
-    finally:
-        services.reset_iscsi(vm)
-        vm.run(["umount", mountpoint], check=False)
-        vm.run(["losetup", "-d", loop], check=False)
-        vm.run(["rm", "-f", image], check=False)
 
 
 def test_block_snapshot_restore_clone_and_delete(vm: VM, kubelet: Kubelet, clean: None) -> None:
