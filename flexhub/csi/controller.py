@@ -24,13 +24,11 @@ from google.protobuf.wrappers_pb2 import Int64Value
 from flexhub.config import NodeConfig
 from flexhub.csi import TOPOLOGY_NODE_KEY
 from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
-from flexhub.csi.records import UID, VolumeRecord, VolumeRecords
+from flexhub.csi.records import UID, VolumeRecord, VolumeRecords, uid_of_volume
+from flexhub.csi.snapshotrpcs import SnapshotRpcs
 from flexhub.csi.snapshots import (
     SnapshotRecords,
     copy_options,
-    new_record,
-    snapshot_message,
-    snapshot_uid,
     uid_of_snapshot,
 )
 from flexhub.csi.status import CsiError, InFlight, rpc
@@ -67,12 +65,6 @@ _ACCESS_MODES = {
 def volume_uid(name: str) -> str:
     """The claim uid of a CreateVolume name: the same name, the same uid, on every host."""
     return str(uuid.uuid5(_NAMESPACE, name))
-
-
-def _uid_of(volume_id: str) -> str:
-    """The uid part of ``<backend>:<uid>`` (``""`` for an id this controller never made)."""
-    backend, _, uid = volume_id.rpartition(":")
-    return uid if backend and UID.fullmatch(uid) else ""
 
 
 def _size(capacity_range: Any) -> int:
@@ -118,7 +110,7 @@ class _Source:
         )
 
 
-class ControllerService(csi_pb2_grpc.ControllerServicer):
+class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
     """Controller RPCs for every backend that provisions (mixes in ``Provisioning``)."""
 
     def __init__(self, config: NodeConfig, node_id: str) -> None:
@@ -281,7 +273,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
             )
         if kind == "volume":
             wanted = given.volume.volume_id
-            uid = _uid_of(wanted)
+            uid = uid_of_volume(wanted)
             volume = self.records.get(uid) if uid else None
             if volume is None or volume.volume_id != wanted:
                 raise CsiError(grpc.StatusCode.NOT_FOUND, f"no volume {wanted[:200]!r}")
@@ -345,7 +337,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
     def DeleteVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
         if not request.volume_id:
             raise invalid("volume_id is required")
-        uid = _uid_of(request.volume_id)
+        uid = uid_of_volume(request.volume_id)
         if not uid:
             LOG.info("%s was never made here: nothing to delete", request.volume_id[:200])
             return csi_pb2.DeleteVolumeResponse()
@@ -374,7 +366,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
             raise invalid("volume_id is required")
         if not request.volume_capabilities:
             raise invalid("volume_capabilities is required")
-        uid = _uid_of(request.volume_id)
+        uid = uid_of_volume(request.volume_id)
         record = self.records.get(uid) if uid else None
         if record is None or record.volume_id != request.volume_id:
             raise CsiError(grpc.StatusCode.NOT_FOUND, f"no volume {request.volume_id[:200]!r}")
@@ -422,7 +414,7 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
         new_size = request.capacity_range.required_bytes or request.capacity_range.limit_bytes
         if new_size <= 0:
             raise invalid("capacity_range: the new size is required")
-        uid = _uid_of(request.volume_id)
+        uid = uid_of_volume(request.volume_id)
         with self.in_flight.hold(uid or request.volume_id):
             record = self.records.get(uid) if uid else None
             if record is None or record.volume_id != request.volume_id:
@@ -489,117 +481,4 @@ class ControllerService(csi_pb2_grpc.ControllerServicer):
             largest = max(largest, room if bound is None else min(room, int(bound)))
         return csi_pb2.GetCapacityResponse(
             available_capacity=total, maximum_volume_size=Int64Value(value=largest)
-        )
-
-    # -- snapshots ---------------------------------------------------------------------------
-
-    @rpc
-    def CreateSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:
-        if not request.name:
-            raise invalid("name is required")
-        if not request.source_volume_id:
-            raise invalid("source_volume_id is required")
-        uid = snapshot_uid(request.name)
-        with self.in_flight.hold(uid):
-            existing = self.snapshots.get(uid)
-            if existing is not None:
-                if existing["source_volume_id"] != request.source_volume_id:
-                    raise CsiError(
-                        grpc.StatusCode.ALREADY_EXISTS,
-                        f"snapshot {request.name[:200]!r} exists of another volume",
-                    )
-                return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(existing))
-            vuid = _uid_of(request.source_volume_id)
-            source = self.records.get(vuid) if vuid else None
-            if source is None or source.volume_id != request.source_volume_id:
-                raise CsiError(
-                    grpc.StatusCode.NOT_FOUND, f"no volume {request.source_volume_id[:200]!r}"
-                )
-            backend = self._backend(source.backend)
-            if not type(backend).snapshots:
-                raise invalid(f"backend {source.backend} cannot make snapshots")
-            self._on_its_node(backend, source.node, f"volume {source.volume_id}")
-            with self.in_flight.hold(vuid):
-                made = backend.snapshot(
-                    source.options,
-                    source.reclaim,
-                    f"snap-{uid}",
-                    source.namespace,
-                    secrets_of(request.secrets),
-                )
-            record = new_record(request.name, uid, source, dict(made), source.node)
-            self.snapshots.put(uid, record)
-            LOG.info(
-                "snapshot %s of %s: %d bytes, %s",
-                record["snapshot_id"],
-                source.volume_id,
-                record["size"],
-                made.get("how", "copied"),
-            )
-            return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(record))
-
-    @rpc
-    def DeleteSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:
-        if not request.snapshot_id:
-            raise invalid("snapshot_id is required")
-        uid = uid_of_snapshot(request.snapshot_id)
-        if not uid:
-            LOG.info("%s was never made here: nothing to delete", request.snapshot_id[:200])
-            return csi_pb2.DeleteSnapshotResponse()
-        with self.in_flight.hold(uid):
-            record = self.snapshots.get(uid)
-            if record is None or record["snapshot_id"] != request.snapshot_id:
-                return csi_pb2.DeleteSnapshotResponse()
-            backend = self._backend(record["backend"])
-            self._on_its_node(backend, record["node"], f"snapshot {record['snapshot_id']}")
-            backend.delete_snapshot(record["record"], secrets_of(request.secrets))
-            self.snapshots.delete(uid)
-            LOG.info("deleted snapshot %s", record["snapshot_id"])
-        return csi_pb2.DeleteSnapshotResponse()
-
-    @rpc
-    def GetSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:
-        """One snapshot this controller made, as ``ListSnapshots`` lists it; ``NOT_FOUND``
-        for any other id."""
-        if not request.snapshot_id:
-            raise invalid("snapshot_id is required")
-        uid = uid_of_snapshot(request.snapshot_id)
-        record = self.snapshots.get(uid) if uid else None
-        if record is None or record["snapshot_id"] != request.snapshot_id:
-            raise CsiError(
-                grpc.StatusCode.NOT_FOUND, f"snapshot {request.snapshot_id[:200]} not found"
-            )
-        return csi_pb2.GetSnapshotResponse(snapshot=snapshot_message(record))
-
-    @rpc
-    def ListSnapshots(self, request: Any, context: grpc.ServicerContext) -> Any:
-        """The snapshots this controller made, by uid, paged as ``ListVolumes``; filtered
-        by ``snapshot_id`` or ``source_volume_id`` (an unknown one: an empty list)."""
-        if request.max_entries < 0:
-            raise invalid("max_entries must not be negative")
-        token = request.starting_token
-        if token and not UID.fullmatch(token):
-            raise CsiError(grpc.StatusCode.ABORTED, f"starting_token {token[:80]!r} is not ours")
-        if request.snapshot_id:
-            one = uid_of_snapshot(request.snapshot_id)
-            uids = [one] if one and one > token else []
-        else:
-            uids = [u for u in self.snapshots.uids() if u > token]
-        records = []
-        for uid in uids:
-            record = self.snapshots.get(uid)
-            if record is None:
-                continue
-            if request.snapshot_id and record["snapshot_id"] != request.snapshot_id:
-                continue
-            if request.source_volume_id and record["source_volume_id"] != request.source_volume_id:
-                continue
-            records.append((uid, record))
-        page = records[: request.max_entries] if request.max_entries else records
-        more = request.max_entries and len(records) > len(page)
-        return csi_pb2.ListSnapshotsResponse(
-            entries=[
-                csi_pb2.ListSnapshotsResponse.Entry(snapshot=snapshot_message(r)) for _, r in page
-            ],
-            next_token=page[-1][0] if more else "",
         )

@@ -24,11 +24,24 @@ from typing import Any, Generic, TypeVar
 from flexhub.errors import StateError
 from flexhub.node.frozen import Frozen
 
-__all__ = ["UID", "StagedContexts", "UidRecords", "VolumeRecord", "VolumeRecords"]
+__all__ = [
+    "UID",
+    "StagedContexts",
+    "UidRecords",
+    "VolumeRecord",
+    "VolumeRecords",
+    "uid_of_volume",
+]
 
 _R = TypeVar("_R")
 #: A volume or snapshot uid (uuid5 of its CreateVolume or CreateSnapshot name).
 UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def uid_of_volume(volume_id: str) -> str:
+    """The uid part of ``<backend>:<uid>`` (``""`` for an id this controller never made)."""
+    backend, _, uid = volume_id.rpartition(":")
+    return uid if backend and UID.fullmatch(uid) else ""
 
 
 class VolumeRecord(Frozen):

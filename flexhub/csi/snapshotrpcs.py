@@ -1,0 +1,146 @@
+"""The CSI controller's snapshot RPCs (``CreateSnapshot``, ``DeleteSnapshot``, ``GetSnapshot``,
+``ListSnapshots``), a part of :class:`~flexhub.csi.controller.ControllerService`: what they
+keep and how a restore uses it is :mod:`flexhub.csi.snapshots`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+
+from flexhub.csi.proto import csi_pb2
+from flexhub.csi.records import UID, uid_of_volume
+from flexhub.csi.snapshots import new_record, snapshot_message, snapshot_uid, uid_of_snapshot
+from flexhub.csi.status import CsiError, rpc
+from flexhub.csi.volumes import invalid, secrets_of
+
+__all__ = ["SnapshotRpcs"]
+
+LOG = logging.getLogger(__name__)
+
+
+class SnapshotRpcs:
+    """The snapshot RPCs; the controller gives them ``records``, ``snapshots``, ``in_flight``,
+    ``_backend`` and ``_on_its_node``."""
+
+    records: Any
+    snapshots: Any
+    in_flight: Any
+
+    def _backend(self, name: str) -> Any:
+        raise NotImplementedError
+
+    def _on_its_node(self, backend: Any, node: str, what: str) -> None:
+        raise NotImplementedError
+
+    @rpc
+    def CreateSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if not request.name:
+            raise invalid("name is required")
+        if not request.source_volume_id:
+            raise invalid("source_volume_id is required")
+        uid = snapshot_uid(request.name)
+        with self.in_flight.hold(uid):
+            existing = self.snapshots.get(uid)
+            if existing is not None:
+                if existing["source_volume_id"] != request.source_volume_id:
+                    raise CsiError(
+                        grpc.StatusCode.ALREADY_EXISTS,
+                        f"snapshot {request.name[:200]!r} exists of another volume",
+                    )
+                return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(existing))
+            vuid = uid_of_volume(request.source_volume_id)
+            source = self.records.get(vuid) if vuid else None
+            if source is None or source.volume_id != request.source_volume_id:
+                raise CsiError(
+                    grpc.StatusCode.NOT_FOUND, f"no volume {request.source_volume_id[:200]!r}"
+                )
+            backend = self._backend(source.backend)
+            if not type(backend).snapshots:
+                raise invalid(f"backend {source.backend} cannot make snapshots")
+            self._on_its_node(backend, source.node, f"volume {source.volume_id}")
+            with self.in_flight.hold(vuid):
+                made = backend.snapshot(
+                    source.options,
+                    source.reclaim,
+                    f"snap-{uid}",
+                    source.namespace,
+                    secrets_of(request.secrets),
+                )
+            record = new_record(request.name, uid, source, dict(made), source.node)
+            self.snapshots.put(uid, record)
+            LOG.info(
+                "snapshot %s of %s: %d bytes, %s",
+                record["snapshot_id"],
+                source.volume_id,
+                record["size"],
+                made.get("how", "copied"),
+            )
+            return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(record))
+
+    @rpc
+    def DeleteSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:
+        if not request.snapshot_id:
+            raise invalid("snapshot_id is required")
+        uid = uid_of_snapshot(request.snapshot_id)
+        if not uid:
+            LOG.info("%s was never made here: nothing to delete", request.snapshot_id[:200])
+            return csi_pb2.DeleteSnapshotResponse()
+        with self.in_flight.hold(uid):
+            record = self.snapshots.get(uid)
+            if record is None or record["snapshot_id"] != request.snapshot_id:
+                return csi_pb2.DeleteSnapshotResponse()
+            backend = self._backend(record["backend"])
+            self._on_its_node(backend, record["node"], f"snapshot {record['snapshot_id']}")
+            backend.delete_snapshot(record["record"], secrets_of(request.secrets))
+            self.snapshots.delete(uid)
+            LOG.info("deleted snapshot %s", record["snapshot_id"])
+        return csi_pb2.DeleteSnapshotResponse()
+
+    @rpc
+    def GetSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """One snapshot this controller made, as ``ListSnapshots`` lists it; ``NOT_FOUND``
+        for any other id."""
+        if not request.snapshot_id:
+            raise invalid("snapshot_id is required")
+        uid = uid_of_snapshot(request.snapshot_id)
+        record = self.snapshots.get(uid) if uid else None
+        if record is None or record["snapshot_id"] != request.snapshot_id:
+            raise CsiError(
+                grpc.StatusCode.NOT_FOUND, f"snapshot {request.snapshot_id[:200]} not found"
+            )
+        return csi_pb2.GetSnapshotResponse(snapshot=snapshot_message(record))
+
+    @rpc
+    def ListSnapshots(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """The snapshots this controller made, by uid, paged as ``ListVolumes``; filtered
+        by ``snapshot_id`` or ``source_volume_id`` (an unknown one: an empty list)."""
+        if request.max_entries < 0:
+            raise invalid("max_entries must not be negative")
+        token = request.starting_token
+        if token and not UID.fullmatch(token):
+            raise CsiError(grpc.StatusCode.ABORTED, f"starting_token {token[:80]!r} is not ours")
+        if request.snapshot_id:
+            one = uid_of_snapshot(request.snapshot_id)
+            uids = [one] if one and one > token else []
+        else:
+            uids = [u for u in self.snapshots.uids() if u > token]
+        records = []
+        for uid in uids:
+            record = self.snapshots.get(uid)
+            if record is None:
+                continue
+            if request.snapshot_id and record["snapshot_id"] != request.snapshot_id:
+                continue
+            if request.source_volume_id and record["source_volume_id"] != request.source_volume_id:
+                continue
+            records.append((uid, record))
+        page = records[: request.max_entries] if request.max_entries else records
+        more = request.max_entries and len(records) > len(page)
+        return csi_pb2.ListSnapshotsResponse(
+            entries=[
+                csi_pb2.ListSnapshotsResponse.Entry(snapshot=snapshot_message(r)) for _, r in page
+            ],
+            next_token=page[-1][0] if more else "",
+        )
