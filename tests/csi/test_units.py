@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 import pytest
 
-from flexhub.csi.controller import _uid_of, volume_uid
-from flexhub.csi.records import VolumeRecord, VolumeRecords
+from flexhub.csi.controller import volume_uid
+from flexhub.csi.records import VolumeRecord, VolumeRecords, uid_of_volume
 from flexhub.csi.server import socket_path
 from flexhub.csi.snapshots import copy_options
 from flexhub.csi.status import CsiError, InFlight, code_of
@@ -86,9 +86,9 @@ def test_volume_uids_are_stable_per_name_and_shaped_as_kubernetes_uids() -> None
     assert uid == volume_uid("pvc-1234")
     assert uid != volume_uid("pvc-1235")
     assert len(uid) == 36 and uid.count("-") == 4
-    assert _uid_of(f"loopfile:{uid}") == uid
-    assert _uid_of("someone-elses-volume") == ""
-    assert _uid_of(f":{uid}") == ""
+    assert uid_of_volume(f"loopfile:{uid}") == uid
+    assert uid_of_volume("someone-elses-volume") == ""
+    assert uid_of_volume(f":{uid}") == ""
 
 
 def test_volume_records_round_trip_privately_and_refuse_a_foreign_key(tmp_path: Path) -> None:
@@ -165,9 +165,9 @@ def test_a_stat_that_never_answers_does_not_take_a_worker(monkeypatch: Any) -> N
 def test_an_id_of_a_uids_length_but_not_its_shape_is_no_volume_of_ours() -> None:
     """``loopfile:`` and 36 characters that are no uid: not found (DeleteVolume: done), never
     an INTERNAL error from the records' own path check."""
-    assert _uid_of("loopfile:../../../../etc/passwd/xxxxxxxxxxxxx") == ""
-    assert _uid_of("loopfile:" + "Z" * 36) == ""
-    assert _uid_of("loopfile:" + volume_uid("claim-1")) == volume_uid("claim-1")
+    assert uid_of_volume("loopfile:../../../../etc/passwd/xxxxxxxxxxxxx") == ""
+    assert uid_of_volume("loopfile:" + "Z" * 36) == ""
+    assert uid_of_volume("loopfile:" + volume_uid("claim-1")) == volume_uid("claim-1")
 
 
 def test_a_stale_mount_is_told_from_a_missing_path_by_the_one_bounded_stat(
