@@ -138,9 +138,14 @@ def _iscsi(vm: VM, access: str) -> Served:
     )
 
 
-#: The runs; ``iscsi`` (a file system on every volume) only when asked (the docstring says why).
-RUNS = ["nfs", "cifs", "iscsi-block"] + (
-    ["iscsi"] if os.environ.get("FLEXHUB_SANITY_ISCSI_MOUNT") == "1" else []
+#: The runs. The iSCSI ones only when asked (``FLEXHUB_SANITY_ISCSI=1``: every volume raw;
+#: ``FLEXHUB_SANITY_ISCSI_MOUNT=1``: a file system on every volume): both passed on
+#: 2026-12-05 (50 specs pass, none fails, 594 s and 537 s), and CI's VM groups cannot hold
+#: them yet beside the rest (a CI run with them took ~800 s past the warm budget).
+RUNS = (
+    ["nfs", "cifs"]
+    + (["iscsi-block"] if os.environ.get("FLEXHUB_SANITY_ISCSI") == "1" else [])
+    + (["iscsi"] if os.environ.get("FLEXHUB_SANITY_ISCSI_MOUNT") == "1" else [])
 )
 
 
