@@ -12,6 +12,14 @@ from pathlib import Path
 
 import pytest
 
+# gRPC core logs to stderr at ERROR by default, also from a process this one forks to run a
+# driver as kubelet does (stderr merged into the reply): with an in-process gRPC channel or
+# server earlier in the session, a forked child's inherited poller can log
+# "Epoll1Poller ... epoll_wait error: Bad file descriptor" before its exec, and the reply is
+# then no JSON (CI 2026-12-05, tests/loopfile). The driver loads no gRPC; this is the test
+# process's own noise, silenced before any test module imports grpc.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
 from flexhub.admin.harness import KUBELET_ENV, DriverReply, Kubelet, parse_reply
 from flexhub.admin.install import install
 from flexhub.errors import forget_secrets
