@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-# gRPC core logs to stderr at ERROR by default, also from a process this one forks to run a
-# driver as kubelet does (stderr merged into the reply): with an in-process gRPC channel or
-# server earlier in the session, a forked child's inherited poller can log
-# "Epoll1Poller ... epoll_wait error: Bad file descriptor" before its exec, and the reply is
-# then no JSON (CI 2026-12-05, tests/loopfile). The driver loads no gRPC; this is the test
-# process's own noise, silenced before any test module imports grpc.
+# gRPC core logs to stderr at ERROR by default, also from a child this process forks with a
+# ``preexec_fn`` (Python code between fork and exec: gRPC's fork handlers run): with an
+# in-process gRPC channel or server earlier in the session, such a child can write
+# "Epoll1Poller ... epoll_wait error: Bad file descriptor" into what it was started to say.
+# flexhub's own ``run_in_host`` forks no Python code any more (tests/deploy/test_run_in_host.py
+# proves it with this logging on); a few tests still set a umask in a ``preexec_fn``, so the
+# test process's gRPC stays quiet, set before any test module imports grpc.
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 from flexhub.admin.harness import KUBELET_ENV, DriverReply, Kubelet, parse_reply

@@ -28,6 +28,7 @@ import errno
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,24 +220,37 @@ def prune_runtimes(
     return tuple(removed)
 
 
+#: Run by :func:`run_in_host` for a host root other than ``/``: chroot into ``argv[1]`` and exec
+#: ``argv[2:]``, with the environment it was given; when that fails, exit 127 with
+#: :data:`_EXEC_FAILED` and the errno as its only output. A process of its own, not a
+#: ``preexec_fn``: Python code between fork and exec in a process that holds threads (the node
+#: agent's watches, gRPC's pollers) can deadlock or, with gRPC loaded, write gRPC's fork
+#: handlers' errors into the child's output, the driver's reply (seen in CI, 2026-12-05).
+_CHROOT_EXEC = (
+    "import os, sys\n"
+    "try:\n"
+    "    os.chroot(sys.argv[1]); os.chdir('/'); os.execv(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as exc:\n"
+    "    os.write(2, b'\\0flexhub-exec-failed %d' % exc.errno); os._exit(127)\n"
+)
+_EXEC_FAILED = b"\0flexhub-exec-failed "
+
+
 def run_in_host(
     host_root: Path, argv: list[str], timeout: float = 60, stdin_data: bytes | None = None
 ) -> tuple[int, bytes]:
     """Run ``argv`` the way kubelet runs a driver (bare environment, stdin /dev/null, stderr
     merged, cwd /), inside the host's root; return its exit status and output. With
-    ``stdin_data``, stdin is a pipe holding those bytes instead (never a command line).
+    ``stdin_data``, stdin is a pipe holding those bytes instead (never a command line). Under
+    a host root other than ``/``, this interpreter chroots and execs it (:data:`_CHROOT_EXEC`).
 
     :raises OSError: it could not start; :raises subprocess.TimeoutExpired: it hung.
     """
     from flexhub.admin.harness import KUBELET_ENV
 
     root = str(host_root)
-
-    def enter() -> None:
-        if root != "/":
-            os.chroot(root)
-        os.chdir("/")
-
+    if root != "/":
+        argv = [sys.executable, "-I", "-S", "-c", _CHROOT_EXEC, root, *argv]
     proc = subprocess.run(
         argv,
         stdin=None if stdin_data is not None else subprocess.DEVNULL,
@@ -244,10 +258,13 @@ def run_in_host(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=dict(KUBELET_ENV),
-        preexec_fn=enter,  # chroot into the host, where kubelet runs it
+        cwd="/",
         timeout=timeout,
         check=False,
     )
+    if root != "/" and proc.returncode == 127 and proc.stdout.startswith(_EXEC_FAILED):
+        code = int(proc.stdout[len(_EXEC_FAILED) :] or errno.EIO)
+        raise OSError(code, os.strerror(code), argv[6])
     return proc.returncode, proc.stdout
 
 

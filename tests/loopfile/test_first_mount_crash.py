@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from flexhub.admin.harness import Kubelet, go_json
+from flexhub.node.checkpoints import TRACE_ENV
 from flexhub.node.volumes import CHECKPOINTS, PAUSE_ENV
 from tests.conftest import needs_root
 from tests.loopfile.conftest import loops_of
@@ -133,23 +134,33 @@ def _start_held(k: Kubelet, target: Path, options: str) -> tuple[subprocess.Pope
 
 def mkfs_window(k: Kubelet, node_tree: dict[str, Path], fs: str) -> float:
     """How long mkfs runs in a first mount on this machine now (its load changes it tenfold):
-    one first mount watched, not killed, then unmounted."""
+    one first mount held at its ``format-intent`` checkpoint (right before ``mkfs``), let go,
+    and timed until its trace shows ``formatted`` (right after), then unmounted. Read from the
+    driver's own checkpoints, never from a scan of /proc, which a loaded machine can starve
+    past a short mkfs (CI 2026-12-05: "the watched first mount ran no mkfs")."""
     vol = volume("calibrate")
     target, options = new_pod(k, vol, fs)
-    proc, mkfs = _start_held(k, target, options)
+    trace = node_tree["log"].parent / "calibrate.trace"
+    proc = subprocess.Popen(
+        [str(k.driver), "mount", str(target), options],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**k.env, PAUSE_ENV: "format-intent", TRACE_ENV: str(trace)},
+        cwd="/",
+    )
+    _wait_stopped(proc.pid)
     seen = time.monotonic()
-    while mkfs:
-        try:
-            text = Path(f"/proc/{mkfs}/stat").read_text()
-        except OSError:
-            break  # gone
-        if text[text.rindex(")") + 2 :].split()[0] in ("Z", "X"):
-            break
+    os.kill(proc.pid, signal.SIGCONT)
+    steps: list[str] = []
+    while "formatted" not in steps and proc.poll() is None:
+        steps = trace.read_text().split()
         time.sleep(0.0005)
     window = time.monotonic() - seen
     out, err = proc.communicate(timeout=120)
     assert_ok(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    assert mkfs, "the watched first mount ran no mkfs"
+    steps = trace.read_text().split()
+    assert steps[-4:] == ["formatted", "staged", "bound", "done"], steps
     assert_ok(call(k, "unmount", str(target)))
     assert_clean(node_tree)
     return max(window, 0.002)

@@ -34,9 +34,13 @@ ROUNDS = 3
 LUN = 320 * MiB
 HELPER = "/var/lib/flexhub-iscsi-test/mkfs_kill.py"
 
-#: Runs in the guest: a first mount, its mkfs found in the driver's process tree; then either
-#: watched to its end ("window": how long mkfs ran) or, ``delay`` s into mkfs, the driver and
-#: every process under it SIGKILLed (stopped first, so none forks away), and waited for.
+#: Runs in the guest: a first mount, either watched to its end or, ``delay`` s into its mkfs,
+#: the driver and every process under it SIGKILLed (stopped first, so none forks away), and
+#: waited for. Watched (``delay`` < 0), the call is held at its ``format-intent`` checkpoint
+#: (right before ``mkfs``) and let go, and its ``formatted`` checkpoint (right after) is awaited
+#: in its trace file: whether it formatted, and "window", how long from the one to the other,
+#: are read from the driver's own checkpoints, never from a scan of /proc that a loaded machine
+#: can starve past a short mkfs (CI 2026-12-05 saw one ran "no mkfs").
 _HELPER = r"""
 import json, os, signal, subprocess, sys, time
 
@@ -62,27 +66,48 @@ def tree(root):
                 todo.append(child)
     return found
 
+def state(pid):
+    text = open(f"/proc/{pid}/stat").read()
+    return text[text.rindex(")") + 2 :].split()[0]
+
 driver, target, options, delay = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+env = json.loads(sys.argv[5])
+trace = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "watched.trace")
+if delay < 0:
+    if os.path.exists(trace):
+        os.unlink(trace)
+    env.update(FLEXHUB_TEST_PAUSE_AT="format-intent", FLEXHUB_TEST_TRACE=trace)
 proc = subprocess.Popen(
     [driver, "mount", target, options], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT, env=json.loads(sys.argv[5]), cwd="/",
+    stderr=subprocess.STDOUT, env=env, cwd="/",
 )
+if delay < 0:
+    deadline = time.monotonic() + 180
+    while proc.poll() is None and state(proc.pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.005)
+    held = proc.poll() is None and state(proc.pid) == "T"
+    seen = time.monotonic()
+    os.kill(proc.pid, signal.SIGCONT)
+    steps = []
+    while held and "formatted" not in steps and proc.poll() is None:
+        try:
+            steps = open(trace).read().split()
+        except FileNotFoundError:
+            pass
+        time.sleep(0.002)
+    window = time.monotonic() - seen
+    out = proc.communicate(timeout=240)[0].decode()
+    steps = open(trace).read().split() if os.path.exists(trace) else []
+    print(json.dumps({"mkfs": held and "formatted" in steps, "window": window,
+                      "rc": proc.returncode, "out": out, "steps": steps}))
+    sys.exit(0)
 mkfs, deadline = 0, time.monotonic() + 180
 while proc.poll() is None and not mkfs and time.monotonic() < deadline:
     mkfs = next((p for p, (c, _) in tree(proc.pid).items() if c.startswith("mkfs")), 0)
     time.sleep(0.002)
-seen = time.monotonic()
-if delay < 0 or not mkfs:
-    while mkfs and proc.poll() is None:
-        try:
-            if open(f"/proc/{mkfs}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX":
-                break
-        except OSError:
-            break  # gone
-        time.sleep(0.002)
-    window = time.monotonic() - seen
+if not mkfs:  # it ended before its mkfs was seen: a mount like any other
     out = proc.communicate(timeout=240)[0].decode()
-    print(json.dumps({"mkfs": bool(mkfs), "window": window, "rc": proc.returncode, "out": out}))
+    print(json.dumps({"mkfs": False, "rc": proc.returncode, "out": out}))
     sys.exit(0)
 time.sleep(delay)
 for pid in (mkfs, proc.pid):  # mkfs first: whether it still ran is decided at this instant
