@@ -64,11 +64,33 @@ def vm() -> Iterator[VM]:
     try:
         yield machine
     finally:
+        _record_busiest(machine)
         machine.close()
 
 
+#: The guest's processes by CPU time when its session ended (printed in the summary): what a
+#: session left running, and what ate the one emulated core, are seen in every CI log.
+GUEST_PROCESSES: list[str] = []
+
+
+def _record_busiest(machine: VM) -> None:
+    try:
+        found = machine.run(
+            ["ps", "-eo", "pid,ppid,time,etimes,args", "--sort=-time"], timeout=60, check=False
+        )
+    except (RigError, OSError) as exc:  # a guest already gone says so, and the session ends
+        GUEST_PROCESSES.append(f"(no process list: {exc})")
+        return
+    GUEST_PROCESSES.extend(line[:160] for line in found.stdout.splitlines()[:16])
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """What the session's guests ran, by kind: the VM tier's cost per call, measured."""
+    """What the session's guests ran, by kind: the VM tier's cost per call, measured; and
+    their busiest processes at the end."""
+    if GUEST_PROCESSES:
+        terminalreporter.section("guest processes by CPU time at the session's end")
+        for line in GUEST_PROCESSES:
+            terminalreporter.write_line(line)
     if not COMMAND_STATS:
         return
     terminalreporter.section("guest commands (count, seconds in the guest, mean)")
