@@ -295,6 +295,29 @@ def custom_objects(cluster: Cluster) -> Any:
     return client.CustomObjectsApi(cluster.api)
 
 
+def snapshot_ready(
+    cluster: Cluster, ns: str, name: str, claim: str, snapshot_class: str, timeout: float
+) -> Any:
+    """Create VolumeSnapshot ``name`` of ``claim`` in ``snapshot_class`` and return it once
+    it is ready to use (an error in its status fails at once)."""
+    group, version = SNAPSHOTS
+    custom = custom_objects(cluster)
+    custom.create_namespaced_custom_object(group, version, ns, "volumesnapshots", {
+        "apiVersion": f"{group}/{version}", "kind": "VolumeSnapshot",
+        "metadata": {"name": name},
+        "spec": {"volumeSnapshotClassName": snapshot_class,
+                 "source": {"persistentVolumeClaimName": claim}},
+    })  # fmt: skip
+
+    def ready() -> Any:
+        snap = custom.get_namespaced_custom_object(group, version, ns, "volumesnapshots", name)
+        status = snap.get("status") or {}
+        assert not status.get("error"), status
+        return snap if status.get("readyToUse") else None
+
+    return eventually(f"the VolumeSnapshot {name} ready to use", ready, timeout=timeout)
+
+
 def node_affinity(pv: Any) -> list[tuple[str, list[str]]]:
     """The PV's required node affinity as (key, values) pairs (``[]``: none)."""
     affinity = pv.spec.node_affinity

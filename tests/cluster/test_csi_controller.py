@@ -148,20 +148,7 @@ def test_snapshot_becomes_ready(cluster: Cluster, csi: sidecars.Csi) -> None:
         "metadata": {"name": SNAPSHOT_CLASS}, "driver": sidecars.DRIVER,
         "deletionPolicy": "Delete",
     })  # fmt: skip
-    custom.create_namespaced_custom_object(group, version, ns, "volumesnapshots", {
-        "apiVersion": f"{group}/{version}", "kind": "VolumeSnapshot",
-        "metadata": {"name": "snap"},
-        "spec": {"volumeSnapshotClassName": SNAPSHOT_CLASS,
-                 "source": {"persistentVolumeClaimName": "data"}},
-    })  # fmt: skip
-
-    def ready() -> Any:
-        snap = custom.get_namespaced_custom_object(group, version, ns, "volumesnapshots", "snap")
-        status = snap.get("status") or {}
-        assert not status.get("error"), status
-        return snap if status.get("readyToUse") else None
-
-    snap = eventually("the VolumeSnapshot ready to use", ready, timeout=90)
+    snap = sidecars.snapshot_ready(cluster, ns, "snap", "data", SNAPSHOT_CLASS, timeout=90)
     content = custom.get_cluster_custom_object(
         group, version, "volumesnapshotcontents", snap["status"]["boundVolumeSnapshotContentName"]
     )

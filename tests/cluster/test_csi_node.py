@@ -7,7 +7,6 @@ crash, reads their stats and their health. Everything about the node is read fro
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -64,7 +63,9 @@ def _unstage_leftovers(cluster: Cluster) -> None:
         node = csi_pb2_grpc.NodeStub(channel)
         for handle, pv, block in _VOLUMES:
             staging = (
-                csi / "volumeDevices" / "staging" / pv if block else _globalmount(cluster, handle)
+                csi / "volumeDevices" / "staging" / pv
+                if block
+                else csi_node.staging_path(cluster, handle)
             )
             if staging.exists():
                 request = csi_pb2.NodeUnstageVolumeRequest(
@@ -208,14 +209,6 @@ def _mount_dir(cluster: Cluster, uid: str, pv: str) -> Path:
     return cluster.kubelet_root / "pods" / uid / "volumes" / "kubernetes.io~csi" / pv / "mount"
 
 
-def _globalmount(cluster: Cluster, handle: str) -> Path:
-    """The kubelet's staging path of a CSI volume: ``.../<driver>/<sha256(handle)>/globalmount``."""
-    digest = hashlib.sha256(handle.encode()).hexdigest()
-    return (
-        cluster.kubelet_root / "plugins" / "kubernetes.io" / "csi" / DRIVER / digest / "globalmount"
-    )
-
-
 def _tcp_peers(pid: int) -> list[str]:
     """The remote ends of ``pid``'s TCP sockets (``ip:port`` in /proc's hex), one per socket."""
     inodes = set()
@@ -285,7 +278,7 @@ def test_a_pod_mounts_a_static_csi_pv_and_its_data_survives_it(
     backing = _backing(cluster, ns, "fs.img")
     assert backing.stat().st_size == 64 * 1024 * 1024
     assert _loops_of(backing), "the backing file is on no loop device"
-    staged = _mounts_at(_globalmount(cluster, f"static:{ns}:fs"))
+    staged = _mounts_at(csi_node.staging_path(cluster, f"static:{ns}:fs"))
     assert len(staged) == 1  # NodeStageVolume's mount, which the publish bound
     assert staged[0][2] == entries[0][2]  # the same filesystem (major:minor)
     (target / "hello").write_text("written through a CSI mount\n")
@@ -303,7 +296,7 @@ def test_a_pod_mounts_a_static_csi_pv_and_its_data_survives_it(
     eventually(
         "the kubelet's unstage: the loop device detached", lambda: not _loops_of(backing), 120
     )
-    assert _mounts_at(_globalmount(cluster, f"static:{ns}:fs")) == []
+    assert _mounts_at(csi_node.staging_path(cluster, f"static:{ns}:fs")) == []
     assert _mounts_below(cluster.state_dir.resolve() / "staging") == []
 
 
@@ -410,7 +403,7 @@ def test_an_unmounted_staging_path_becomes_the_pod_s_volume_health(
 
     time.sleep(12)  # two health polls of a healthy volume: no condition
     assert health() == [] or all(not v.get("healthConditions") for v in health()), health()
-    staged = _globalmount(cluster, f"static:{ns}:health")
+    staged = csi_node.staging_path(cluster, f"static:{ns}:health")
     assert len(_mounts_at(staged)) == 1
     subprocess.run(["umount", str(staged)], check=True, timeout=60)
 

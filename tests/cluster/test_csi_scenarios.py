@@ -289,20 +289,7 @@ def test_a_snapshot_is_restored_into_a_claim_a_second_pod_reads(
     source, ns = scenario.volume("data"), scenario.ns
     group, version = SNAPSHOTS
     custom = sidecars.custom_objects(cluster)
-    custom.create_namespaced_custom_object(group, version, ns, "volumesnapshots", {
-        "apiVersion": f"{group}/{version}", "kind": "VolumeSnapshot",
-        "metadata": {"name": "snap"},
-        "spec": {"volumeSnapshotClassName": SNAPSHOT_CLASS,
-                 "source": {"persistentVolumeClaimName": "data"}},
-    })  # fmt: skip
-
-    def ready() -> Any:
-        snap = custom.get_namespaced_custom_object(group, version, ns, "volumesnapshots", "snap")
-        status = snap.get("status") or {}
-        assert not status.get("error"), status
-        return snap if status.get("readyToUse") else None
-
-    snap = eventually("the VolumeSnapshot ready to use", ready, timeout=120)
+    snap = sidecars.snapshot_ready(cluster, ns, "snap", "data", SNAPSHOT_CLASS, timeout=120)
     assert snap["status"]["restoreSize"] == "480Mi"
     content = custom.get_cluster_custom_object(
         group, version, "volumesnapshotcontents", snap["status"]["boundVolumeSnapshotContentName"]
