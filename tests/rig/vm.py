@@ -170,6 +170,8 @@ class VM:
     memory_mb: int = 1024
     smp: int = 1
     kernel: str | None = None
+    #: qemu's ``-cpu`` model (``FLEXHUB_RIG_CPU``; default ``max``).
+    cpu: str = field(default_factory=lambda: os.environ.get("FLEXHUB_RIG_CPU", "max"))
     boot_timeout: float = 180.0
     python: str = GUEST_PYTHON
     #: A relocatable runtime (``deploy/build_runtime.py``, :mod:`tests.runtime_cache`) the
@@ -226,7 +228,7 @@ class VM:
             "-accel",
             "tcg,thread=multi",
             "-cpu",
-            "max",
+            self.cpu,
             "-smp",
             str(self.smp),
             "-m",

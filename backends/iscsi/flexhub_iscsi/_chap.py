@@ -18,10 +18,7 @@ without that key.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
-import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -80,6 +77,8 @@ def node_key(state_dir: Path) -> bytes:
             Path(state_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
             wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             try:
+                import secrets  # once per node: kept off every other call's imports
+
                 os.write(wfd, secrets.token_bytes(_KEY_BYTES))
                 os.fsync(wfd)
             finally:
@@ -105,6 +104,9 @@ def node_key(state_dir: Path) -> bytes:
 def _digest(key: bytes, name: str, value: str) -> str:
     if not value:
         return ""
+    import hashlib  # CHAP volumes only: hmac and OpenSSL stay off the other calls' imports
+    import hmac
+
     message = f"{name}\0{value}".encode("utf-8", "surrogateescape")
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 

@@ -7,13 +7,12 @@ config). Error messages name option and secret *keys*, never a secret value.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from flexhub.backend import FlexhubError, InvalidOptions, Volume
-from flexhub_iscsi._keys import parse_key
+from flexhub_iscsi._keys import parse_key, sha256
 
 __all__ = [
     "DEFAULT_IFACE",
@@ -133,7 +132,7 @@ def parse_target(options: Mapping[str, str]) -> Target:
 
 def dedicated_iface(base: str, initiator_name: str) -> str:
     """The name of the iface flexhub makes for ``initiator_name`` (a copy of ``base``)."""
-    digest = hashlib.sha256(f"{base}\0{initiator_name}".encode()).hexdigest()[:16]
+    digest = sha256(f"{base}\0{initiator_name}".encode()).hexdigest()[:16]
     return f"{IFACE_PREFIX}{digest}"
 
 

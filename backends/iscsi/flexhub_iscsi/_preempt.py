@@ -8,7 +8,6 @@ PR generation, and it expires.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flexhub.backend import FlexhubError, write_atomically
-from flexhub_iscsi._keys import format_key, parse_key
+from flexhub_iscsi._keys import format_key, parse_key, sha256
 
 __all__ = [
     "DEFAULT_TTL",
@@ -100,7 +99,7 @@ def _preempt_dir(state_dir: Path) -> Path:
 
 
 def _preempt_file(state_dir: Path, volume_id: str) -> Path:
-    digest = hashlib.sha256(volume_id.encode()).hexdigest()[:32]
+    digest = sha256(volume_id.encode()).hexdigest()[:32]
     return _preempt_dir(state_dir) / digest
 
 

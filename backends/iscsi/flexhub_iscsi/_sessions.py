@@ -14,7 +14,6 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 
 from flexhub.backend import InvalidOptions, LockTimeout, VolumeError
 from flexhub_iscsi._chap import session_part
@@ -162,7 +161,9 @@ class _Sessions(_Discovery, _Ifaces, _Devices):
                 return exc.message
             return None
 
-        if len(pending) > 1:
+        if len(pending) > 1:  # multipath only: its thread pool is imported then
+            from concurrent.futures import ThreadPoolExecutor
+
             with ThreadPoolExecutor(max_workers=min(len(pending), 8)) as pool:
                 outcomes = list(pool.map(login, pending))
         else:
