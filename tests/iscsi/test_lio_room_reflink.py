@@ -141,3 +141,21 @@ def test_shared_extents_and_their_union(xfs: Path) -> None:  # noqa: F811
         os.close(fd)
     promised, occupied, _ = _lio_room.measure(str(xfs), None)
     assert (promised, occupied) == (8 * MiB + 4 * MiB, 4 * MiB)
+
+
+@pytest.mark.parametrize("limit", [0, 1])
+def test_past_the_shared_extents_bound_the_account_stays_on_the_safe_side(
+    xfs: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    limit: int,
+) -> None:
+    """Too many shared extents to remember: shared blocks count as taken by no file and as
+    promised by every snapshot holding them, so the room is never more than the exact one."""
+    write(xfs, A, 8 * MiB, 4 * MiB)
+    snapshot_of(xfs, A)
+    clone(xfs, A, B, 8 * MiB)
+    exact = _lio_room.measure(str(xfs), None)
+    monkeypatch.setattr(_lio_room, "MAX_SHARED", limit)
+    bounded = _lio_room.measure(str(xfs), None)
+    assert bounded[0] >= exact[0] and bounded[1] <= exact[1]
+    assert bounded[1] - bounded[0] < exact[1] - exact[0]

@@ -156,17 +156,17 @@ def measure(directory: str, skip: Any) -> tuple[int, int, int]:
                 ranges: Any = []
                 if held and not overflow:
                     ranges = _shared_of(dfd, entry.name, st, MAX_SHARED - len(shared))
-                    if ranges is None:
-                        overflow, ranges = True, []
-                mine = min(held, sum(length for _, length in ranges))
+                    overflow = ranges is None
+                if overflow:  # its sharing unknown: as if all of its blocks were shared
+                    ranges, mine = [], held
+                else:
+                    mine = min(held, sum(length for _, length in ranges))
                 exclusive += held - mine
                 shared.extend((p, n, snapshot) for p, n in ranges)
                 if snapshot:
-                    promised += held - mine
+                    promised += held - mine + (mine if overflow else 0)
                 elif (st.st_dev, st.st_ino) != skip:
                     promised += st.st_size
-                if overflow and snapshot:
-                    promised += mine
     finally:
         os.close(dfd)
     if overflow:  # safe side: shared blocks take nothing, every snapshot's are promised
