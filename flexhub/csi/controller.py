@@ -27,6 +27,7 @@ from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
 from flexhub.csi.records import UID, VolumeRecord, VolumeRecords, uid_of_volume
 from flexhub.csi.snapshotrpcs import SnapshotRpcs
 from flexhub.csi.snapshots import (
+    SnapshotIntents,
     SnapshotRecords,
     copy_options,
     uid_of_snapshot,
@@ -132,6 +133,7 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
         self.node_id = node_id
         self.records = VolumeRecords(config.state_dir)
         self.snapshots = SnapshotRecords(config.state_dir)
+        self.intents = SnapshotIntents(config.state_dir)
         self.in_flight = InFlight()
 
     def _backend(self, name: str) -> Any:
@@ -384,6 +386,8 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
                     f"volume {record.volume_id} lives on node {record.node!r}: only that "
                     "node's plugin can delete it",
                 )
+            if type(backend).snapshots:
+                self._settle_snapshots(record, backend, request.secrets)
             backend.reclaim(record.options, record.reclaim, secrets_of(request.secrets))
             self.records.delete(uid)
             LOG.info("deleted %s", record.volume_id)

@@ -111,3 +111,106 @@ def test_the_same_name_with_another_content_source_is_already_exists(
     for volume in (from_s1, clone, a, b):
         controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=volume.volume_id), Context())
     controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=s2.snapshot_id), Context())
+
+
+def snapshot_files(top: Path) -> list[str]:
+    """Every file under the loopfile root's snapshots, leftovers of killed copies included."""
+    return sorted(p.name for p in (top / "loopfiles" / "snapshots").rglob("*") if p.is_file())
+
+
+class Killed(BaseException):
+    """A call killed at a point (what SIGKILL leaves: nothing after it runs)."""
+
+
+def killed_after_the_backend(service: ControllerService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next CreateSnapshot is killed once the backend made the snapshot, before the
+    controller recorded it."""
+
+    def put(uid: str, record: Any) -> None:
+        monkeypatch.undo()
+        raise Killed
+
+    monkeypatch.setattr(service.snapshots, "put", put)
+
+
+def test_a_lost_create_snapshot_answer_is_answered_again(
+    controller: ControllerService, trusted_dir: Path
+) -> None:
+    a = create(controller, "a")
+    first = snap(controller, "s", a.volume_id)
+    again = snap(controller, "s", a.volume_id)
+    assert again == first  # the same id, size and creation time
+    assert len(snapshot_files(trusted_dir)) == 1
+    controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=first.snapshot_id), Context())
+    controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=a.volume_id), Context())
+    assert snapshot_files(trusted_dir) == []
+
+
+def test_a_snapshot_made_by_a_killed_call_is_found_by_the_retry(
+    controller: ControllerService, trusted_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = create(controller, "a")
+    killed_after_the_backend(controller, monkeypatch)
+    with pytest.raises(Killed):
+        snap(controller, "s", a.volume_id)
+    made = snapshot_files(trusted_dir)
+    assert len(made) == 1  # made, not recorded
+    found = snap(controller, "s", a.volume_id)
+    assert snapshot_files(trusted_dir) == made  # the same file, no second one
+    listed = controller.ListSnapshots(pb.ListSnapshotsRequest(), Context()).entries
+    assert [e.snapshot.snapshot_id for e in listed] == [found.snapshot_id]
+    controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=found.snapshot_id), Context())
+    controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=a.volume_id), Context())
+    assert snapshot_files(trusted_dir) == []
+
+
+def test_a_killed_snapshot_whose_volume_is_deleted_is_kept_recorded_not_orphaned(
+    controller: ControllerService, trusted_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The volume deleted before the CO's retry: the snapshot the killed call made is
+    recorded by the deletion, so the retry answers it and DeleteSnapshot removes it."""
+    a = create(controller, "a")
+    killed_after_the_backend(controller, monkeypatch)
+    with pytest.raises(Killed):
+        snap(controller, "s", a.volume_id)
+    controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=a.volume_id), Context())
+    found = snap(controller, "s", a.volume_id)  # the retry
+    assert found.source_volume_id == a.volume_id and len(snapshot_files(trusted_dir)) == 1
+    controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=found.snapshot_id), Context())
+    assert snapshot_files(trusted_dir) == []
+
+
+def test_the_retry_of_a_killed_snapshot_with_another_source_is_already_exists(
+    controller: ControllerService, trusted_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never another volume's data under the name: the killed call's snapshot is of ``a``."""
+    a, b = create(controller, "a"), create(controller, "b")
+    killed_after_the_backend(controller, monkeypatch)
+    with pytest.raises(Killed):
+        snap(controller, "s", a.volume_id)
+    assert code(lambda: snap(controller, "s", b.volume_id)) == grpc.StatusCode.ALREADY_EXISTS
+    found = snap(controller, "s", a.volume_id)
+    controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=found.snapshot_id), Context())
+    for volume in (a, b):
+        controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=volume.volume_id), Context())
+    assert snapshot_files(trusted_dir) == []
+
+
+def test_a_copy_left_by_a_killed_call_is_removed_by_the_retry(
+    controller: ControllerService, trusted_dir: Path
+) -> None:
+    """SIGKILL in the middle of the copy leaves its temporary (``.snap-<uid>.img.<random>
+    .flexhub-new``, nothing else runs): the retry removes it, under the room lock."""
+    from flexhub.csi.snapshots import snapshot_uid
+
+    a = create(controller, "a")
+    where = trusted_dir / "loopfiles" / "snapshots" / "default"
+    where.mkdir(parents=True, mode=0o700)
+    leftover = where / f".snap-{snapshot_uid('s')}.img.0a1b2c3d.flexhub-new"
+    leftover.write_bytes(b"\x5a" * 65536)
+    leftover.chmod(0o600)
+    found = snap(controller, "s", a.volume_id)
+    assert snapshot_files(trusted_dir) == [f"snap-{snapshot_uid('s')}.img"]
+    controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=found.snapshot_id), Context())
+    controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=a.volume_id), Context())
+    assert snapshot_files(trusted_dir) == []
