@@ -43,6 +43,7 @@ class Target(Ssh):
             "snapshot": {"ok": {"size": 64 * MiB, "how": "exists" if self.made else "reflink"}},
             "delete": {"ok": {"deleted": ["target"]}},
             "delete_snapshot": {"ok": {"deleted": ["snap"]}},
+            "restore": {"ok": {"size": 64 * MiB, "created": True, "how": "reflink"}},
         }[action]
         self.rc, self.stderr = 0, ""
         if action == "snapshot" and self.refuse_next:  # as the room rule refuses: nothing made
@@ -149,3 +150,36 @@ def test_a_refused_snapshot_leaves_nothing_to_settle(tmp_path: Path) -> None:
     assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     delete(service, a.volume_id)
     assert target.actions() == ["provision", "snapshot", "delete"]  # no snapshot made then
+
+
+def test_create_volume_with_another_content_source_is_already_exists(tmp_path: Path) -> None:
+    """F9 for iSCSI (the controller's check, whatever the backend): a restore's name asked
+    again as a clone, or with no source, is ALREADY_EXISTS and reaches no target host."""
+    target = Target()
+    service = controller(tmp_path, target)
+    a = volume(service, "a")
+    s = snap(service, "s", a.volume_id)
+    by_snapshot = pb.VolumeContentSource(
+        snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=s.snapshot_id)
+    )
+    by_volume = pb.VolumeContentSource(
+        volume=pb.VolumeContentSource.VolumeSource(volume_id=a.volume_id)
+    )
+
+    def create(source: Any) -> Any:
+        request = pb.CreateVolumeRequest(
+            name="r", capacity_range=pb.CapacityRange(required_bytes=64 * MiB),
+            volume_capabilities=[MOUNT], parameters={"backend": "iscsi", **PARAMS}, secrets=PLAIN,
+        )  # fmt: skip
+        if source is not None:
+            request.volume_content_source.CopyFrom(source)
+        return service.CreateVolume(request, Context()).volume
+
+    made = create(by_snapshot)
+    calls = len(target.calls)
+    assert create(by_snapshot).volume_id == made.volume_id
+    for other in (by_volume, None):
+        with pytest.raises(Aborted) as caught:
+            create(other)
+        assert caught.value.code == grpc.StatusCode.ALREADY_EXISTS
+    assert len(target.calls) == calls
