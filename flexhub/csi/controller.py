@@ -27,6 +27,7 @@ from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
 from flexhub.csi.records import UID, VolumeRecord, VolumeRecords, uid_of_volume
 from flexhub.csi.snapshotrpcs import SnapshotRpcs
 from flexhub.csi.snapshots import (
+    SnapshotIntents,
     SnapshotRecords,
     copy_options,
     uid_of_snapshot,
@@ -83,6 +84,20 @@ def _fits(size: int, capacity_range: Any) -> bool:
     return size >= required and (not limit or size <= limit)
 
 
+def _source_of(request: Any) -> str:
+    """The content source a CreateVolume names, as its record keeps it: ``snapshot:<id>``,
+    ``volume:<id>`` or ``""`` (none)."""
+    if not request.HasField("volume_content_source"):
+        return ""
+    given = request.volume_content_source
+    kind = given.WhichOneof("type")
+    if kind == "snapshot":
+        return f"snapshot:{given.snapshot.snapshot_id}"
+    if kind == "volume":
+        return f"volume:{given.volume.volume_id}"
+    return "unknown:"
+
+
 def _resized(record: VolumeRecord, size: int) -> VolumeRecord:
     fields = record.to_json()
     fields["size"] = size
@@ -118,6 +133,7 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
         self.node_id = node_id
         self.records = VolumeRecords(config.state_dir)
         self.snapshots = SnapshotRecords(config.state_dir)
+        self.intents = SnapshotIntents(config.state_dir)
         self.in_flight = InFlight()
 
     def _backend(self, name: str) -> Any:
@@ -166,21 +182,23 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
             raise invalid("name is required")
         if not request.volume_capabilities:
             raise invalid("volume_capabilities is required")
-        source = (
-            self._content_source(request.volume_content_source)
-            if request.HasField("volume_content_source")
-            else None
-        )
-        unsized = not (request.capacity_range.required_bytes or request.capacity_range.limit_bytes)
-        size = source.size if source is not None and unsized else _size(request.capacity_range)
         parameters = {
             k: v for k, v in request.parameters.items() if not k.startswith(_SIDECAR_PREFIX)
         }
         uid = volume_uid(name)
         with self.in_flight.hold(uid):
             record = self.records.get(uid)
-            if record is not None:
+            if record is not None:  # a retry: its source may be gone since, and need not be
                 return self._existing(record, request, parameters)
+            source = (
+                self._content_source(request.volume_content_source)
+                if request.HasField("volume_content_source")
+                else None
+            )
+            unsized = not (
+                request.capacity_range.required_bytes or request.capacity_range.limit_bytes
+            )
+            size = source.size if source is not None and unsized else _size(request.capacity_range)
             from flexhub.driver.loader import load_backend
             from flexhub.provisioner.storageclass import WAIT, read_class
             from flexhub.provisioning import Claim
@@ -245,6 +263,7 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
                 size=made.size,
                 fs_type=fs_type,
                 node=made.node,
+                source=_source_of(request),
             )
             self.records.put(uid, record)
             LOG.info(
@@ -254,10 +273,7 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
                 record.size,
                 f", from {source.what}" if source is not None else "",
             )
-            volume = self._volume(record)
-            if source is not None:
-                volume.content_source.CopyFrom(request.volume_content_source)
-            return csi_pb2.CreateVolumeResponse(volume=volume)
+            return csi_pb2.CreateVolumeResponse(volume=self._volume(record))
 
     def _content_source(self, given: Any) -> _Source:
         """The snapshot or volume a volume is made from (``NOT_FOUND`` when unknown)."""
@@ -310,6 +326,15 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
                 grpc.StatusCode.ALREADY_EXISTS,
                 f"volume {request.name!r} exists with other parameters",
             )
+        wanted = _source_of(request)
+        if record.source is not None and record.source != wanted:
+            raise CsiError(
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"volume {request.name!r} exists "
+                + (f"made from {record.source[:200]}" if record.source else "with no source")
+                + ", not "
+                + (f"from {wanted[:200]}" if wanted else "without one"),
+            )
         if not _fits(record.size, request.capacity_range):
             raise CsiError(
                 grpc.StatusCode.ALREADY_EXISTS,
@@ -326,12 +351,18 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
         topology = (
             [csi_pb2.Topology(segments={TOPOLOGY_NODE_KEY: record.node})] if record.node else []
         )
-        return csi_pb2.Volume(
+        volume = csi_pb2.Volume(
             volume_id=record.volume_id,
             capacity_bytes=record.size,
             volume_context=context,
             accessible_topology=topology,
         )
+        kind, _, given = (record.source or "").partition(":")
+        if kind == "snapshot":
+            volume.content_source.snapshot.snapshot_id = given
+        elif kind == "volume":
+            volume.content_source.volume.volume_id = given
+        return volume
 
     @rpc
     def DeleteVolume(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -355,6 +386,8 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
                     f"volume {record.volume_id} lives on node {record.node!r}: only that "
                     "node's plugin can delete it",
                 )
+            if type(backend).snapshots:
+                self._settle_snapshots(record, backend, request.secrets)
             backend.reclaim(record.options, record.reclaim, secrets_of(request.secrets))
             self.records.delete(uid)
             LOG.info("deleted %s", record.volume_id)

@@ -59,6 +59,7 @@ class VolumeRecord(Frozen):
         "fs_type",
         "node",
         "namespace",
+        "source",
     )
     name: str
     volume_id: str
@@ -70,6 +71,9 @@ class VolumeRecord(Frozen):
     fs_type: str
     node: str
     namespace: str
+    #: the content source, ``snapshot:<id>`` or ``volume:<id>``; ``""``: none; ``None``: a
+    #: record from before sources were kept (unknown)
+    source: str | None
 
     def __init__(
         self,
@@ -83,6 +87,7 @@ class VolumeRecord(Frozen):
         fs_type: str,
         node: str,
         namespace: str,
+        source: str | None = None,
     ) -> None:
         self._set(
             name=name,
@@ -95,6 +100,7 @@ class VolumeRecord(Frozen):
             fs_type=fs_type,
             node=node,
             namespace=namespace,
+            source=source,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -154,7 +160,8 @@ class VolumeRecords(UidRecords[VolumeRecord]):
         super().__init__(state_dir / "csi" / "volumes")
 
     def _decode(self, data: dict[str, Any]) -> VolumeRecord:
-        return VolumeRecord(**{k: data[k] for k in VolumeRecord.__slots__})
+        fields = {k: data[k] for k in VolumeRecord.__slots__ if k != "source"}
+        return VolumeRecord(**fields, source=data.get("source"))
 
     def put(self, uid: str, record: VolumeRecord) -> None:
         self._put(uid, record.to_json())

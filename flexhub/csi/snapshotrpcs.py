@@ -14,6 +14,7 @@ from flexhub.csi.records import UID, uid_of_volume
 from flexhub.csi.snapshots import new_record, snapshot_message, snapshot_uid, uid_of_snapshot
 from flexhub.csi.status import CsiError, rpc
 from flexhub.csi.volumes import invalid, secrets_of
+from flexhub.errors import FlexhubError, InvalidOptions, NoRoom
 
 __all__ = ["SnapshotRpcs"]
 
@@ -26,6 +27,7 @@ class SnapshotRpcs:
 
     records: Any
     snapshots: Any
+    intents: Any
     in_flight: Any
 
     def _backend(self, name: str) -> Any:
@@ -50,6 +52,12 @@ class SnapshotRpcs:
                         f"snapshot {request.name[:200]!r} exists of another volume",
                     )
                 return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(existing))
+            intent = self.intents.get(uid)
+            if intent is not None and intent["source_volume_id"] != request.source_volume_id:
+                raise CsiError(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"snapshot {request.name[:200]!r} was begun of another volume",
+                )
             vuid = uid_of_volume(request.source_volume_id)
             source = self.records.get(vuid) if vuid else None
             if source is None or source.volume_id != request.source_volume_id:
@@ -60,24 +68,61 @@ class SnapshotRpcs:
             if not type(backend).snapshots:
                 raise invalid(f"backend {source.backend} cannot make snapshots")
             self._on_its_node(backend, source.node, f"volume {source.volume_id}")
+            if intent is None:
+                intent = {"name": request.name, "source_volume_id": source.volume_id}
+                self.intents.put(uid, intent)
             with self.in_flight.hold(vuid):
-                made = backend.snapshot(
-                    source.options,
-                    source.reclaim,
-                    f"snap-{uid}",
-                    source.namespace,
-                    secrets_of(request.secrets),
-                )
-            record = new_record(request.name, uid, source, dict(made), source.node)
-            self.snapshots.put(uid, record)
-            LOG.info(
-                "snapshot %s of %s: %d bytes, %s",
-                record["snapshot_id"],
-                source.volume_id,
-                record["size"],
-                made.get("how", "copied"),
-            )
+                try:
+                    record = self._snapshot_of(source, backend, uid, request.name, request.secrets)
+                except (InvalidOptions, NoRoom):  # refused: the backend made nothing
+                    self.intents.delete(uid)
+                    raise
             return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(record))
+
+    def _snapshot_of(
+        self, source: Any, backend: Any, uid: str, name: str, secrets: Any
+    ) -> dict[str, Any]:
+        """The backend's snapshot ``snap-<uid>`` of the volume record ``source`` (made, or
+        found as a killed call made it), recorded; its intent removed."""
+        made = backend.snapshot(
+            source.options, source.reclaim, f"snap-{uid}", source.namespace, secrets_of(secrets)
+        )
+        record = new_record(name, uid, source, dict(made), source.node)
+        self.snapshots.put(uid, record)
+        self.intents.delete(uid)
+        LOG.info(
+            "snapshot %s of %s: %d bytes, %s",
+            record["snapshot_id"],
+            source.volume_id,
+            record["size"],
+            made.get("how", "copied"),
+        )
+        return record
+
+    def _settle_snapshots(self, source: Any, backend: Any, secrets: Any) -> None:
+        """Before the volume record ``source`` is deleted: the snapshots of it whose call was
+        killed before recording them are recorded (made if they were not yet), so a retry
+        answers them and ``DeleteSnapshot`` can remove them. One that fails is logged by its
+        name (look for it on the storage) and forgotten: the volume is deleted anyway."""
+        for uid in self.intents.uids():
+            intent = self.intents.get(uid)
+            if intent is None or intent["source_volume_id"] != source.volume_id:
+                continue
+            with self.in_flight.hold(uid):
+                if self.snapshots.get(uid) is not None:
+                    self.intents.delete(uid)
+                    continue
+                try:
+                    self._snapshot_of(source, backend, uid, intent["name"], secrets)
+                except FlexhubError as exc:
+                    LOG.warning(
+                        "snapshot snap-%s of %s, begun by a killed call, not recorded before "
+                        "the volume's deletion (%s): look for it on the volume's storage",
+                        uid,
+                        source.volume_id,
+                        exc.message,
+                    )
+                    self.intents.delete(uid)
 
     @rpc
     def DeleteSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:

@@ -2,12 +2,14 @@
 provisioning API (:attr:`~flexhub.provisioning.Provisioning.snapshots`).
 
 ``CreateSnapshot`` derives the snapshot's uid from the request's name (uuid5, as volumes), so a
-retry finds what the first call made; the snapshot id is ``<backend>:snapshot:<uid>``, and what
-the backend returned is kept in ``<state_dir>/csi/snapshots/<uid>.json`` (0600, never a
-secret). A snapshot of a node-local volume (loopfile) is made and deleted by the plugin of the
-volume's node, and a volume restored or cloned from it is made on that node, with that node as
-its topology: the scheduler cannot place its first pod elsewhere (csi-driver-host-path's
-restore deadlock under ``WaitForFirstConsumer``).
+retry finds what the first call made (the backend's snapshot is named after it too, so a call
+killed before it recorded anything is found again: :class:`SnapshotIntents`); the snapshot
+id is ``<backend>:snapshot:<uid>``, and what the backend returned is kept in
+``<state_dir>/csi/snapshots/<uid>.json`` (0600, never a secret). A snapshot of a node-local
+volume (loopfile) is made and deleted by the plugin of the volume's node, and a volume
+restored or cloned from it is made on that node, with that node as its topology: the
+scheduler cannot place its first pod elsewhere (csi-driver-host-path's restore deadlock under
+``WaitForFirstConsumer``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from flexhub.csi.records import UID, UidRecords
 from flexhub.csi.status import CsiError
 
 __all__ = [
+    "SnapshotIntents",
     "SnapshotRecords",
     "copy_options",
     "snapshot_id",
@@ -67,6 +70,25 @@ class SnapshotRecords(UidRecords[dict[str, Any]]):
 
     def put(self, uid: str, record: dict[str, Any]) -> None:
         self._put(uid, record)
+
+
+class SnapshotIntents(UidRecords[dict[str, Any]]):
+    """``<state_dir>/csi/snapshot-intents``: a snapshot asked of the backend and not yet
+    recorded (``name``, ``source_volume_id``), written before the backend is called and
+    removed once the record is. One left behind is a call killed in between, whose snapshot
+    may exist: its retry must be of the same volume (``ALREADY_EXISTS`` otherwise), and the
+    deletion of that volume records the snapshot first (never an orphan)."""
+
+    kind = "snapshot intent"
+
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(state_dir / "csi" / "snapshot-intents")
+
+    def _decode(self, data: dict[str, Any]) -> dict[str, Any]:
+        return {"name": str(data["name"]), "source_volume_id": str(data["source_volume_id"])}
+
+    def put(self, uid: str, intent: dict[str, Any]) -> None:
+        self._put(uid, intent)
 
 
 def snapshot_message(record: dict[str, Any]) -> Any:

@@ -101,6 +101,7 @@ REMOTE_PARTS = (
     "_lio_lvm.py",
     "_lio_files.py",
     "_lio_snap.py",
+    "_lio_capacity.py",
     "_lio_remote.py",
 )
 _FUTURE = "from __future__ import annotations\n"

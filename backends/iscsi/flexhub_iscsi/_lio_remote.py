@@ -7,10 +7,10 @@ text and sends it, with the request appended as one JSON literal, on the standar
 CHAP values travel on stdin only. The answer is one line on stdout, :data:`MARK` followed by
 JSON (``{"ok": ...}`` or ``{"error": "one line"}``).
 
-Every request runs under one lock file (``/run/flexhub-lio.lock``), so two provisioner
-workers never edit the LIO configuration (or its saved copy) at once, nor both take the last
-room, and ends with a save of its claim's objects into the saved configuration (the file
-``saveconfig`` writes: :mod:`flexhub_iscsi._lio_save`) so that a reboot of the target host
+Every request that changes something runs under one lock file (``/run/flexhub-lio.lock``), so
+two provisioner workers never edit the LIO configuration (or its saved copy) at once, nor both
+take the last room, and ends with a save of its claim's objects into the saved configuration
+(the file ``saveconfig`` writes: :mod:`flexhub_iscsi._lio_save`) so that a reboot of the target host
 keeps the LUNs. A fileio file made or grown must fit the directory's room
 (:mod:`flexhub_iscsi._lio_room`, the class's ``overcommit``). Actions (all idempotent):
 
@@ -24,6 +24,7 @@ keeps the LUNs. A fileio file made or grown must fit the directory's room
     gone is success. Every check runs before anything is deleted.
 ``expand``     grows the file and the storage object's size, or the LV (never shrinks; the
     range ``lvextend`` adds is zeroed before the new size is answered).
+``room``       read only, without the lock: the room of a class (:mod:`~._lio_capacity`).
 
 Logical volumes: ``lvm`` and ``blkdiscard`` run with an argument list (no shell), stdin from
 /dev/null, a fixed environment and a timeout. An LV this program makes is tagged
@@ -54,6 +55,7 @@ import sys
 from typing import Any
 
 if __name__ != "__main__":  # imported on the host; sent, the parts' texts come before this
+    from flexhub_iscsi._lio_capacity import room
     from flexhub_iscsi._lio_errors import NoRoomLeft, Refused
     from flexhub_iscsi._lio_files import check_directory, grow, open_file, ratio
     from flexhub_iscsi._lio_lvm import (
@@ -477,7 +479,10 @@ ACTIONS = {
     "snapshot": snapshot,
     "delete_snapshot": delete_snapshot,
     "restore": restore,
+    "room": room,  # read only: no lock, no save
 }
+#: The actions that change nothing: they take no lock (a long copy holds it).
+READ_ONLY = frozenset({"room"})
 
 
 def main(request: dict[str, Any]) -> None:
@@ -486,7 +491,8 @@ def main(request: dict[str, Any]) -> None:
         sys.exit(3)
     lock = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        if request["action"] not in READ_ONLY:
+            fcntl.flock(lock, fcntl.LOCK_EX)
         result = ACTIONS[request["action"]](request["spec"])
     except Refused as exc:
         answer({"error": str(exc)})

@@ -7,7 +7,7 @@ storage object or target serves it, and its name (``snap-<uid>``) is never a cla
 
 * fileio: the file ``<fileioDirectory>/snap-<uid>.img`` (0600), a reflink or a full copy of
   the LUN's file (:mod:`flexhub_iscsi._lio_files`); it counts in the directory's room
-  (:mod:`flexhub_iscsi._lio_room`) at its apparent size, as a LUN file does.
+  (:mod:`flexhub_iscsi._lio_room`) at the blocks it holds (it is never written).
 * block: the logical volume ``snap-<uid>`` in the LUN's volume group, of the LUN's size, tagged
   ``flexhub-snapshot:<uid>``, a full copy of the LV (not an LVM snapshot: a classic one is
   tied to its origin, which could then be neither reclaimed nor zeroed without it, slows

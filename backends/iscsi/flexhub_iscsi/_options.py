@@ -219,6 +219,15 @@ def _key(table: Mapping[str, Any]) -> str:
     return value
 
 
+def _directory(table: Mapping[str, Any], key: str) -> str:
+    value = table.get(key, "")
+    if not isinstance(value, str) or (
+        value and (not value.startswith("/") or any(c in value for c in "\0\n"))
+    ):
+        raise FlexhubError(f"node config: [iscsi] {key} must be an absolute path")
+    return value
+
+
 #: The keys of the node config's ``[iscsi]`` table.
 SETTINGS_KEYS = (
     "device_timeout",
@@ -226,6 +235,7 @@ SETTINGS_KEYS = (
     "login_timeout",
     "command_timeout",
     "reservation_key",
+    "capacity_secret_dir",
 )
 
 
@@ -239,6 +249,10 @@ class Settings:
     ``command_timeout``: bound of any other ``iscsiadm`` (and ``sg_persist``) call (30).
     ``reservation_key``: this node's SCSI-3 reservation key, hex; empty: derived from
     ``/etc/machine-id`` and the state directory.
+    ``capacity_secret_dir``: the CSI controller's only: a directory holding the files
+    ``ssh-privatekey`` and ``ssh-knownhosts`` (the class's Secret, mounted), the SSH key its
+    ``GetCapacity`` reaches the target host with (CSI sends that call no secrets); empty:
+    the iSCSI backend does not answer ``GetCapacity``.
     """
 
     device_timeout: float = 20.0
@@ -246,6 +260,7 @@ class Settings:
     login_timeout: float = 60.0
     command_timeout: float = 30.0
     reservation_key: str = ""
+    capacity_secret_dir: str = ""
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any]) -> Settings:
@@ -262,4 +277,5 @@ class Settings:
             login_timeout=_number(table, "login_timeout", cls.login_timeout),
             command_timeout=_number(table, "command_timeout", cls.command_timeout),
             reservation_key=_key(table),
+            capacity_secret_dir=_directory(table, "capacity_secret_dir"),
         )

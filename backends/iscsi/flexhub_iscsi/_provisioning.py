@@ -200,6 +200,15 @@ class _LioProvisioning(Provisioning):
         done = _lio.Lio(_node(self).runner, volume.ssh, secrets).call("expand", spec, [], timeout)
         return int(done["size"])
 
+    def capacity(self, parameters: Mapping[str, str]) -> int:
+        """CSI ``GetCapacity``: the room a new LUN of the class has on its target host, asked
+        with the key of ``[iscsi] capacity_secret_dir`` (:mod:`flexhub_iscsi._capacity`)."""
+        from flexhub_iscsi import _capacity
+        from flexhub_iscsi._options import Settings
+
+        directory = Settings.from_table(_node(self).settings).capacity_secret_dir
+        return _capacity.capacity(_node(self), directory, parameters)
+
     # -- snapshots, restores and clones (the CSI controller's) ------------------------------
 
     def snapshot(

@@ -8,8 +8,11 @@ volume. The rule is therefore per filesystem, over every file under the root::
     promised (after the change)  <=  (available + occupied) x overcommit
 
 * ``promised``: the sum of the apparent sizes (``st_size``) of the files counted, with the
-  new file's size added (or, for a growth, the file's new size instead of its current one);
-* ``occupied``: the bytes those files already occupy (``st_blocks`` x 512);
+  new file's size added (or, for a growth, the file's new size instead of its current one),
+  except that a snapshot (``<root>/snapshots/<namespace>/``), never written, promises the
+  blocks it holds;
+* ``occupied``: the bytes those files already occupy (``st_blocks`` x 512), a block shared by
+  several (a reflinked snapshot or clone) counted once (:mod:`flexhub.extents`: ``FIEMAP``);
 * ``available``: what the filesystem has left for them (``statvfs``: ``f_bavail`` x
   ``f_frsize``).
 
@@ -21,8 +24,12 @@ Counted: regular files owned by root (flexhub's own files are root's, 0600) on t
 filesystem of the new file, each inode once, found with ``scandir`` without following any
 symlink, at most :data:`MAX_DEPTH` directories below the root (deeper than any ``file``
 option can reach) and over at most :data:`MAX_ENTRIES` entries (more is refused: the scan
-runs on every mount that creates or grows a file). Nothing is opened, so a FIFO or a device
-node in the tree cannot block the scan. A file of another user is not counted: the blocks it
+runs on every mount that creates or grows a file). Only regular files are opened (read only,
+``O_NOFOLLOW | O_NONBLOCK``, for ``FIEMAP`` alone, the inode checked), so a FIFO or a device
+node in the tree cannot block the scan. Once every file is written full, each holds its size
+in blocks of its own (a shared block is copied on its first write) and the snapshots keep
+theirs: counted per file, a reflink's blocks were counted twice, as room the filesystem does
+not have. A file of another user is not counted: the blocks it
 really takes are missing from ``available`` anyway, and its size cannot make every mount
 on the node fail.
 """
@@ -42,6 +49,11 @@ __all__ = ["MAX_DEPTH", "MAX_ENTRIES", "NEW_SUFFIX", "Room", "check", "human", "
 MAX_DEPTH = 2 + 128
 #: Directory entries scanned at most before refusing.
 MAX_ENTRIES = 100_000
+#: Shared extents remembered in all (past that, the account stays on the safe side).
+MAX_SHARED = 100_000
+#: The directory of the snapshots (``<root>/snapshots/<namespace>/snap-<uid>.img``; as
+#: :data:`flexhub_loopfile._tenancy.SNAPSHOTS`).
+SNAPSHOTS = "snapshots"
 #: Suffix of a file being created (``.<name>.<random>.flexhub-new``). Creations hold the lock
 #: on the account, so one that the scan meets is the leftover of a killed call: it promises
 #: nothing (its blocks, if any, are simply not free).
@@ -128,11 +140,17 @@ def measure(root: Path, where: Path, exclude: tuple[int, int] | None = None) -> 
         raise VolumeError(
             f"cannot measure the loopfile root's filesystem: {exc.strerror}"
         ) from None
-    promised = occupied = entries = 0
+    from flexhub.extents import shared_of, union
+
+    promised = exclusive = entries = 0
     seen: set[int] = set()
+    shared: list[tuple[int, int, bool]] = []  # (physical, length, in a snapshot?)
+    overflow = False
+    snapshots = root / SNAPSHOTS
     stack = [(root, 0)] if os.path.isdir(root) and not os.path.islink(root) else []
     while stack:
         directory, depth = stack.pop()
+        snapshot = directory.parent == snapshots  # <root>/snapshots/<namespace>/
         try:
             with os.scandir(directory) as listing:
                 for entry in listing:
@@ -157,12 +175,30 @@ def measure(root: Path, where: Path, exclude: tuple[int, int] | None = None) -> 
                         and not entry.name.endswith(NEW_SUFFIX)
                     ):
                         seen.add(st.st_ino)
-                        if (st.st_dev, st.st_ino) != exclude:
-                            promised += st.st_size
                         # blocks past the end (xfs preallocates ahead) hold nothing promised
-                        occupied += min(st.st_blocks * 512, st.st_size)
+                        held = min(st.st_blocks * 512, st.st_size)
+                        ranges: list[tuple[int, int]] | None = []
+                        if held and not overflow:
+                            ranges = shared_of(entry.path, st, MAX_SHARED - len(shared))
+                            overflow = ranges is None
+                        if overflow or ranges is None:  # sharing unknown: all of it shared
+                            ranges, mine = [], held
+                        else:
+                            mine = min(held, sum(length for _, length in ranges))
+                        exclusive += held - mine
+                        shared.extend((p, n, snapshot) for p, n in ranges)
+                        if snapshot:  # never written: it promises what it holds
+                            promised += held - mine + (mine if overflow else 0)
+                        elif (st.st_dev, st.st_ino) != exclude:
+                            promised += st.st_size
         except OSError:
             continue  # a directory gone (or unreadable) meanwhile
+    if overflow:  # safe side: shared blocks take nothing, every snapshot's are promised
+        occupied = exclusive
+        promised += sum(n for _, n, snap in shared if snap)
+    else:
+        occupied = exclusive + union((p, n) for p, n, _ in shared)
+        promised += union((p, n) for p, n, snap in shared if snap)
     return Room(promised, occupied, vfs.f_bavail * vfs.f_frsize)
 
 

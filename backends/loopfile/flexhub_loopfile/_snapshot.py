@@ -12,7 +12,8 @@ is written. Where the filesystem cannot reflink safely it is a full copy that
 skips holes (``SEEK_DATA``/``SEEK_HOLE``), so a sparse file stays sparse; the record's ``how``
 says which. Either way the copy counts in the root's room account
 (:mod:`flexhub_loopfile._room`) at its apparent size, and is refused (:class:`NoRoom`) beyond
-it. A copy appears atomically (made under a ``.flexhub-new`` name, then linked).
+it. A copy appears atomically (made under a ``.flexhub-new`` name, then linked); the
+temporary of a copy killed midway is removed by the next copy to the same name (a retry).
 
 The copy of a volume in use is crash-consistent (what a power cut would leave: its
 filesystem's journal replays on the restored volume), not frozen.
@@ -163,6 +164,7 @@ def copy_into(backend: LoopfileBackend, source: Path | None, dest: Path, size: i
         length = st.st_size if source is not None else 0
         target = max(length, size)
         with backend._room_lock():
+            _remove_leftovers(dest)
             backend._check_room(dest, target, False)
             made = _files.make_parents(dest)
             tmp = dest.with_name(f".{dest.name}.{os.urandom(4).hex()}{_room.NEW_SUFFIX}")
@@ -183,6 +185,25 @@ def copy_into(backend: LoopfileBackend, source: Path | None, dest: Path, size: i
         os.close(src)
     LOG.info("copied %s to %s (%s, %d bytes)", source, dest, how, target)
     return how
+
+
+def _remove_leftovers(dest: Path) -> None:
+    """Remove the temporaries (``.<name>.<random>.flexhub-new``) a copy to ``dest`` killed
+    midway left: copies hold the room lock (as the caller does), so none is another's."""
+    from flexhub_loopfile import _room
+
+    try:
+        names = os.listdir(dest.parent)
+    except FileNotFoundError:
+        return
+    prefix = f".{dest.name}."
+    for name in names:
+        if name.startswith(prefix) and name.endswith(_room.NEW_SUFFIX):
+            path = dest.parent / name
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                LOG.info("removed %s, left by a copy killed midway", path)
 
 
 def _write(src: int | None, tmp: Path, size: int, target: int) -> str:
