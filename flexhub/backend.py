@@ -43,6 +43,7 @@ from flexhub.errors import (
     StateError,
     VolumeError,
     redact,
+    remember_secrets,
 )
 from flexhub.node import Node
 from flexhub.node.frozen import Frozen
@@ -84,6 +85,7 @@ __all__ = [
     "has_control_character",
     "kernel_lacks",
     "redact",
+    "remember_secrets",
     "remove_dead_temporaries",
     "write_atomically",
 ]

@@ -18,9 +18,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from flexhub.backend import Node
-from flexhub.errors import FlexhubError, NotSupported, remember_secrets
-from flexhub.volume import Secret, Secrets
+from flexhub.backend import FlexhubError, Node, NotSupported, Secret, Secrets, remember_secrets
 
 __all__ = ["MAX_KEY_FILE", "capacity", "room_spec", "secrets_from"]
 

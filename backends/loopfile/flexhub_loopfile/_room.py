@@ -140,7 +140,7 @@ def measure(root: Path, where: Path, exclude: tuple[int, int] | None = None) -> 
         raise VolumeError(
             f"cannot measure the loopfile root's filesystem: {exc.strerror}"
         ) from None
-    from flexhub.extents import shared_of, union
+    from flexhub_loopfile._extents import shared_of, union
 
     promised = exclusive = entries = 0
     seen: set[int] = set()
