@@ -355,7 +355,7 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
                     f"volume {record.volume_id} lives on node {record.node!r}: only that "
                     "node's plugin can delete it",
                 )
-            backend.reclaim(record.options, record.reclaim, secrets_of(request.secrets))
+            backend.reclaim(record.options, record.backend_reclaim(), secrets_of(request.secrets))
             self.records.delete(uid)
             LOG.info("deleted %s", record.volume_id)
         return csi_pb2.DeleteVolumeResponse()
@@ -431,7 +431,10 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
                 if type(backend).expands_storage:
                     size = int(
                         backend.expand_storage(
-                            record.options, record.reclaim, new_size, secrets_of(request.secrets)
+                            record.options,
+                            record.backend_reclaim(),
+                            new_size,
+                            secrets_of(request.secrets),
                         )
                     )
                 else:

@@ -63,7 +63,7 @@ class SnapshotRpcs:
             with self.in_flight.hold(vuid):
                 made = backend.snapshot(
                     source.options,
-                    source.reclaim,
+                    source.backend_reclaim(),
                     f"snap-{uid}",
                     source.namespace,
                     secrets_of(request.secrets),

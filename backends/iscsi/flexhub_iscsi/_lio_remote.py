@@ -295,8 +295,9 @@ def set_chap(node: Any, chap: dict[str, str]) -> None:
 
 
 def provision(spec: dict[str, Any], copied: bool = False) -> dict[str, Any]:
-    """``copied``: this call made the backing file or LV as a copy (:func:`restore`), so a
-    failure removes it again (an LV zeroed first: it holds data)."""
+    """``copied``: the calling :func:`restore` made the backing file or LV as a copy, so a
+    failure at any step removes it again (an LV zeroed first: it holds data); one found
+    made before the call is never removed."""
     lib = rts()
     root = lib.RTSRoot()  # loads the target modules and mounts configfs when needed
     del root
@@ -355,7 +356,9 @@ def provision(spec: dict[str, Any], copied: bool = False) -> dict[str, Any]:
         tpg.enable = True
         save(lib, spec)
     except BaseException:
-        if made:  # this call made the file or LV: leave nothing of this call behind
+        # this call made the file or LV (``copied``: a restore's copy, made before this
+        # call began, whichever step failed): leave nothing of this call behind
+        if made or copied:
             target = target_of(lib, lib.FabricModule("iscsi"), spec["iqn"])
             if target is not None and new_target:  # one that was there is not this call's
                 target.delete()
