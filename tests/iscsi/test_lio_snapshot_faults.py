@@ -453,3 +453,56 @@ def test_an_expansions_unzeroed_range_never_reaches_a_snapshot_or_a_clone(
     clone = read(group.lvs[f"pvc-{NEW}"]["device"], 12 * MiB)
     assert MARK[:20] not in clone and clone == data + bytes(4 * MiB)
     assert read(source["device"], 12 * MiB)[8 * MiB :].startswith(MARK)  # not the copy's to zero
+
+
+# --------------------------------------------------------------------------- S1: the lock's wait
+
+
+def test_a_call_that_cannot_take_the_lock_in_time_does_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: Any
+) -> None:
+    """Another call holds the target host's lock (a long copy). The provisioner's ssh gives up
+    at its bound, but the remote program goes on (no terminal: no hangup): waiting without
+    end, it would run its request whenever the lock came free, long after its caller gave up
+    (a provision no claim wants any more, a pile of stale copies). It waits only as long as
+    the request says (the call's bound less a margin for the connection and the work), then
+    answers a one-line refusal and does nothing."""
+    import fcntl
+    import threading
+
+    from tests.iscsi.test_provision import PARAMS, backend, claim
+
+    lock = tmp_path / "lock"
+    monkeypatch.setattr(_lio_remote, "LOCK", str(lock))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    ran: list[Any] = []
+    monkeypatch.setitem(_lio_remote.ACTIONS, "provision", lambda spec: ran.append(spec) or {})
+    holder = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    codes: list[Any] = []
+
+    def call() -> None:
+        try:
+            _lio_remote.main({"action": "provision", "spec": {}, "wait": 0.5})
+        except SystemExit as exc:
+            codes.append(exc.code)
+        else:
+            codes.append(0)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(10)
+    try:
+        assert not thread.is_alive(), "the remote program waits for the lock without end"
+    finally:
+        os.close(holder)  # the lock free again
+        thread.join(10)
+    assert codes == [3] and ran == []
+    line = capsys.readouterr().out.strip()
+    answer = json.loads(line[len(_lio_remote.MARK) :])
+    assert "\n" not in answer["error"] and "lock" in answer["error"]
+    assert "nothing done" in answer["error"]
+
+    runner = Ssh()  # the provisioner's request says how long
+    backend(runner, tmp_path).provision(claim(), PARAMS, secrets())
+    assert request_of(runner)["wait"] == _lio.CALL_TIMEOUT - _lio.LOCK_MARGIN

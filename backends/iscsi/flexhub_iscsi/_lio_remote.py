@@ -9,10 +9,11 @@ JSON (``{"ok": ...}`` or ``{"error": "one line"}``).
 
 Every request runs under one lock file (``/run/flexhub-lio.lock``), so two provisioner
 workers never edit the LIO configuration (or its saved copy) at once, nor both take the last
-room, and ends with a save of its claim's objects into the saved configuration (the file
-``saveconfig`` writes: :mod:`flexhub_iscsi._lio_save`) so that a reboot of the target host
-keeps the LUNs. A fileio file made or grown must fit the directory's room
-(:mod:`flexhub_iscsi._lio_room`, the class's ``overcommit``). Actions (all idempotent):
+room (a request waits for it as long as its ``wait`` says, then is refused unrun), and
+ends with a save of its claim's objects into the saved configuration (the file ``saveconfig``
+writes: :mod:`flexhub_iscsi._lio_save`) so that a reboot of the target host keeps the LUNs.
+A fileio file made or grown must fit the directory's room (:mod:`flexhub_iscsi._lio_room`,
+the class's ``overcommit``). Actions (all idempotent):
 
 ``provision``  the fileio backing file (created 0600 in a root-owned directory no one else
     can write, never through a symlink) or the logical volume (``"backstore": "block"``), its
@@ -51,6 +52,7 @@ import json
 import os
 import stat
 import sys
+import time
 from typing import Any
 
 if __name__ != "__main__":  # imported on the host; sent, the parts' texts come before this
@@ -483,13 +485,31 @@ ACTIONS = {
 }
 
 
+def take(lock: int, wait: float) -> None:
+    """The lock, within ``wait`` seconds (the provisioner's bound less a margin): a call that
+    cannot have it by then is refused, never run after its caller gave up (the program goes on
+    when ssh is killed: it has no terminal to hang up)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise Refused(
+                    f"another flexhub call held {LOCK} for all of {wait:.0f} s: nothing done, "
+                    "try again"
+                ) from None
+            time.sleep(0.1)
+
+
 def main(request: dict[str, Any]) -> None:
     if os.geteuid() != 0:
         answer({"error": "must run as root on the target host (sshUser)"})
         sys.exit(3)
     lock = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        take(lock, float(request.get("wait", 90)))
         result = ACTIONS[request["action"]](request["spec"])
     except Refused as exc:
         answer({"error": str(exc)})
