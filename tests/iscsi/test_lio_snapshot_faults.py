@@ -506,3 +506,51 @@ def test_a_call_that_cannot_take_the_lock_in_time_does_nothing(
     runner = Ssh()  # the provisioner's request says how long
     backend(runner, tmp_path).provision(claim(), PARAMS, secrets())
     assert request_of(runner)["wait"] == _lio.CALL_TIMEOUT - _lio.LOCK_MARGIN
+
+
+# --------------------------------------------------------------------------- S2: the path's trust
+
+
+def test_a_lun_directory_under_a_directory_others_can_write_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The LUN directory is root's and no one else's, but a directory above it is writable
+    by others (not sticky): they can rename it away and put their own in its place between
+    the checks and the copy's open by path, and the snapshot of a claim's data lands in a
+    directory they own. Every directory up to / must be root's, writable by no one else
+    (or sticky, as /tmp): refused before anything is copied."""
+    needs_root()
+    name = f"pvc-{UID}"
+    open_dir = tmp_path / "shared"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)  # root's, writable by anyone, not sticky
+    directory = open_dir / "luns"
+    directory.mkdir(mode=0o755)
+    (directory / f"{name}.img").write_bytes(os.urandom(MiB))
+    (directory / f"{name}.img").chmod(0o600)
+    theirs = open_dir / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    real = _lio_snap.open_source
+
+    def swapped(*args: Any) -> int:  # what anyone may do in between: rename and replace
+        fd = real(*args)
+        directory.rename(open_dir / "luns.old")
+        directory.symlink_to(theirs)
+        return fd
+
+    monkeypatch.setattr(_lio_snap, "open_source", swapped)
+    spec = {"name": name, "directory": str(directory), "file": f"{name}.img",
+            "snapshot": SNAP, "overcommit": 1.0}  # fmt: skip
+    try:
+        with pytest.raises(_lio_remote.Refused, match=r"writable by no one else"):
+            _lio_snap.snapshot(spec)
+        assert list(theirs.iterdir()) == []
+        with pytest.raises(_lio_remote.Refused, match=r"writable by no one else"):
+            _lio_files.check_directory(str(directory))
+    finally:
+        if directory.is_symlink():
+            directory.unlink()
+            (open_dir / "luns.old").rename(directory)
+    open_dir.chmod(0o1777)  # sticky, as /tmp: others cannot rename what is not theirs
+    _lio_files.check_directory(str(directory))

@@ -43,7 +43,11 @@ NEW_SUFFIX = ".flexhub-new"
 
 
 def check_directory(path: str) -> None:
-    """A directory that only root can change, reached without a symlink."""
+    """A directory that only root can change, reached without a symlink through directories
+    only root can change: each one above it root's and writable by no one else, or sticky
+    (as /tmp: no one else can rename what is root's in it). Anyone who could write one of
+    them could rename the LUN directory away and put one of theirs in its place between
+    these checks and an open by path."""
     if os.path.realpath(path) != path:
         raise Refused(f"fileioDirectory {path} is (or is under) a symlink")
     try:
@@ -54,6 +58,17 @@ def check_directory(path: str) -> None:
         raise Refused(f"fileioDirectory {path} is not a directory")
     if st.st_uid != 0 or st.st_mode & 0o022:
         raise Refused(f"fileioDirectory {path} must be owned by root and writable by no one else")
+    above = os.path.dirname(path)
+    while True:
+        st = os.lstat(above)
+        if st.st_uid != 0 or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise Refused(
+                f"fileioDirectory {path}: {above} must be owned by root and writable by no one "
+                "else (or sticky)"
+            )
+        if above == os.path.dirname(above):
+            return
+        above = os.path.dirname(above)
 
 
 def open_file(spec: dict[str, Any], create: bool) -> tuple[int, bool]:
