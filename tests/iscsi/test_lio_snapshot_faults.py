@@ -554,3 +554,32 @@ def test_a_lun_directory_under_a_directory_others_can_write_is_refused(
             (open_dir / "luns.old").rename(directory)
     open_dir.chmod(0o1777)  # sticky, as /tmp: others cannot rename what is not theirs
     _lio_files.check_directory(str(directory))
+
+
+def test_a_snapshot_of_a_preallocated_lun_leaves_the_lun_owning_its_blocks(
+    xfs: Path, tmp_path: Path
+) -> None:
+    """A reflink snapshot shares the LUN's blocks too: a preallocated (``sparse: "false"``)
+    LUN would then need new blocks at its next writes, which a full filesystem refuses, the
+    very thing its class promised could not happen. Its snapshot is a full copy; a sparse
+    LUN's is still a reflink. The provisioner says which in the request."""
+    from tests.iscsi.test_provision import PARAMS, backend, claim
+
+    runner = Ssh({"ok": {"size": 64 * MiB, "created": True}})
+    made = backend(runner, tmp_path).provision(claim(), {**PARAMS, "sparse": "false"}, secrets())
+    runner.answer = {"ok": {"size": 64 * MiB, "how": "copy"}}
+    backend(runner, tmp_path).snapshot(made.options, made.reclaim, SNAP, "default", secrets())
+    assert request_of(runner)["spec"]["sparse"] is False
+
+    name = f"pvc-{UID}"
+    path = xfs / f"{name}.img"
+    data = os.urandom(8 * MiB)
+    path.write_bytes(data)
+    path.chmod(0o600)
+    spec = {"name": name, "directory": str(xfs), "file": f"{name}.img", "snapshot": SNAP,
+            "overcommit": 1.0, "sparse": False}  # fmt: skip
+    assert _lio_snap.snapshot(spec)["how"] == "copy"
+    assert not shared_extents(path)
+    assert (xfs / f"{SNAP}.img").read_bytes() == data
+    other = SNAP[:-1] + "9"
+    assert _lio_snap.snapshot({**spec, "snapshot": other, "sparse": True})["how"] == "reflink"

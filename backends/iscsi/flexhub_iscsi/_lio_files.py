@@ -170,13 +170,17 @@ def copy_file(src: int, dst: int, reflink: bool = True) -> str:
     return "copy"
 
 
-def copy_into(src: int, directory: str, name: str, size: int, sparse: bool) -> str:
+def copy_into(
+    src: int, directory: str, name: str, size: int, sparse: bool, reflink: Any = None
+) -> str:
     """Copy the file ``src`` to the new file ``directory/name`` (0600, grown to ``size``
     bytes; all of it allocated unless ``sparse``): ``"reflink"`` or ``"copy"``.
 
     A file that is not ``sparse`` is never a reflink: its blocks would be shared with the
     source's, and ``fallocate`` keeps shared blocks shared, so its first write of each would
     need a new block, which a full filesystem refuses (ENOSPC): what preallocation rules out.
+    ``reflink`` ``False``: never a reflink either (a snapshot of a preallocated LUN, whose
+    own blocks a reflink would share).
 
     :raises NoRoomLeft: the filesystem is full (nothing is left of the copy).
     """
@@ -189,7 +193,7 @@ def copy_into(src: int, directory: str, name: str, size: int, sparse: bool) -> s
         dst = os.open(temporary, flags, 0o600, dir_fd=dfd)
         try:
             try:
-                how = copy_file(src, dst, reflink=sparse)
+                how = copy_file(src, dst, reflink=sparse and reflink is not False)
                 grow(dst, size, True)
                 if not sparse:
                     os.posix_fallocate(dst, 0, size)

@@ -6,7 +6,8 @@ storage object or target serves it, and its name (``snap-<uid>``) is never a cla
 (``pvc-<uid>``), the only names a PV's ``iqn`` can lead to.
 
 * fileio: the file ``<fileioDirectory>/snap-<uid>.img`` (0600), a reflink or a full copy of
-  the LUN's file (:mod:`flexhub_iscsi._lio_files`); it counts in the directory's room
+  the LUN's file (:mod:`flexhub_iscsi._lio_files`; always a full copy of a preallocated LUN's,
+  ``"sparse": false``, whose own blocks a reflink would share); it counts in the directory's room
   (:mod:`flexhub_iscsi._lio_room`) at its apparent size, as a LUN file does.
 * block: the logical volume ``snap-<uid>`` in the LUN's volume group, of the LUN's size, tagged
   ``flexhub-snapshot:<uid>``, a full copy of the LV (not an LVM snapshot: a classic one is
@@ -77,7 +78,8 @@ def snapshot(spec: dict[str, Any]) -> dict[str, Any]:
         size = os.fstat(src).st_size
         if ratio(spec) > 0:  # 0: a PV from before room accounting, not counted
             check_room(directory, name, size, ratio(spec), True)
-        how = copy_into(src, directory, name, size, True)
+        # a preallocated LUN's (sparse false) is a full copy: a reflink would share its blocks
+        how = copy_into(src, directory, name, size, True, reflink=spec.get("sparse", True))
     finally:
         os.close(src)
     return {"size": size, "how": how}
