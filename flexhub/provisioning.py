@@ -210,7 +210,9 @@ class Provisioning:
         """Delete (or archive, as ``reclaim["onDelete"]`` says) the storage of a released PV.
 
         ``options`` are the PV's ``flexVolume.options`` and ``reclaim`` what :meth:`provision`
-        returned for it, plus ``onDelete``. Idempotent: storage already gone is success.
+        returned for it, plus ``onDelete`` and ``size`` (the volume's size now, in bytes; the
+        same in ``expand_storage`` and ``snapshot``). Idempotent: storage already gone is
+        success.
         """
         raise NotSupported(f"{type(self).__name__} cannot reclaim")
 

@@ -388,7 +388,7 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
                 )
             if type(backend).snapshots:
                 self._settle_snapshots(record, backend, request.secrets)
-            backend.reclaim(record.options, record.reclaim, secrets_of(request.secrets))
+            backend.reclaim(record.options, record.backend_reclaim(), secrets_of(request.secrets))
             self.records.delete(uid)
             LOG.info("deleted %s", record.volume_id)
         return csi_pb2.DeleteVolumeResponse()
@@ -464,7 +464,10 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
                 if type(backend).expands_storage:
                     size = int(
                         backend.expand_storage(
-                            record.options, record.reclaim, new_size, secrets_of(request.secrets)
+                            record.options,
+                            record.backend_reclaim(),
+                            new_size,
+                            secrets_of(request.secrets),
                         )
                     )
                 else:

@@ -106,6 +106,14 @@ class VolumeRecord(Frozen):
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
 
+    def backend_reclaim(self) -> dict[str, str]:
+        """The reclaim record a backend's ``reclaim``, ``expand_storage`` and ``snapshot``
+        are given: the backend's own plus ``onDelete``, with the volume's ``size`` now (bytes,
+        as the FlexVolume provisioner's PV annotation carries it): the iSCSI backend bounds
+        an LV's zeroing and a copy by it. Kept beside the record, never in it, so that an
+        expansion's new size is the one given."""
+        return {**self.reclaim, "size": str(self.size)}
+
 
 class UidRecords(Generic[_R]):
     """JSON records named by a uid in one private directory (:attr:`kind` names them in

@@ -85,7 +85,11 @@ class SnapshotRpcs:
         """The backend's snapshot ``snap-<uid>`` of the volume record ``source`` (made, or
         found as a killed call made it), recorded; its intent removed."""
         made = backend.snapshot(
-            source.options, source.reclaim, f"snap-{uid}", source.namespace, secrets_of(secrets)
+            source.options,
+            source.backend_reclaim(),
+            f"snap-{uid}",
+            source.namespace,
+            secrets_of(secrets),
         )
         record = new_record(name, uid, source, dict(made), source.node)
         self.snapshots.put(uid, record)

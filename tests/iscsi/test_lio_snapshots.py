@@ -73,7 +73,8 @@ def test_snapshot_sends_the_claims_store_and_keeps_a_record_without_secrets(
         assert runner.timeouts == [_lio.CALL_TIMEOUT + 2 * _lio.zero_seconds(64 * MiB)]
     else:
         assert request["spec"] == {"name": name, "directory": "/srv/iscsi",
-                                   "file": f"{name}.img", "snapshot": SNAP, "overcommit": 1.0}  # fmt: skip
+                                   "file": f"{name}.img", "snapshot": SNAP, "overcommit": 1.0,
+                                   "sparse": True}  # fmt: skip
         assert runner.timeouts == [_lio.CALL_TIMEOUT + _lio.zero_seconds(64 * MiB)]
     where = {"volumeGroup": "vg_iscsi"} if params is BLOCK else {"fileioDirectory": "/srv/iscsi"}
     assert record == {

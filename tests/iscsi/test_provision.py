@@ -274,6 +274,7 @@ def test_reclaim_delete_retain_and_a_tampered_record(tmp_path: Path) -> None:
             "directory": "/srv/iscsi",
             "file": f"pvc-{UID}.img",
         },
+        "wait": _lio.CALL_TIMEOUT - _lio.LOCK_MARGIN,  # for the lock: then refused unrun
     }
     for options, record in [
         ({**made.options, "iqn": "iqn.2003-01.com.example:k8s:other"}, made.reclaim),
@@ -383,6 +384,7 @@ def test_block_provision_reclaim_and_expand_name_the_lv_and_its_group(tmp_path: 
     assert request_of(runner) == {
         "action": "delete",
         "spec": {"name": name, "iqn": made.options["iqn"], "backstore": "block", "vg": "vg_iscsi"},
+        "wait": runner.timeouts[-1] - _lio.LOCK_MARGIN,
     }
     runner = Ssh({"ok": {"size": 160 << 20}})
     iscsi = backend(runner, tmp_path)
@@ -396,6 +398,7 @@ def test_block_provision_reclaim_and_expand_name_the_lv_and_its_group(tmp_path: 
             "iqn": made.options["iqn"],
             "size": 150 << 20,
         },
+        "wait": _lio.CALL_TIMEOUT + _lio.zero_seconds(150 << 20) - _lio.LOCK_MARGIN,
     }
     runner = Ssh()
     iscsi = backend(runner, tmp_path)

@@ -85,6 +85,10 @@ MiB = 1024 * 1024
 #: Bound of one SSH call (connect, the LIO work, a non-sparse file's allocation); a call that
 #: zeroes part of an LV gets that zeroing's bound on top (:func:`zero_seconds`).
 CALL_TIMEOUT = 120.0
+#: Of a call's bound, what the remote program may not spend waiting for the target host's
+#: lock (the connection, and the start of the work): past the rest it refuses and does
+#: nothing, so that no request runs after its caller gave up.
+LOCK_MARGIN = 30.0
 #: The remote program's bound of a zeroing (``ZERO_BASE``, ``ZERO_RATE`` there): 60 s plus the
 #: bytes at 20 MiB/s.
 ZERO_BASE = 60
@@ -487,7 +491,8 @@ class Lio:
         :raises FlexhubError: ssh failed, or the target host refused (one line).
         """
         key, known_hosts = self._credentials()
-        program = remote_program({"action": action, "spec": dict(spec)})
+        wait = max(1.0, timeout - LOCK_MARGIN)
+        program = remote_program({"action": action, "spec": dict(spec), "wait": wait})
         try:
             private = tempfile.mkdtemp(prefix="flexhub-ssh-")  # 0700, ours
         except OSError as exc:

@@ -6,11 +6,13 @@ A file is copied with a reflink (``FICLONE``: btrfs, xfs with ``reflink=1``) whe
 filesystem can: instant, point in time, sharing blocks until either side is written. LIO's
 fileio backstore reads and writes its file through the page cache with 512-byte blocks
 whatever the file's direct-I/O alignment, so a reflink changes nothing the initiator sees
-(unlike a loop device in direct-I/O mode: see loopfile's ``reflink_safe``). Elsewhere it is a
-full copy that skips holes (``SEEK_DATA``/``SEEK_HOLE``, read and write: ``copy_file_range``
-would reflink on xfs), so a sparse file stays sparse. A copy is made under a temporary name
-(``.<name>.flexhub-new``, removed first when a killed call left it) and renamed into place
-once synced, so the final name only ever holds a whole copy.
+(unlike a loop device in direct-I/O mode: see loopfile's ``reflink_safe``). A preallocated
+(not sparse) LUN's file made by a restore or a clone is never a reflink: it must own every
+block (a shared one needs a new block at its first write, which a full filesystem refuses).
+Elsewhere it is a full copy that skips holes (``SEEK_DATA``/``SEEK_HOLE``, read and write:
+``copy_file_range`` would reflink on xfs), so a sparse file stays sparse. A copy is made
+under a temporary name (``.<name>.flexhub-new``, removed first when a killed call left it) and
+renamed into place once synced, so the final name only ever holds a whole copy.
 
 A logical volume is copied with ``O_DIRECT`` reads and writes (:func:`copy_device`): LIO's
 iblock backstore writes to the device with bios that bypass the block device's page cache,
@@ -41,7 +43,11 @@ NEW_SUFFIX = ".flexhub-new"
 
 
 def check_directory(path: str) -> None:
-    """A directory that only root can change, reached without a symlink."""
+    """A directory that only root can change, reached without a symlink through directories
+    only root can change: each one above it root's and writable by no one else, or sticky
+    (as /tmp: no one else can rename what is root's in it). Anyone who could write one of
+    them could rename the LUN directory away and put one of theirs in its place between
+    these checks and an open by path."""
     if os.path.realpath(path) != path:
         raise Refused(f"fileioDirectory {path} is (or is under) a symlink")
     try:
@@ -52,6 +58,17 @@ def check_directory(path: str) -> None:
         raise Refused(f"fileioDirectory {path} is not a directory")
     if st.st_uid != 0 or st.st_mode & 0o022:
         raise Refused(f"fileioDirectory {path} must be owned by root and writable by no one else")
+    above = os.path.dirname(path)
+    while True:
+        st = os.lstat(above)
+        if st.st_uid != 0 or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise Refused(
+                f"fileioDirectory {path}: {above} must be owned by root and writable by no one "
+                "else (or sticky)"
+            )
+        if above == os.path.dirname(above):
+            return
+        above = os.path.dirname(above)
 
 
 def open_file(spec: dict[str, Any], create: bool) -> tuple[int, bool]:
@@ -127,14 +144,16 @@ def copy_range(src: int, dst: int, start: int, end: int) -> None:
             view, offset = view[written:], offset + written
 
 
-def copy_file(src: int, dst: int) -> str:
-    """Copy the file ``src`` into the empty file ``dst``: ``"reflink"`` or ``"copy"``."""
-    try:
-        fcntl.ioctl(dst, FICLONE, src)
-        return "reflink"
-    except OSError as exc:
-        if exc.errno not in NO_REFLINK:
-            raise
+def copy_file(src: int, dst: int, reflink: bool = True) -> str:
+    """Copy the file ``src`` into the empty file ``dst``: ``"reflink"`` or ``"copy"``
+    (always a copy unless ``reflink``)."""
+    if reflink:
+        try:
+            fcntl.ioctl(dst, FICLONE, src)
+            return "reflink"
+        except OSError as exc:
+            if exc.errno not in NO_REFLINK:
+                raise
     size = os.fstat(src).st_size
     os.ftruncate(dst, size)
     offset = 0
@@ -151,9 +170,17 @@ def copy_file(src: int, dst: int) -> str:
     return "copy"
 
 
-def copy_into(src: int, directory: str, name: str, size: int, sparse: bool) -> str:
+def copy_into(
+    src: int, directory: str, name: str, size: int, sparse: bool, reflink: Any = None
+) -> str:
     """Copy the file ``src`` to the new file ``directory/name`` (0600, grown to ``size``
     bytes; all of it allocated unless ``sparse``): ``"reflink"`` or ``"copy"``.
+
+    A file that is not ``sparse`` is never a reflink: its blocks would be shared with the
+    source's, and ``fallocate`` keeps shared blocks shared, so its first write of each would
+    need a new block, which a full filesystem refuses (ENOSPC): what preallocation rules out.
+    ``reflink`` ``False``: never a reflink either (a snapshot of a preallocated LUN, whose
+    own blocks a reflink would share).
 
     :raises NoRoomLeft: the filesystem is full (nothing is left of the copy).
     """
@@ -166,7 +193,7 @@ def copy_into(src: int, directory: str, name: str, size: int, sparse: bool) -> s
         dst = os.open(temporary, flags, 0o600, dir_fd=dfd)
         try:
             try:
-                how = copy_file(src, dst)
+                how = copy_file(src, dst, reflink=sparse and reflink is not False)
                 grow(dst, size, True)
                 if not sparse:
                     os.posix_fallocate(dst, 0, size)
@@ -204,8 +231,22 @@ def remove_file(directory: str, name: str) -> bool:
 
 def copy_device(src: str, dst: str, length: int) -> None:
     """Copy the first ``length`` bytes of the block device ``src`` onto ``dst`` (opened
-    exclusively: nobody else may hold the new volume), both with ``O_DIRECT``, then sync."""
+    exclusively: nobody else may hold the new volume), both with ``O_DIRECT``, then sync.
+
+    :raises Refused: one line naming the copy and the cause (a read or write error, a
+        device that ends before ``length``).
+    """
     buffer = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT needs
+    try:
+        with memoryview(buffer) as whole:  # every view released before the buffer closes
+            copy_blocks(src, dst, length, buffer, whole)
+    except OSError as exc:
+        raise Refused(f"copy {src} onto {dst}: {exc.strerror or exc}") from None
+    finally:
+        buffer.close()
+
+
+def copy_blocks(src: str, dst: str, length: int, buffer: Any, whole: memoryview) -> None:
     source = os.open(src, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
     try:
         target = os.open(dst, os.O_WRONLY | os.O_DIRECT | os.O_EXCL | os.O_CLOEXEC)
@@ -214,17 +255,20 @@ def copy_device(src: str, dst: str, length: int) -> None:
             while offset < length:
                 got = os.preadv(source, [buffer], offset)
                 if got <= 0:
-                    raise Refused(f"copy {src}: it ends at {offset} bytes, before {length}")
+                    raise Refused(
+                        f"copy {src} onto {dst}: it ends at {offset} bytes, before {length}"
+                    )
                 got = min(got, length - offset)
-                view = memoryview(buffer)[:got]
                 done = 0
                 while done < got:
-                    done += os.pwritev(target, [view[done:]], offset + done)
-                view.release()
+                    with whole[done:got] as part:
+                        written = os.pwritev(target, [part], offset + done)
+                    if written <= 0:
+                        raise Refused(f"copy {src} onto {dst}: it ends at {offset + done} bytes")
+                    done += written
                 offset += got
             os.fsync(target)
         finally:
             os.close(target)
     finally:
         os.close(source)
-        buffer.close()

@@ -9,8 +9,9 @@ JSON (``{"ok": ...}`` or ``{"error": "one line"}``).
 
 Every request that changes something runs under one lock file (``/run/flexhub-lio.lock``), so
 two provisioner workers never edit the LIO configuration (or its saved copy) at once, nor both
-take the last room, and ends with a save of its claim's objects into the saved configuration
-(the file ``saveconfig`` writes: :mod:`flexhub_iscsi._lio_save`) so that a reboot of the target host
+take the last room (a request waits for it as long as its ``wait`` says, then is refused
+unrun), and ends with a save of its claim's objects into the saved configuration (the file
+``saveconfig`` writes: :mod:`flexhub_iscsi._lio_save`) so that a reboot of the target host
 keeps the LUNs. A fileio file made or grown must fit the directory's room
 (:mod:`flexhub_iscsi._lio_room`, the class's ``overcommit``). Actions (all idempotent):
 
@@ -52,6 +53,7 @@ import json
 import os
 import stat
 import sys
+import time
 from typing import Any
 
 if __name__ != "__main__":  # imported on the host; sent, the parts' texts come before this
@@ -297,8 +299,9 @@ def set_chap(node: Any, chap: dict[str, str]) -> None:
 
 
 def provision(spec: dict[str, Any], copied: bool = False) -> dict[str, Any]:
-    """``copied``: this call made the backing file or LV as a copy (:func:`restore`), so a
-    failure removes it again (an LV zeroed first: it holds data)."""
+    """``copied``: the calling :func:`restore` made the backing file or LV as a copy, so a
+    failure at any step removes it again (an LV zeroed first: it holds data); one found
+    made before the call is never removed."""
     lib = rts()
     root = lib.RTSRoot()  # loads the target modules and mounts configfs when needed
     del root
@@ -357,7 +360,9 @@ def provision(spec: dict[str, Any], copied: bool = False) -> dict[str, Any]:
         tpg.enable = True
         save(lib, spec)
     except BaseException:
-        if made:  # this call made the file or LV: leave nothing of this call behind
+        # this call made the file or LV (``copied``: a restore's copy, made before this
+        # call began, whichever step failed): leave nothing of this call behind
+        if made or copied:
             target = target_of(lib, lib.FabricModule("iscsi"), spec["iqn"])
             if target is not None and new_target:  # one that was there is not this call's
                 target.delete()
@@ -485,6 +490,24 @@ ACTIONS = {
 READ_ONLY = frozenset({"room"})
 
 
+def take(lock: int, wait: float) -> None:
+    """The lock, within ``wait`` seconds (the provisioner's bound less a margin): a call that
+    cannot have it by then is refused, never run after its caller gave up (the program goes on
+    when ssh is killed: it has no terminal to hang up)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise Refused(
+                    f"another flexhub call held {LOCK} for all of {wait:.0f} s: nothing done, "
+                    "try again"
+                ) from None
+            time.sleep(0.1)
+
+
 def main(request: dict[str, Any]) -> None:
     if os.geteuid() != 0:
         answer({"error": "must run as root on the target host (sshUser)"})
@@ -492,7 +515,7 @@ def main(request: dict[str, Any]) -> None:
     lock = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         if request["action"] not in READ_ONLY:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            take(lock, float(request.get("wait", 90)))
         result = ACTIONS[request["action"]](request["spec"])
     except Refused as exc:
         answer({"error": str(exc)})

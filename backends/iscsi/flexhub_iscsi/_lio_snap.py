@@ -6,7 +6,8 @@ storage object or target serves it, and its name (``snap-<uid>``) is never a cla
 (``pvc-<uid>``), the only names a PV's ``iqn`` can lead to.
 
 * fileio: the file ``<fileioDirectory>/snap-<uid>.img`` (0600), a reflink or a full copy of
-  the LUN's file (:mod:`flexhub_iscsi._lio_files`); it counts in the directory's room
+  the LUN's file (:mod:`flexhub_iscsi._lio_files`; always a full copy of a preallocated LUN's,
+  ``"sparse": false``, whose own blocks a reflink would share); it counts in the directory's room
   (:mod:`flexhub_iscsi._lio_room`) at the blocks it holds (it is never written).
 * block: the logical volume ``snap-<uid>`` in the LUN's volume group, of the LUN's size, tagged
   ``flexhub-snapshot:<uid>``, a full copy of the LV (not an LVM snapshot: a classic one is
@@ -49,6 +50,8 @@ if __name__ != "__main__":  # imported on the host; sent, the parts' texts come 
         lvm,
         tag_of,
         volume_group,
+        zero,
+        zero_pending,
     )
     from flexhub_iscsi._lio_room import check_room
 
@@ -75,7 +78,8 @@ def snapshot(spec: dict[str, Any]) -> dict[str, Any]:
         size = os.fstat(src).st_size
         if ratio(spec) > 0:  # 0: a PV from before room accounting, not counted
             check_room(directory, name, size, ratio(spec), True)
-        how = copy_into(src, directory, name, size, True)
+        # a preallocated LUN's (sparse false) is a full copy: a reflink would share its blocks
+        how = copy_into(src, directory, name, size, True, reflink=spec.get("sparse", True))
     finally:
         os.close(src)
     return {"size": size, "how": how}
@@ -104,17 +108,24 @@ def source_lv(spec: dict[str, Any], what: str) -> Any:
 def copy_lv(source: dict[str, Any], lv: Any, dest: dict[str, Any], size: int) -> tuple[int, str]:
     """Make the LV ``dest`` (at least ``size`` bytes, in whole extents, tagged as flexhub's)
     a copy of ``source``'s data: its size and ``"copy"``, or ``"exists"`` when a whole copy
-    is there already. A copy that fails is zeroed and removed again."""
+    is there already. A copy that fails is zeroed and removed again.
+
+    One still tagged as being copied is what a killed call left: copied again from scratch
+    over it, first grown to what is needed now (the source, or the claim, may have grown
+    since), and zeroed and removed as this call's own if this copy fails too. A range of the
+    source an expansion has not zeroed yet (:func:`zero_pending`) was never the source's
+    data: the copy holds zeros there."""
     extent = volume_group(dest)
     where = "{}/{}".format(dest["vg"], dest["name"])
+    extents = max(1, -(-max(size, int(lv["lv_size"])) // extent))
     found = logical_volume(dest)
-    made = False
     if found is not None:
         check_ours(dest, found)
         if COPYING_TAG not in found["lv_tags"].split(","):
             return int(found["lv_size"]), "exists"
+        if int(found["lv_size"]) < extents * extent:
+            lvm("extend " + where, "lvextend", "--extents", str(extents), "--", where)
     else:
-        extents = max(1, -(-max(size, int(lv["lv_size"])) // extent))
         lvm(
             "create " + where,
             "lvcreate", "--yes", "--extents", str(extents), "--name", dest["name"],
@@ -122,21 +133,25 @@ def copy_lv(source: dict[str, Any], lv: Any, dest: dict[str, Any], size: int) ->
             "--setactivationskip", "n", "--zero", "y", "--wipesignatures", "y",
             "--", dest["vg"],
         )  # fmt: skip
-        made = True
-        found = logical_volume(dest)
-        if found is None:
-            raise Refused(f"create {where}: lvcreate left no logical volume")
+    found = logical_volume(dest)
+    if found is None:
+        raise Refused(f"create {where}: lvcreate left no logical volume")
     try:
         activate(source, lv)
         found = activate(dest, found)
-        copy_device(device_of(source), device_of(dest), int(lv["lv_size"]))
+        length = int(lv["lv_size"])
+        pending = zero_pending(lv)
+        data = length if pending is None else min(pending, length)
+        copy_device(device_of(source), device_of(dest), data)
+        if data < length:  # exclusive: the copy is not served yet
+            zero(device_of(dest), data, length - data, shared=False)
         lvm("mark " + where + " whole", "lvchange", "--deltag", COPYING_TAG, "--", where)
     except BaseException:
-        if made:  # it holds part of the source's data: zeroed before its extents are freed
-            try:
-                delete_lv(dest)
-            except Exception as exc:
-                sys.stderr.write(f"clean-up failed: {type(exc).__name__}: {exc}\n")
+        # it holds part of the source's data: zeroed before its extents are freed
+        try:
+            delete_lv(dest)
+        except Exception as exc:
+            sys.stderr.write(f"clean-up failed: {type(exc).__name__}: {exc}\n")
         raise
     return int(found["lv_size"]), "copy"
 

@@ -37,10 +37,13 @@ def check_name(name: str) -> str:
 
 
 def snapshot_spec(volume: _lio.LioVolume, name: str) -> dict[str, Any]:
-    """The target host's request: the claim's file or LV and the snapshot's name."""
+    """The target host's request: the claim's file or LV and the snapshot's name (and for a
+    file, whether it may be a reflink: not of a preallocated LUN, whose blocks it would
+    share)."""
     spec = {**volume.spec(), "snapshot": check_name(name)}
     if volume.backstore == "fileio":
         spec["overcommit"] = volume.overcommit
+        spec["sparse"] = volume.sparse
     return spec
 
 
