@@ -220,20 +220,22 @@ def prune_runtimes(
     return tuple(removed)
 
 
-#: Run by :func:`run_in_host` for a host root other than ``/``: chroot into ``argv[1]`` and exec
-#: ``argv[2:]``, with the environment it was given; when that fails, exit 127 with
-#: :data:`_EXEC_FAILED` and the errno as its only output. A process of its own, not a
-#: ``preexec_fn``: Python code between fork and exec in a process that holds threads (the node
-#: agent's watches, gRPC's pollers) can deadlock or, with gRPC loaded, write gRPC's fork
-#: handlers' errors into the child's output, the driver's reply (seen in CI, 2026-12-05).
+#: Run by :func:`run_in_host` for a host root other than ``/``: chroot into ``argv[2]`` and exec
+#: ``argv[3:]``, with the environment it was given. ``argv[1]`` is the number of a pipe's write
+#: end, made close-on-exec here: a successful exec closes it unwritten; a failed one writes the
+#: errno there (as :mod:`subprocess` reports its own exec failures), never into the output the
+#: driver may write itself. A process of its own, not a ``preexec_fn``: Python code between
+#: fork and exec in a process that holds threads (the node agent's watches, gRPC's pollers) can
+#: deadlock or, with gRPC loaded, write gRPC's fork handlers' errors into the child's output,
+#: the driver's reply (seen in CI, 2026-12-05).
 _CHROOT_EXEC = (
     "import os, sys\n"
+    "fd = int(sys.argv[1]); os.set_inheritable(fd, False)\n"
     "try:\n"
-    "    os.chroot(sys.argv[1]); os.chdir('/'); os.execv(sys.argv[2], sys.argv[2:])\n"
+    "    os.chroot(sys.argv[2]); os.chdir('/'); os.execv(sys.argv[3], sys.argv[3:])\n"
     "except OSError as exc:\n"
-    "    os.write(2, b'\\0flexhub-exec-failed %d' % exc.errno); os._exit(127)\n"
+    "    os.write(fd, b'%d' % exc.errno); os._exit(127)\n"
 )
-_EXEC_FAILED = b"\0flexhub-exec-failed "
 
 
 def run_in_host(
@@ -242,15 +244,40 @@ def run_in_host(
     """Run ``argv`` the way kubelet runs a driver (bare environment, stdin /dev/null, stderr
     merged, cwd /), inside the host's root; return its exit status and output. With
     ``stdin_data``, stdin is a pipe holding those bytes instead (never a command line). Under
-    a host root other than ``/``, this interpreter chroots and execs it (:data:`_CHROOT_EXEC`).
+    a host root other than ``/`` (made absolute from this process's directory), this
+    interpreter chroots and execs it (:data:`_CHROOT_EXEC`).
 
     :raises OSError: it could not start; :raises subprocess.TimeoutExpired: it hung.
     """
+    root = str(host_root.absolute())  # as the caller's checks saw it, not from cwd /
+    if root == "/":
+        return _run(argv, timeout, stdin_data)
+    failed, written = os.pipe()
+    try:
+        code, output = _run(
+            [sys.executable, "-I", "-S", "-c", _CHROOT_EXEC, str(written), root, *argv],
+            timeout,
+            stdin_data,
+            pass_fds=(written,),
+        )
+        os.close(written)
+        written = -1
+        errno_text = os.read(failed, 64)
+    finally:
+        os.close(failed)
+        if written >= 0:
+            os.close(written)
+    if errno_text:
+        number = int(errno_text) if errno_text.isdigit() else errno.EIO
+        raise OSError(number, os.strerror(number), argv[0])
+    return code, output
+
+
+def _run(
+    argv: list[str], timeout: float, stdin_data: bytes | None, pass_fds: tuple[int, ...] = ()
+) -> tuple[int, bytes]:
     from flexhub.admin.harness import KUBELET_ENV
 
-    root = str(host_root)
-    if root != "/":
-        argv = [sys.executable, "-I", "-S", "-c", _CHROOT_EXEC, root, *argv]
     proc = subprocess.run(
         argv,
         stdin=None if stdin_data is not None else subprocess.DEVNULL,
@@ -261,10 +288,8 @@ def run_in_host(
         cwd="/",
         timeout=timeout,
         check=False,
+        pass_fds=pass_fds,
     )
-    if root != "/" and proc.returncode == 127 and proc.stdout.startswith(_EXEC_FAILED):
-        code = int(proc.stdout[len(_EXEC_FAILED) :] or errno.EIO)
-        raise OSError(code, os.strerror(code), argv[6])
     return proc.returncode, proc.stdout
 
 

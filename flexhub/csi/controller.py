@@ -341,10 +341,14 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
                 f"volume {request.name!r} exists with {record.size} bytes, outside the "
                 "requested capacity range",
             )
-        return csi_pb2.CreateVolumeResponse(volume=self._volume(record))
+        # a record of the previous version keeps no source: the retry's is answered, as it was
+        echo = wanted if record.source is None else None
+        return csi_pb2.CreateVolumeResponse(volume=self._volume(record, echo))
 
     @staticmethod
-    def _volume(record: VolumeRecord) -> Any:
+    def _volume(record: VolumeRecord, source: str | None = None) -> Any:
+        """The CSI volume of ``record``; its content source the record's (``source`` for a
+        record that keeps none)."""
         context = {**record.options, CONTEXT_NAMESPACE: record.namespace}
         if record.fs_type:
             context[CONTEXT_FS_TYPE] = record.fs_type
@@ -357,7 +361,9 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
             volume_context=context,
             accessible_topology=topology,
         )
-        kind, _, given = (record.source or "").partition(":")
+        kind, _, given = (record.source if record.source is not None else source or "").partition(
+            ":"
+        )
         if kind == "snapshot":
             volume.content_source.snapshot.snapshot_id = given
         elif kind == "volume":
@@ -386,9 +392,9 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
                     f"volume {record.volume_id} lives on node {record.node!r}: only that "
                     "node's plugin can delete it",
                 )
-            if type(backend).snapshots:
-                self._settle_snapshots(record, backend, request.secrets)
             backend.reclaim(record.options, record.backend_reclaim(), secrets_of(request.secrets))
+            if type(backend).snapshots:
+                self._forget_intents(record)
             self.records.delete(uid)
             LOG.info("deleted %s", record.volume_id)
         return csi_pb2.DeleteVolumeResponse()

@@ -14,7 +14,7 @@ from flexhub.csi.records import UID, uid_of_volume
 from flexhub.csi.snapshots import new_record, snapshot_message, snapshot_uid, uid_of_snapshot
 from flexhub.csi.status import CsiError, rpc
 from flexhub.csi.volumes import invalid, secrets_of
-from flexhub.errors import FlexhubError, InvalidOptions, NoRoom
+from flexhub.errors import InvalidOptions, NoRoom
 
 __all__ = ["SnapshotRpcs"]
 
@@ -51,6 +51,7 @@ class SnapshotRpcs:
                         grpc.StatusCode.ALREADY_EXISTS,
                         f"snapshot {request.name[:200]!r} exists of another volume",
                     )
+                self.intents.delete(uid)  # one a call killed after recording left
                 return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(existing))
             intent = self.intents.get(uid)
             if intent is not None and intent["source_volume_id"] != request.source_volume_id:
@@ -68,14 +69,18 @@ class SnapshotRpcs:
             if not type(backend).snapshots:
                 raise invalid(f"backend {source.backend} cannot make snapshots")
             self._on_its_node(backend, source.node, f"volume {source.volume_id}")
-            if intent is None:
-                intent = {"name": request.name, "source_volume_id": source.volume_id}
-                self.intents.put(uid, intent)
-            with self.in_flight.hold(vuid):
+            with self.in_flight.hold(vuid):  # first: an ABORTED call writes no intent
+                wrote = intent is None
+                if wrote:
+                    intent = {"name": request.name, "source_volume_id": source.volume_id}
+                    self.intents.put(uid, intent)
                 try:
                     record = self._snapshot_of(source, backend, uid, request.name, request.secrets)
-                except (InvalidOptions, NoRoom):  # refused: the backend made nothing
-                    self.intents.delete(uid)
+                except (InvalidOptions, NoRoom):
+                    # refused: this call made nothing; an intent a killed call left stays (what
+                    # that call made may exist)
+                    if wrote:
+                        self.intents.delete(uid)
                     raise
             return csi_pb2.CreateSnapshotResponse(snapshot=snapshot_message(record))
 
@@ -103,30 +108,25 @@ class SnapshotRpcs:
         )
         return record
 
-    def _settle_snapshots(self, source: Any, backend: Any, secrets: Any) -> None:
-        """Before the volume record ``source`` is deleted: the snapshots of it whose call was
-        killed before recording them are recorded (made if they were not yet), so a retry
-        answers them and ``DeleteSnapshot`` can remove them. One that fails is logged by its
-        name (look for it on the storage) and forgotten: the volume is deleted anyway."""
+    def _forget_intents(self, source: Any) -> None:
+        """Before the volume record ``source`` is deleted (its in-flight hold taken, so no
+        CreateSnapshot of it is running): the intents of its snapshots whose calls were killed
+        before they recorded one are removed, and each is named in the log. Nothing is made
+        here: a snapshot such a call may have left on the storage (``snap-<uid>``) is the
+        operator's to remove (docs/csi.md, Known limits); Kubernetes keeps a claim whose
+        snapshot is being made from deletion (the snapshot controller's finalizer)."""
         for uid in self.intents.uids():
             intent = self.intents.get(uid)
             if intent is None or intent["source_volume_id"] != source.volume_id:
                 continue
-            with self.in_flight.hold(uid):
-                if self.snapshots.get(uid) is not None:
-                    self.intents.delete(uid)
-                    continue
-                try:
-                    self._snapshot_of(source, backend, uid, intent["name"], secrets)
-                except FlexhubError as exc:
-                    LOG.warning(
-                        "snapshot snap-%s of %s, begun by a killed call, not recorded before "
-                        "the volume's deletion (%s): look for it on the volume's storage",
-                        uid,
-                        source.volume_id,
-                        exc.message,
-                    )
-                    self.intents.delete(uid)
+            LOG.warning(
+                "CreateSnapshot %r of %s never finished: its intent is removed with the volume; "
+                "if snapshot snap-%s exists on the volume's storage, remove it by hand",
+                str(intent.get("name", ""))[:200],
+                source.volume_id,
+                uid,
+            )
+            self.intents.delete(uid)
 
     @rpc
     def DeleteSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -140,6 +140,7 @@ class SnapshotRpcs:
             record = self.snapshots.get(uid)
             if record is None or record["snapshot_id"] != request.snapshot_id:
                 return csi_pb2.DeleteSnapshotResponse()
+            self.intents.delete(uid)  # one a call killed after recording left
             backend = self._backend(record["backend"])
             self._on_its_node(backend, record["node"], f"snapshot {record['snapshot_id']}")
             backend.delete_snapshot(record["record"], secrets_of(request.secrets))

@@ -20,9 +20,13 @@ if TYPE_CHECKING:
 else:
     try:  # CPython's built-in SHA-256: the same digest, without loading OpenSSL (a few ms);
         # every digest of the kubelet path (journal, locks, staging, memo) uses this one
-        from _sha256 import sha256
-    except ImportError:  # pragma: no cover - other interpreters and versions
-        from hashlib import sha256
+        # (_sha2 from Python 3.12, _sha256 before)
+        from _sha2 import sha256
+    except ImportError:
+        try:
+            from _sha256 import sha256
+        except ImportError:  # pragma: no cover - other interpreters and versions
+            from hashlib import sha256
 
 __all__ = [
     "escape_mount_path",

@@ -164,22 +164,6 @@ def test_a_snapshot_made_by_a_killed_call_is_found_by_the_retry(
     assert snapshot_files(trusted_dir) == []
 
 
-def test_a_killed_snapshot_whose_volume_is_deleted_is_kept_recorded_not_orphaned(
-    controller: ControllerService, trusted_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The volume deleted before the CO's retry: the snapshot the killed call made is
-    recorded by the deletion, so the retry answers it and DeleteSnapshot removes it."""
-    a = create(controller, "a")
-    killed_after_the_backend(controller, monkeypatch)
-    with pytest.raises(Killed):
-        snap(controller, "s", a.volume_id)
-    controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=a.volume_id), Context())
-    found = snap(controller, "s", a.volume_id)  # the retry
-    assert found.source_volume_id == a.volume_id and len(snapshot_files(trusted_dir)) == 1
-    controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=found.snapshot_id), Context())
-    assert snapshot_files(trusted_dir) == []
-
-
 def test_the_retry_of_a_killed_snapshot_with_another_source_is_already_exists(
     controller: ControllerService, trusted_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -118,27 +118,6 @@ def test_a_lost_answer_is_found_again_by_the_retry(tmp_path: Path) -> None:
     assert not list((tmp_path / "state" / "csi" / "snapshot-intents").glob("*.json"))
 
 
-def test_a_volume_deleted_before_the_retry_records_the_snapshot_first(tmp_path: Path) -> None:
-    target = Target()
-    service = controller(tmp_path, target)
-    a, b = volume(service, "a"), volume(service, "b")
-    target.lost_next = True
-    with pytest.raises(Aborted):
-        snap(service, "s", a.volume_id)
-    with pytest.raises(Aborted) as caught:
-        snap(service, "s", b.volume_id)
-    assert caught.value.code == grpc.StatusCode.ALREADY_EXISTS
-    delete(service, a.volume_id)
-    assert target.actions()[-2:] == ["snapshot", "delete"]  # recorded, then the LUN deleted
-    found = snap(service, "s", a.volume_id)  # the CO's retry
-    assert found.source_volume_id == a.volume_id and found.size_bytes == 64 * MiB
-    assert target.actions()[-1] == "delete"  # answered from the record
-    service.DeleteSnapshot(
-        pb.DeleteSnapshotRequest(snapshot_id=found.snapshot_id, secrets=PLAIN), Context()
-    )
-    assert target.actions()[-1] == "delete_snapshot"
-
-
 def test_a_refused_snapshot_leaves_nothing_to_settle(tmp_path: Path) -> None:
     target = Target()
     service = controller(tmp_path, target)

@@ -18,10 +18,14 @@ if TYPE_CHECKING:
     from hashlib import sha256
 else:
     try:  # CPython's built-in SHA-256: the same digest without loading OpenSSL, which costs
-        # an emulated or small node tens of milliseconds on every driver call
-        from _sha256 import sha256
-    except ImportError:  # pragma: no cover - other interpreters
-        from hashlib import sha256
+        # an emulated or small node tens of milliseconds on every driver call (_sha2 from
+        # Python 3.12, _sha256 before)
+        from _sha2 import sha256
+    except ImportError:
+        try:
+            from _sha256 import sha256
+        except ImportError:  # pragma: no cover - other interpreters
+            from hashlib import sha256
 
 __all__ = [
     "INITIATOR_FILE",

@@ -27,11 +27,19 @@ _EXTENT = struct.Struct("=QQQ16xI12x")  # struct fiemap_extent: logical, physica
 _NO_FIEMAP = (errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.ENOSYS)
 
 
+#: The extents of one file read before its sharing counts as unknown (``None``): this many
+#: times the shared extents still remembered, plus :data:`FIRST_WALK`. A tenant can fragment
+#: its sparse volume's file without end (every other block written); a scan runs under the
+#: room lock, so it never reads such a file to its end.
+WALK_FACTOR = 4
+FIRST_WALK = 65536
+
+
 def shared_extents(fd: int, limit: int) -> list[tuple[int, int]] | None:
     """The ``(physical, length)`` byte ranges of the file ``fd`` that it shares with another
     file, at most ``limit`` (``None`` past it)."""
     found: list[tuple[int, int]] = []
-    start = 0
+    start = walked = 0
     while True:
         request = bytearray(_HEAD.size + BATCH * _EXTENT.size)
         _HEAD.pack_into(request, 0, start, 0xFFFFFFFFFFFFFFFF - start, 0, 0, BATCH, 0)
@@ -44,6 +52,9 @@ def shared_extents(fd: int, limit: int) -> list[tuple[int, int]] | None:
         mapped = _HEAD.unpack_from(request, 0)[3]
         if mapped == 0:
             return found
+        walked += mapped
+        if walked > WALK_FACTOR * max(limit, 1) + FIRST_WALK:
+            return None  # a file this fragmented is not walked to its end: sharing unknown
         for index in range(mapped):
             logical, physical, length, flags = _EXTENT.unpack_from(
                 request, _HEAD.size + index * _EXTENT.size
@@ -59,7 +70,8 @@ def shared_extents(fd: int, limit: int) -> list[tuple[int, int]] | None:
 
 def shared_of(path: str, st: os.stat_result, limit: int) -> list[tuple[int, int]] | None:
     """:func:`shared_extents` of the file at ``path`` (the inode of ``st``), opened read only
-    without following a symlink; ``[]`` when it is gone or another inode meanwhile."""
+    without following a symlink; ``[]`` when it is gone or another inode meanwhile, ``None``
+    (unknown) when ``FIEMAP`` fails: never an error that would drop files from the account."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -69,6 +81,8 @@ def shared_of(path: str, st: os.stat_result, limit: int) -> list[tuple[int, int]
         if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             return []
         return shared_extents(fd, limit)
+    except OSError:  # FIEMAP failed (EIO...): sharing unknown, the account's safe side
+        return None
     finally:
         os.close(fd)
 
