@@ -16,9 +16,10 @@ import pytest
 # ``preexec_fn`` (Python code between fork and exec: gRPC's fork handlers run): with an
 # in-process gRPC channel or server earlier in the session, such a child can write
 # "Epoll1Poller ... epoll_wait error: Bad file descriptor" into what it was started to say.
-# flexhub's own ``run_in_host`` forks no Python code any more (tests/deploy/test_run_in_host.py
-# proves it with this logging on); a few tests still set a umask in a ``preexec_fn``, so the
-# test process's gRPC stays quiet, set before any test module imports grpc.
+# flexhub's own ``run_in_host`` forks no Python code for the host root / (tests/deploy/
+# test_run_in_host.py proves it with this logging on); another host root, and a few tests that
+# set a umask, still use a ``preexec_fn``, so the test process's gRPC stays quiet, set before
+# any test module imports grpc.
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 from flexhub.admin.harness import KUBELET_ENV, DriverReply, Kubelet, parse_reply

@@ -28,8 +28,8 @@ import errno
 import os
 import shutil
 import subprocess
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,61 +220,39 @@ def prune_runtimes(
     return tuple(removed)
 
 
-#: Run by :func:`run_in_host` for a host root other than ``/``: chroot into ``argv[2]`` and exec
-#: ``argv[3:]``, with the environment it was given. ``argv[1]`` is the number of a pipe's write
-#: end, made close-on-exec here: a successful exec closes it unwritten; a failed one writes the
-#: errno there (as :mod:`subprocess` reports its own exec failures), never into the output the
-#: driver may write itself. A process of its own, not a ``preexec_fn``: Python code between
-#: fork and exec in a process that holds threads (the node agent's watches, gRPC's pollers) can
-#: deadlock or, with gRPC loaded, write gRPC's fork handlers' errors into the child's output,
-#: the driver's reply (seen in CI, 2026-12-05).
-_CHROOT_EXEC = (
-    "import os, sys\n"
-    "fd = int(sys.argv[1]); os.set_inheritable(fd, False)\n"
-    "try:\n"
-    "    os.chroot(sys.argv[2]); os.chdir('/'); os.execv(sys.argv[3], sys.argv[3:])\n"
-    "except OSError as exc:\n"
-    "    os.write(fd, b'%d' % exc.errno); os._exit(127)\n"
-)
-
-
 def run_in_host(
     host_root: Path, argv: list[str], timeout: float = 60, stdin_data: bytes | None = None
 ) -> tuple[int, bytes]:
     """Run ``argv`` the way kubelet runs a driver (bare environment, stdin /dev/null, stderr
     merged, cwd /), inside the host's root; return its exit status and output. With
-    ``stdin_data``, stdin is a pipe holding those bytes instead (never a command line). Under
-    a host root other than ``/`` (made absolute from this process's directory), this
-    interpreter chroots and execs it (:data:`_CHROOT_EXEC`).
+    ``stdin_data``, stdin is a pipe holding those bytes instead (never a command line).
+
+    For the host root ``/`` no Python code runs between fork and exec (``cwd`` alone): with
+    gRPC loaded in this process (the CSI plugin, a test session), a ``preexec_fn`` let gRPC's
+    fork handlers write ``Epoll1Poller ... epoll_wait error`` into about 1 child's output in 16
+    (CI, 2026-12-05). Another host root (the DaemonSet's container, made absolute from this
+    process's directory) is entered by a ``preexec_fn`` chroot: that process loads no gRPC,
+    and a second interpreter cannot stand in (the node runtime's Python starts only through its
+    own loader).
 
     :raises OSError: it could not start; :raises subprocess.TimeoutExpired: it hung.
     """
     root = str(host_root.absolute())  # as the caller's checks saw it, not from cwd /
     if root == "/":
         return _run(argv, timeout, stdin_data)
-    failed, written = os.pipe()
-    try:
-        code, output = _run(
-            [sys.executable, "-I", "-S", "-c", _CHROOT_EXEC, str(written), root, *argv],
-            timeout,
-            stdin_data,
-            pass_fds=(written,),
-        )
-        os.close(written)
-        written = -1
-        errno_text = os.read(failed, 64)
-    finally:
-        os.close(failed)
-        if written >= 0:
-            os.close(written)
-    if errno_text:
-        number = int(errno_text) if errno_text.isdigit() else errno.EIO
-        raise OSError(number, os.strerror(number), argv[0])
-    return code, output
+
+    def enter() -> None:
+        os.chroot(root)
+        os.chdir("/")
+
+    return _run(argv, timeout, stdin_data, enter)
 
 
 def _run(
-    argv: list[str], timeout: float, stdin_data: bytes | None, pass_fds: tuple[int, ...] = ()
+    argv: list[str],
+    timeout: float,
+    stdin_data: bytes | None,
+    preexec: Callable[[], None] | None = None,
 ) -> tuple[int, bytes]:
     from flexhub.admin.harness import KUBELET_ENV
 
@@ -288,7 +266,7 @@ def _run(
         cwd="/",
         timeout=timeout,
         check=False,
-        pass_fds=pass_fds,
+        preexec_fn=preexec,
     )
     return proc.returncode, proc.stdout
 

@@ -1,8 +1,9 @@
-"""run_in_host tells 'the driver could not be started' from 'the driver ran' by an error pipe
-the trampoline closes on exec, never by the driver's own output: a driver that ran, exited
+"""run_in_host tells 'the driver could not be started' from 'the driver ran' only by
+subprocess's own exec error report, never by the driver's output: a driver that ran, exited
 127 and printed anything is its own reply, not an OSError nor a crash of run_in_host. Found
-by a hostile review (2026-12-06) of the first trampoline, which read a marker from the
-output."""
+by a hostile review (2026-12-06) of a trampoline that read a marker from the output (since
+removed: the node runtime's Python cannot be started as a second interpreter without its
+loader)."""
 
 from __future__ import annotations
 
@@ -43,11 +44,10 @@ def test_a_driver_that_ran_is_never_reported_as_unstartable(
 def test_a_relative_host_root_is_the_caller_s(
     trusted_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The trampoline now starts with cwd "/" (subprocess's ``cwd``) and chroots into
-    ``argv[1]`` there, so a relative host root (``flexhub doctor --host-root host``) is
-    resolved against "/" instead of the caller's directory, where ``check_runnable`` just
-    checked it: the driver checked is not the driver run (or none is). The preexec_fn
-    chrooted before its chdir("/")."""
+    """run_in_host starts its child in cwd "/" (subprocess's ``cwd``) before the chroot, so a
+    relative host root (``flexhub doctor --host-root host``) would be resolved against "/"
+    instead of the caller's directory, where ``check_runnable`` just checked it: the driver
+    checked would not be the driver run (or none). The root is made absolute first."""
     (trusted_dir / "host").symlink_to("/")
     monkeypatch.chdir(trusted_dir)
     assert run_in_host(Path("host"), ["/bin/echo", "reply"]) == (0, b"reply\n")
