@@ -13,9 +13,12 @@ import sys
 NOT_ON_IMPORT = ("hashlib", "_hashlib", "hmac", "secrets", "concurrent.futures", "random")
 
 
-def test_the_backend_s_import_loads_no_module_only_some_calls_need() -> None:
+def loaded_by_the_import(setup: str = "") -> set[str]:
+    """The modules ``import flexhub_iscsi, flexhub.node.staging`` loads in a fresh interpreter
+    started as the driver is (``-I``), after ``setup`` (Python lines) ran."""
     code = (
         "import json, sys\n"
+        f"{setup}"
         "before = set(sys.modules)\n"
         "import flexhub_iscsi, flexhub.node.staging\n"
         "print(json.dumps(sorted(set(sys.modules) - before)))\n"
@@ -23,7 +26,11 @@ def test_the_backend_s_import_loads_no_module_only_some_calls_need() -> None:
     out = subprocess.run(
         [sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True, timeout=60
     ).stdout
-    loaded = set(json.loads(out))
+    return set(json.loads(out))
+
+
+def test_the_backend_s_import_loads_no_module_only_some_calls_need() -> None:
+    loaded = loaded_by_the_import()
     assert "flexhub_iscsi._chap" in loaded and "flexhub_iscsi._sessions" in loaded
     assert sorted(loaded & set(NOT_ON_IMPORT)) == []
 

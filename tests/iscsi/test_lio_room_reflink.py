@@ -15,6 +15,7 @@ from flexhub_iscsi import _lio_capacity, _lio_room, _lio_snap
 from flexhub_iscsi._lio_errors import NoRoomLeft
 
 from tests.iscsi.test_lio_snapshots import xfs  # noqa: F401 (the fixture)
+from tests.loopfile.test_room_reflink import write as write_file
 
 MiB = 1 << 20
 A = "pvc-0b7f3c1e-5d2a-4e8f-9a61-2c4d8e0f1a3b"
@@ -25,16 +26,7 @@ SNAP = "snap-5a0c2b9e-1f3d-5e7a-8b4c-6d2e0f1a3b5c"
 
 def write(directory: Path, name: str, size: int, written: int) -> None:
     """Make (or keep) the LUN file ``size`` bytes and write its first ``written`` bytes."""
-    fd = os.open(directory / f"{name}.img", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        if os.fstat(fd).st_size < size:
-            os.ftruncate(fd, size)
-        block = os.urandom(MiB)
-        for offset in range(0, written, MiB):
-            os.pwrite(fd, block, offset)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_file(directory / f"{name}.img", size, written)
 
 
 def fill_every_lun(directory: Path) -> None:
