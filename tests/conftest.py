@@ -13,15 +13,13 @@ from pathlib import Path
 import pytest
 
 # gRPC core logs to stderr at ERROR by default, also from a child this process forks with a
-# ``preexec_fn`` (Python code between fork and exec: gRPC's fork handlers run): with an
-# in-process gRPC channel or server earlier in the session, such a child can write
-# "Epoll1Poller ... epoll_wait error: Bad file descriptor" into what it was started to say.
-# flexhub's own ``run_in_host`` forks no Python code for the host root / (tests/deploy/
-# test_run_in_host.py proves it with this logging on); another host root, and a few tests that
-# set a umask, still use a ``preexec_fn``, so the test process's gRPC stays quiet, set before
-# any test module imports grpc.
+# ``preexec_fn`` (a chroot into another host root, a umask). ``flexhub.csi`` turns gRPC's fork
+# support off, as in the CSI plugin (tests/deploy/test_run_in_host.py proves the child's output
+# is the driver's alone with the logging on); it is imported here, before any test module
+# imports grpc, and the test process's gRPC stays quiet besides.
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
+import flexhub.csi  # noqa: F401  (gRPC's fork support off before any test imports grpc)
 from flexhub.admin.harness import KUBELET_ENV, DriverReply, Kubelet, parse_reply
 from flexhub.admin.install import install
 from flexhub.errors import forget_secrets

@@ -14,6 +14,16 @@ FlexVolume path (``tests/core/test_protocol.py``).
 
 from __future__ import annotations
 
+import os
+
+# gRPC core's fork support (on by default in grpcio) runs its handlers in every child forked
+# with Python code before exec (a ``preexec_fn``: run_in_host's chroot, a umask): with a server
+# live, about one such child in four died of SIGABRT or SIGSEGV before exec, or wrote gRPC's
+# "Epoll1Poller ... epoll_wait error" into its output (measured 2026-12-06, grpcio 1.85). The
+# plugin never uses gRPC in a forked child, so fork support is off, set before any flexhub
+# module imports grpc (each does so through this package). tests/deploy/test_run_in_host.py.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
 #: The one CSI driver name for every backend: the ``backend`` key of the volume context (the
 #: StorageClass parameters) picks the backend, as ``backend`` does in FlexVolume options.
 DRIVER_NAME = "flexhub.csi.k8s.io"

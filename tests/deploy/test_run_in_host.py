@@ -5,8 +5,12 @@ holds may write into that output.
 The failure it guards against (CI 2026-12-05): it chrooted in a ``preexec_fn``, so each run
 forked Python code; in a process where gRPC was live (a CSI test earlier in the session), about
 one child in sixteen wrote gRPC's ``Epoll1Poller ... epoll_wait error: Bad file descriptor``
-before the driver's reply, and kubelet's parse of that reply failed. The check runs in a fresh
-interpreter with gRPC's logging left on (the test process turns it off)."""
+before the driver's reply, and kubelet's parse of that reply failed. The host root / now forks
+no Python code; another root still chroots in a ``preexec_fn``, and there (CI 2026-12-06,
+a host root symlinked to /) about one child in four died of SIGABRT or SIGSEGV before exec
+while a gRPC server was live, until ``flexhub.csi`` turned gRPC's fork support off. The check
+runs in a fresh interpreter that imports gRPC as the CSI plugin does (through ``flexhub.csi``),
+with gRPC's logging left on (the test process turns it off)."""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from tests.conftest import needs_root
 _CHECK = r"""
 import concurrent.futures, json, sys
 from pathlib import Path
+import flexhub.csi  # as the plugin: every flexhub module that uses gRPC is in this package
 import grpc
 from flexhub.admin.deploy import run_in_host
 
@@ -41,13 +46,15 @@ print(json.dumps({root: [[code, out.decode()] for code, out in runs] for root, r
 
 
 @needs_root
-def test_the_output_is_the_driver_s_alone_while_grpc_is_live() -> None:
+def test_the_output_is_the_driver_s_alone_while_grpc_is_live(trusted_dir: Path) -> None:
     """The host root ``/`` (the CSI plugin's and the tests' case): no Python code runs between
-    fork and exec. Another root is entered by a ``preexec_fn`` chroot, in the DaemonSet's
-    container, whose process loads no gRPC."""
+    fork and exec. Another root (here one symlinked to /) is entered by a ``preexec_fn``
+    chroot: with gRPC's fork support off, its handlers do not run in the child."""
+    other = trusted_dir / "host"
+    other.symlink_to("/")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
     proc = subprocess.run(
-        [sys.executable, "-c", _CHECK, "/"],
+        [sys.executable, "-c", _CHECK, "/", str(other)],
         env=env,
         capture_output=True,
         text=True,
