@@ -94,7 +94,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not COMMAND_STATS:
         return
     terminalreporter.section("guest commands (count, seconds in the guest, mean)")
-    for kind, (count, seconds) in sorted(COMMAND_STATS.items(), key=lambda kv: -kv[1][1]):
+    kinds = [(k, v) for k, v in COMMAND_STATS.items() if not k.startswith(" ")]
+    for kind, (count, seconds) in sorted(kinds, key=lambda kv: -kv[1][1]):
         terminalreporter.write_line(
             f"{kind:40} {count:5} {seconds:8.1f} s {seconds / count:6.2f} s"
         )
+        if kind == "other":  # its ten costliest programs, indented
+            programs = [(k, v) for k, v in COMMAND_STATS.items() if k.startswith(" ")]
+            for program, (n, secs) in sorted(programs, key=lambda kv: -kv[1][1])[:10]:
+                terminalreporter.write_line(f"{program:40} {n:5} {secs:8.1f} s {secs / n:6.2f} s")

@@ -448,8 +448,12 @@ class VM:
             duration=float(resp.get("duration", 0.0)),
         )
         kind = command_kind(argv, self.flexhub_python)
-        count, seconds = COMMAND_STATS.get(kind, (0, 0.0))
-        COMMAND_STATS[kind] = (count + 1, seconds + result.duration)
+        kinds = [kind]
+        if kind == "other":  # which of them: the next lever on the VM tier's time
+            kinds.append(f"  {os.path.basename(argv[0]) if argv else ''}")
+        for kind in kinds:
+            count, seconds = COMMAND_STATS.get(kind, (0, 0.0))
+            COMMAND_STATS[kind] = (count + 1, seconds + result.duration)
         if check and result.rc != 0:
             raise CommandError(result)
         return result

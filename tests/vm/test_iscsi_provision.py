@@ -37,7 +37,7 @@ SECONDS: dict[str, list[float]] = {}
 
 #: Runs in the guest: one provisioner call, the request on stdin, the answer on stdout.
 PROVISIONER = r"""
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
 from flexhub.config import NodeConfig
 from flexhub.errors import FlexhubError
@@ -46,7 +46,9 @@ from flexhub.provisioning import Claim
 from flexhub.volume import Secret, Secrets
 from flexhub_iscsi import IscsiBackend
 
-node = Node(NodeConfig(state_dir=Path("/var/lib/flexhub-prov-test")), "iscsi")
+keys = "/var/lib/flexhub-prov-test/capacity"  # [iscsi] capacity_secret_dir, as the controller's
+node = Node(NodeConfig(state_dir=Path("/var/lib/flexhub-prov-test"),
+                       backends={"iscsi": {"capacity_secret_dir": keys}}), "iscsi")
 backend = IscsiBackend(node)
 answers = []
 for req in json.load(sys.stdin):  # several calls, one import (4 s under emulation)
@@ -57,6 +59,11 @@ for req in json.load(sys.stdin):  # several calls, one import (4 s under emulati
             p = backend.provision(Claim(**req["claim"]), req["parameters"], secrets)
             out = {"options": dict(p.options), "size": p.size, "reclaim": dict(p.reclaim),
                    "fs_type": p.fs_type, "secret": p.secret}
+        elif req["op"] == "capacity":  # CSI GetCapacity of the class
+            out = {"capacity": backend.capacity(req["parameters"])}
+        elif req["op"] == "statvfs":  # what the guest's kernel says of the directory, after it
+            vfs = os.statvfs(req["path"])
+            out = {"available": vfs.f_bavail * vfs.f_frsize}
         elif req["op"] == "expand":
             out = {"size": backend.expand_storage(req["options"], req["reclaim"], req["size"], secrets)}
         else:
@@ -115,6 +122,14 @@ def setup(vm: VM) -> tuple[services.SshServer, dict[str, str]]:
         "node.session.auth.password": CHAP_PASSWORD,
     }
     return ssh, secrets
+
+
+def capacity_keys(vm: VM, ssh: services.SshServer) -> None:
+    """The class's SSH key where the controller's ``[iscsi] capacity_secret_dir`` names it
+    (the provisioner script's node config): CSI sends ``GetCapacity`` no secrets."""
+    vm.run(["install", "-d", "-m", "0700", "/var/lib/flexhub-prov-test/capacity"])
+    vm.write_file("/var/lib/flexhub-prov-test/capacity/ssh-privatekey", ssh.private_key, 0o600)
+    vm.write_file("/var/lib/flexhub-prov-test/capacity/ssh-knownhosts", ssh.known_hosts, 0o600)
 
 
 def parameters(ssh: services.SshServer, **extra: str) -> dict[str, str]:
@@ -362,19 +377,38 @@ def test_a_claim_past_the_directorys_room_is_refused_unless_overcommitted(
     vm: VM, clean: None
 ) -> None:
     """The LUN directory's tmpfs holds far less than 4 GiB: a sparse 4 GiB claim is refused
-    with the figures and nothing is made; with overcommit 64 it is provisioned."""
+    with the figures and nothing is made; with overcommit 64 it is provisioned.
+
+    CSI ``GetCapacity`` of the class against the real target host (the remote ``room``, with
+    the key of ``[iscsi] capacity_secret_dir``) follows the same rule, checked against the
+    guest kernel's statvfs of the directory read right after it: the empty directory's free
+    bytes; with overcommit 64 and the 4 GiB claim made, 64 x free - 4 GiB (the sparse file
+    holds no block); a preallocating class of the same overcommit, no more than the free
+    bytes. The slack allows for the guest's other writes to the rig's filesystem between the
+    two reads (1 MiB, 64 times over with overcommit 64)."""
     ssh, secrets = setup(vm)
+    capacity_keys(vm, ssh)
     big = claim(4096 * MiB)
     name = f"pvc-{big['uid']}"
     request = {"op": "provision", "claim": big, "parameters": parameters(ssh), "secrets": secrets}
-    (refused,) = provisioner(vm, request)
+    statvfs = {"op": "statvfs", "path": LUNS, "secrets": {}}
+    room, vfs, refused = provisioner(
+        vm, {"op": "capacity", "parameters": parameters(ssh), "secrets": {}}, statvfs, request
+    )
+    assert "error" not in room, room
+    assert abs(room["capacity"] - vfs["available"]) <= MiB, (room, vfs)
+    assert room["capacity"] < 4096 * MiB  # as the refusal below says
     assert "not enough room for" in refused.get("error", ""), refused
     assert "x overcommit 1 = " in refused["error"] and "\n" not in refused["error"]
     assert not exists(vm, f"{LUNS}/{name}.img") and backstores(vm, name) == []
     assert not exists(vm, f"{CONFIGFS}/iscsi/{PREFIX}:{name}")
     request["parameters"] = parameters(ssh, overcommit="64")
-    (pv,) = provisioner(vm, request)
+    ask = {"op": "capacity", "parameters": parameters(ssh, overcommit="64"), "secrets": {}}
+    held = {**ask, "parameters": parameters(ssh, overcommit="64", sparse="false")}
+    pv, room, preallocated, vfs = provisioner(vm, request, ask, held, statvfs)
     assert pv.get("size") == 4096 * MiB and pv["reclaim"]["overcommit"] == "64", pv
+    assert abs(room["capacity"] - (64 * vfs["available"] - 4096 * MiB)) <= 64 * MiB, (room, vfs)
+    assert abs(preallocated["capacity"] - vfs["available"]) <= MiB, (preallocated, vfs)
     assert provisioner(vm, {"op": "reclaim", **pv, "secrets": secrets}) == [{}]
     assert not exists(vm, f"{LUNS}/{name}.img")
 
@@ -409,6 +443,11 @@ def lv(vm: VM, vg: str, name: str, field: str) -> str:
         check=False,
     )
     return out.stdout.strip() if out.rc == 0 else ""
+
+
+def lv_free(vm: VM, vg: str) -> str:
+    out = vm.run(["vgs", "--noheadings", "--units", "b", "--nosuffix", "-o", "vg_free", vg])
+    return out.stdout.strip()
 
 
 PHASES: dict[str, float] = {}
@@ -459,7 +498,11 @@ def test_block_backstore_provision_mount_expand_reclaim(
             "volumeGroup": vg,
         }
         request = {"op": "provision", "claim": wanted, "parameters": params, "secrets": secrets}
-        (pv,) = provisioner(vm, request)
+        capacity_keys(vm, ssh)
+        free = int(lv_free(vm, vg))
+        # CSI GetCapacity of a block class: the volume group's free bytes, as vgs says them
+        room, pv = provisioner(vm, {"op": "capacity", "parameters": params, "secrets": {}}, request)
+        assert room == {"capacity": free} and free > 0, (room, free)
         PHASES["provision"] = round(time.monotonic() - started, 1)
         assert "error" not in pv, pv
         assert pv["size"] == 24 * MiB  # 20 MiB + 1 byte: 21 MiB, six 4 MiB extents
