@@ -226,9 +226,11 @@ def test_the_node_plugin_registers_itself_with_kubelet_and_shares_its_mounts(hel
         # a mount the plugin makes under kubelet's directory is the host's (kubelet's, the pods')
         "/var/lib/kubelet": ("/var/lib/kubelet", "Bidirectional"),
         "/dev": ("/dev", None),
-        # the node config's state and log directories: the node journal FlexVolume keeps too
-        "/var/lib/flexhub": ("/var/lib/flexhub", None),
-        "/var/log/flexhub": ("/var/log/flexhub", None),
+        # the node config's state and log directories: the node journal FlexVolume keeps too,
+        # and flexhub's staging mounts below state_dir, which must be the host's (a FlexVolume
+        # call sees them, a restarted plugin finds them) and the host's seen here
+        "/var/lib/flexhub": ("/var/lib/flexhub", "Bidirectional"),
+        "/var/log/flexhub": ("/var/log/flexhub", "Bidirectional"),
     }
     assert found["/etc/flexhub-node-config"]["readOnly"] is True
 
@@ -246,6 +248,7 @@ def test_the_node_plugin_follows_kubelets_directory_and_its_port(helm: Path) -> 
     assert found["/data/kubelet"]["mountPropagation"] == "Bidirectional"
     assert "/var/lib/kubelet" not in found and "/var/lib/flexhub" not in found
     assert found["/srv/flexhub"]["volume"]["hostPath"]["path"] == "/srv/flexhub"
+    assert found["/srv/flexhub"]["mountPropagation"] == "Bidirectional"
 
 
 def test_the_upstream_registrar_replaces_flexhubs_own_registration(helm: Path) -> None:
