@@ -168,41 +168,44 @@ def test_dead_portal_does_not_block_other_volumes(vm: VM, kubelet: Kubelet, clea
     vm.run(["ip", "addr", "add", "127.0.0.3/8", "dev", "lo"], check=False)
     listener = f"{vm.python} /tmp/listener.py 127.0.0.3 /tmp/listener.hit"
     vm.run(["/bin/sh", "-c", f"setsid {listener} >/dev/null 2>&1 </dev/null &"])
+    try:
+        x = kubelet.pod_dir("pv-x")
+        options = {
+            "backend": "iscsi",
+            "targetPortal": "127.0.0.3:3260",  # the dead one first
+            "portals": target.portal,
+            "iqn": target.iqn,
+            "lun": "0",
+            "kubernetes.io/fsType": "ext4",
+            "kubernetes.io/readwrite": "rw",
+            "kubernetes.io/pvOrVolumeName": "pv-x",
+            "kubernetes.io/pod.uid": x.split("/")[-4],
+        }
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in KUBELET_ENV.items())
+        call = f"env -i {env} {kubelet.driver} mount {x} {shlex.quote(go_json(options))}"
+        pid = vm.run(
+            ["/bin/sh", "-c", f"setsid {call} >/tmp/x.out 2>&1 </dev/null & echo $!"]
+        ).stdout.strip()
+        for _ in range(300):  # the mount of X reached the dead portal
+            if vm.run(["test", "-s", "/tmp/listener.hit"], check=False).rc == 0:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the mount of X never reached the dead portal")
 
-    x = kubelet.pod_dir("pv-x")
-    options = {
-        "backend": "iscsi",
-        "targetPortal": "127.0.0.3:3260",  # the dead one first
-        "portals": target.portal,
-        "iqn": target.iqn,
-        "lun": "0",
-        "kubernetes.io/fsType": "ext4",
-        "kubernetes.io/readwrite": "rw",
-        "kubernetes.io/pvOrVolumeName": "pv-x",
-        "kubernetes.io/pod.uid": x.split("/")[-4],
-    }
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in KUBELET_ENV.items())
-    call = f"env -i {env} {kubelet.driver} mount {x} {shlex.quote(go_json(options))}"
-    pid = vm.run(
-        ["/bin/sh", "-c", f"setsid {call} >/tmp/x.out 2>&1 </dev/null & echo $!"]
-    ).stdout.strip()
-    for _ in range(300):  # the mount of X reached the dead portal
-        if vm.run(["test", "-s", "/tmp/listener.hit"], check=False).rc == 0:
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError("the mount of X never reached the dead portal")
+        z, reply = kubelet.mount(target, 2, pv="pv-z")
+        assert reply == {"status": "Success"}
+        assert vm.run(["kill", "-0", pid], check=False).rc == 0, "X finished before Z mounted"
+        assert kubelet.unmount(y) == {"status": "Success"}
+        assert vm.run(["kill", "-0", pid], check=False).rc == 0, "X finished before Y unmounted"
 
-    z, reply = kubelet.mount(target, 2, pv="pv-z")
-    assert reply == {"status": "Success"}
-    assert vm.run(["kill", "-0", pid], check=False).rc == 0, "X finished before Z mounted"
-    assert kubelet.unmount(y) == {"status": "Success"}
-    assert vm.run(["kill", "-0", pid], check=False).rc == 0, "X finished before Y unmounted"
-
-    while vm.run(["kill", "-0", pid], check=False).rc == 0:
-        time.sleep(1)
-    reply = json.loads(vm.run(["cat", "/tmp/x.out"]).stdout)
-    assert reply == {"status": "Success"}, reply  # the live portal was enough
-    assert kubelet.unmount(x) == {"status": "Success"}
-    assert kubelet.unmount(z) == {"status": "Success"}
+        while vm.run(["kill", "-0", pid], check=False).rc == 0:
+            time.sleep(1)
+        reply = json.loads(vm.run(["cat", "/tmp/x.out"]).stdout)
+        assert reply == {"status": "Success"}, reply  # the live portal was enough
+        assert kubelet.unmount(x) == {"status": "Success"}
+        assert kubelet.unmount(z) == {"status": "Success"}
+    finally:  # the hung server goes with the test (it held its connections for the session)
+        vm.run(["pkill", "-f", "/tmp/listener.py"], check=False)
+        vm.run(["ip", "addr", "del", "127.0.0.3/8", "dev", "lo"], check=False)
     assert sessions(vm, target.iqn) == []
