@@ -153,8 +153,13 @@ class UidRecords(Generic[_R]):
         _write_json(self.directory, self._path(uid), data, f"{self.kind} record {uid}")
 
     def delete(self, uid: str) -> None:
+        """Remove ``uid``'s record; none is no write (unlink(2) of a missing file on a
+        read-only filesystem is EROFS, and a read-only call must still answer)."""
+        path = self._path(uid)
+        if not os.path.lexists(path):
+            return
         try:
-            self._path(uid).unlink()
+            path.unlink()
         except FileNotFoundError:
             pass
         except OSError as exc:

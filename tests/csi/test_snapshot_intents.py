@@ -186,3 +186,31 @@ def test_a_deleted_snapshot_is_not_made_again_by_its_source_s_deletion(
     listed = controller.ListSnapshots(pb.ListSnapshotsRequest(), Context()).entries
     assert [e.snapshot.snapshot_id for e in listed] == []
     assert snapshot_files(trusted_dir) == []
+
+
+def test_a_retry_of_a_recorded_snapshot_answers_on_a_read_only_state_disk(
+    controller: ControllerService,  # noqa: F811
+    trusted_dir: Path,
+) -> None:
+    """A recorded snapshot's CreateSnapshot retry only reads: with the controller's state
+    directory read-only (a full or failing disk remounted ro), it answers the snapshot as
+    before. Removing an intent no call left must not write: unlink(2) of a missing file on a
+    read-only filesystem fails with EROFS, not ENOENT, and the retry was INTERNAL. A new
+    snapshot, which must record itself, is refused in one line and nothing is made."""
+    import subprocess
+
+    a = create(controller, "a")
+    first = snap(controller, "s", a.volume_id)
+    made = snapshot_files(trusted_dir)
+    assert len(made) == 1
+    csi = controller.intents.directory.parent
+    controller.intents.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    subprocess.run(["mount", "--bind", str(csi), str(csi)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(csi)], check=True)
+        again = snap(controller, "s", a.volume_id)
+        assert again.snapshot_id == first.snapshot_id and again.size_bytes == first.size_bytes
+        assert code(lambda: snap(controller, "t", a.volume_id)) == grpc.StatusCode.INTERNAL
+    finally:
+        subprocess.run(["umount", str(csi)], check=True)
+    assert controller.intents.uids() == [] and snapshot_files(trusted_dir) == made
