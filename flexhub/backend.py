@@ -80,6 +80,7 @@ __all__ = [
     "StateError",
     "Volume",
     "VolumeError",
+    "VolumeTrouble",
     "check_keys",
     "fsync_directory",
     "has_control_character",
@@ -146,6 +147,27 @@ class Attachment(Frozen):
         self, device: str, details: Mapping[str, str] | None = None, blank: bool | None = None
     ) -> None:
         self._set(device=device, details={} if details is None else details, blank=blank)
+
+
+class VolumeTrouble(Frozen):
+    """What a volume's attachment on this node lacks (:meth:`BlockBackend.health`).
+
+    ``status`` is ``"degraded"`` (it still serves, with less: a multipath path lost) or
+    ``"inaccessible"`` (it does not: every path down); ``reason`` one CamelCase word;
+    ``message`` one line naming what is wrong, **never a secret**.
+
+    .. versionadded:: 0.3
+    """
+
+    __slots__ = ("status", "reason", "message")  # noqa: RUF023 - the fields, in order
+    status: str
+    reason: str
+    message: str
+
+    def __init__(self, status: str, reason: str, message: str) -> None:
+        if status not in ("degraded", "inaccessible"):
+            raise ValueError(f"VolumeTrouble status {status!r}: degraded or inaccessible")
+        self._set(status=status, reason=reason, message=message)
 
 
 class Backend(abc.ABC):
@@ -317,6 +339,18 @@ class BlockBackend(Backend):
         .. versionadded:: 0.2
         """
         return {}
+
+    def health(self, attachment: Attachment) -> list[VolumeTrouble]:
+        """What this node's attachment lacks beyond its staging mount answering a stat, which
+        the core checks itself (CSI ``NodeGetVolumeHealth``): a session down, a path lost.
+        ``attachment`` is the journalled one (its ``details`` as :meth:`attach` returned).
+
+        Read only and quick (sysfs, no command, no I/O to the storage): the core bounds it and
+        takes an exception or a late answer for "nothing known". The default knows nothing.
+
+        .. versionadded:: 0.3
+        """
+        return []
 
     @abc.abstractmethod
     def detach(self, attachment: Attachment) -> None:

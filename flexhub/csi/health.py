@@ -17,10 +17,17 @@ Every stat runs in a thread of its own, bounded, one at a time per path (:func:`
 call probes its paths at once, so it holds a plugin worker for one bound at most, and a path
 whose earlier stat still hangs is answered at once. ``NodeGetVolumeStats`` uses the same
 probe.
+
+A block backend adds what its attachment lacks (:meth:`flexhub.backend.BlockBackend.health`,
+asked beside the stats within the same bound: :func:`backend_troubles`): iSCSI's
+``PathDown`` (``DEGRADED``: a multipath path lost) and ``PathsDown`` (``INACCESSIBLE``: no
+session or disk serves the LUN), which a stat of a mounted filesystem does not see (its
+metadata is cached).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import threading
@@ -32,11 +39,16 @@ from typing import Any
 from flexhub.csi.proto import csi_pb2
 from flexhub.node.mounts import CORRUPTED_ERRNOS
 
-__all__ = ["Probed", "probe", "volume_health"]
+__all__ = ["Probed", "backend_troubles", "probe", "volume_health"]
+
+LOG = logging.getLogger(__name__)
 
 _statting: set[str] = set()
 _statting_lock = threading.Lock()
 _INACCESSIBLE = csi_pb2.VolumeHealthErrorType.INACCESSIBLE
+_STATUS = {"degraded": csi_pb2.VolumeHealthErrorType.DEGRADED, "inaccessible": _INACCESSIBLE}
+#: (CSI status, reason, message) of one trouble.
+Trouble = tuple[Any, str, str]
 
 
 @dataclass(frozen=True)
@@ -92,12 +104,41 @@ def probe(path: str, bound: float) -> Probed:
     )
 
 
+def backend_troubles(ask: Callable[[], Iterable[Any]], bound: float, what: str) -> list[Trouble]:
+    """The backend's troubles of an attachment (``ask``: its ``health``), asked in a thread of
+    their own within ``bound`` seconds; an exception or a late answer is nothing known, logged
+    in one line (the volume's health must still answer)."""
+    found: list[list[Trouble]] = []
+
+    def work() -> None:
+        try:
+            found.append([(_STATUS[t.status], str(t.reason), str(t.message)) for t in ask()])
+        except Exception as exc:  # a backend's fault: logged, never the call's
+            LOG.warning(
+                "%s: its backend's health check failed: %s", what, " ".join(str(exc).split())
+            )
+
+    thread = threading.Thread(target=work, name="backend-health", daemon=True)
+    thread.start()
+    thread.join(bound)
+    if not found:
+        if thread.is_alive():
+            LOG.warning("%s: its backend's health check did not answer within %g s", what, bound)
+        return []
+    return found[0]
+
+
 def volume_health(
-    volume_id: str, paths: Iterable[Path], mounted: Callable[[Path], bool], bound: float
+    volume_id: str,
+    paths: Iterable[Path],
+    mounted: Callable[[Path], bool],
+    bound: float,
+    more: Iterable[Trouble] = (),
 ) -> Any:
-    """The ``VolumeHealth`` of ``volume_id`` from its staging and publish ``paths``: one
-    ``INACCESSIBLE`` entry per reason (the spec allows no two with the same status and
-    reason), its messages joined; none when every path is mounted and answers."""
+    """The ``VolumeHealth`` of ``volume_id`` from its staging and publish ``paths``, and
+    ``more`` (:func:`backend_troubles`): one entry per status and reason (the spec allows no
+    two with the same), its messages joined; none when every path is mounted and answers and
+    nothing more is wrong."""
     here = {str(path): mounted(path) for path in paths}
     probed: dict[str, Probed] = {}
 
@@ -113,22 +154,26 @@ def volume_health(
         thread.start()
     for thread in threads:
         thread.join(bound + 1)
-    troubles: dict[str, list[str]] = {}
+    troubles: dict[tuple[Any, str], list[str]] = {}
     for where, is_mounted in here.items():
         if not is_mounted:
-            troubles.setdefault("NotMounted", []).append(f"{where} holds no mount of the volume")
+            troubles.setdefault((_INACCESSIBLE, "NotMounted"), []).append(
+                f"{where} holds no mount of the volume"
+            )
             continue
         found = probed.get(where) or Probed(
             reason="StatTimeout", message=f"{where} did not answer a stat within {bound:g} s"
         )
         if found.reason:
-            troubles.setdefault(found.reason, []).append(found.message)
+            troubles.setdefault((_INACCESSIBLE, found.reason), []).append(found.message)
+    for status, reason, message in more:
+        troubles.setdefault((status, reason), []).append(message)
     return csi_pb2.VolumeHealth(
         volume_id=volume_id,
         health_statuses=[
             csi_pb2.VolumeHealth.VolumeHealthEntry(
-                status=_INACCESSIBLE, reason=reason, message="; ".join(messages)
+                status=status, reason=reason, message="; ".join(messages)
             )
-            for reason, messages in troubles.items()
+            for (status, reason), messages in troubles.items()
         ],
     )

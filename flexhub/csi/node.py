@@ -224,6 +224,33 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         if self._block_backend(found[1]):
             apply_fs_group(staging, gid)
 
+    def _attachment_health(self, volume_id: str) -> list[Any]:
+        """What the block backend says its journalled attachment of the staged volume lacks
+        (:meth:`flexhub.backend.BlockBackend.health`); nothing for a share, or for a volume
+        whose attachment this node has no record of (the stats then say what is wrong)."""
+        from flexhub.backend import Attachment
+
+        for staging in self.staged.of_volume(volume_id):
+            found = self.staged.get(staging)
+            if found is None or found[0] != volume_id or not self._block_backend(found[1]):
+                continue
+            capability = csi_pb2.VolumeCapability(
+                mount=csi_pb2.VolumeCapability.MountVolume(),
+                access_mode=csi_pb2.VolumeCapability.AccessMode(
+                    mode=csi_pb2.VolumeCapability.AccessMode.Mode.SINGLE_NODE_WRITER
+                ),
+            )
+            volume, backend, node = flexhub_volume(
+                found[1], capability, {}, self.config, expanding=True
+            )
+            if not isinstance(backend, BlockBackend):
+                return []
+            record = node.journal.get_volume(backend.volume_id(volume))
+            if record is None or record.pending:
+                return []
+            return list(backend.health(Attachment(record.device, record.details)))
+        return []
+
     def _block_backend(self, context: Mapping[str, str]) -> bool:
         """Whether a staged volume's backend (its kept context's) is a block backend."""
         from flexhub.csi.volumes import backend_class
@@ -382,7 +409,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         """The volume's health from this node (:mod:`flexhub.csi.health`): its staging and
         publish paths when the request names them, else where this node staged it; a volume
         this node never staged is ``NOT_FOUND``."""
-        from flexhub.csi.health import volume_health
+        from flexhub.csi.health import backend_troubles, volume_health
 
         volume_id = _require(request.volume_id, "volume_id")
         paths = [
@@ -406,8 +433,11 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         if not paths:
             paths = self.staged.of_volume(volume_id)
         node = self._node()
+        more = backend_troubles(
+            lambda: self._attachment_health(volume_id), STAT_BOUND, f"volume {volume_id}"
+        )
         health = volume_health(
-            volume_id, paths, lambda path: self._staged_here(node, path), STAT_BOUND
+            volume_id, paths, lambda path: self._staged_here(node, path), STAT_BOUND, more
         )
         for entry in health.health_statuses:
             LOG.warning("volume %s: %s: %s", volume_id, entry.reason, entry.message)

@@ -88,6 +88,7 @@ class FakeSysfs(Sysfs):
         (block / "device").mkdir()
         (block / "device" / "delete").write_text("")
         (block / "device" / "rescan").write_text("")
+        (block / "device" / "state").write_text("running\n")
         (block / "size").write_text(f"{size // 512}\n")
         (self.dev / name).write_text("")
         return name

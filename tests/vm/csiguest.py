@@ -15,7 +15,7 @@ import pytest
 from tests.rig.vm import VM
 
 #: Runs in the guest: one Node service call, the request as JSON on stdin; prints the status
-#: code's name and message.
+#: code's name and message, and the reply (protobuf's JSON form).
 CLIENT = r"""
 import json, sys
 import grpc
@@ -25,8 +25,8 @@ socket, method = sys.argv[1], sys.argv[2]
 request = json_format.ParseDict(json.load(sys.stdin), getattr(csi_pb2, method + "Request")())
 with grpc.insecure_channel("unix://" + socket) as channel:
     try:
-        getattr(csi_pb2_grpc.NodeStub(channel), method)(request, timeout=float(sys.argv[3]))
-        print(json.dumps({"code": "OK", "message": ""}))
+        reply = getattr(csi_pb2_grpc.NodeStub(channel), method)(request, timeout=float(sys.argv[3]))
+        print(json.dumps({"code": "OK", "message": "", "reply": json_format.MessageToDict(reply)}))
     except grpc.RpcError as exc:
         print(json.dumps({"code": exc.code().name, "message": exc.details()}))
 """
@@ -82,6 +82,14 @@ def node_call(
 ) -> tuple[str, str]:
     """A Node service call (``NodeStageVolume``, ...) on the plugin of ``base``, the request in
     protobuf's JSON form: ``(status code name, message)``, ``("OK", "")`` on success."""
+    code, message, _ = node_answer(vm, base, method, request, timeout)
+    return code, message
+
+
+def node_answer(
+    vm: VM, base: str, method: str, request: Mapping[str, Any], timeout: float = 240
+) -> tuple[str, str, dict[str, Any]]:
+    """:func:`node_call`, and the reply in protobuf's JSON form (``{}`` on an error)."""
     vm.write_file(CLIENT_PATH, CLIENT)
     res = vm.run(
         [vm.flexhub_python, "-I", CLIENT_PATH, f"{base}/csi.sock", method, str(timeout)],
@@ -89,4 +97,4 @@ def node_call(
         timeout=timeout + 60,
     )
     answer = json.loads(res.stdout.strip().splitlines()[-1])
-    return str(answer["code"]), str(answer["message"])
+    return str(answer["code"]), str(answer["message"]), dict(answer.get("reply") or {})

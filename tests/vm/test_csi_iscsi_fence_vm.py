@@ -8,6 +8,11 @@ I_T nexus), as the FlexVolume path's tests/vm/test_iscsi_fence.py does with two 
 Node B's read-write stage is refused (``FAILED_PRECONDITION``, naming A's key and the way
 out) and leaves no session; once A unstages (its key unregistered), B's stage takes the LUN
 over with A's data.
+
+The same plugin's NodeGetVolumeHealth of a staged LUN follows its path from the kernel: its
+portal taken down on the target (the session FAILED while open-iscsi reconnects, the disk
+blocked) is ``INACCESSIBLE``/``PathsDown`` although the staging mount still answers a stat;
+once the portal is back, the session logs in again and the volume is healthy.
 """
 
 from __future__ import annotations
@@ -123,4 +128,48 @@ def test_a_second_node_s_read_write_stage_is_fenced_until_the_first_unstages(
     unstage(vm, b, target)
     assert sessions_of(vm, b) == 0
     assert no_pr(vm, target)
+    print(", ".join(f"{what} {seconds:.1f} s" for what, seconds in SECONDS.items()))
+
+
+def health(vm: VM, node: FakeNode, target: IscsiTarget) -> list[tuple[str, str, str]]:
+    request = {"volume_id": f"iscsi-static-{target.iqn.rsplit(':', 1)[-1]}"}
+    code, message, reply = csiguest.node_answer(vm, _base(node), "NodeGetVolumeHealth", request)
+    assert code == "OK", (code, message)
+    entries = reply.get("volumeHealth", {}).get("healthStatuses", [])
+    return [(e["status"], e["reason"], e["message"]) for e in entries]
+
+
+def test_a_staged_lun_whose_portal_is_down_is_inaccessible_until_it_is_back(
+    vm: VM, csi_nodes: tuple[FakeNode, FakeNode], clean: None
+) -> None:
+    a, _ = csi_nodes
+    target = services.iscsi_target(vm)
+    assert stage(vm, a, target) == ("OK", "")
+    try:
+        assert health(vm, a, target) == []
+        services.portal_down(vm, target, target.portal)
+        started = time.monotonic()
+        found: list[tuple[str, str, str]] = []
+        while not found and time.monotonic() - started < 90:
+            found = health(vm, a, target)
+        SECONDS["portal down seen"] = time.monotonic() - started
+        assert [(status, reason) for status, reason, _ in found] == [
+            ("INACCESSIBLE", "PathsDown")
+        ], found
+        message = found[0][2]
+        assert message.startswith(f"iSCSI {target.iqn} lun 0: no path: "), message
+        assert f"the session on {target.portal} is FAILED" in message, message
+        # the staging mount itself still answers: only the backend's check sees the path
+        assert vm.run(["stat", "-f", f"{_base(a)}/stage/s"], check=False).rc == 0
+        services.portal_up(vm, target, target.portal)
+        started = time.monotonic()
+        while found and time.monotonic() - started < 120:
+            found = health(vm, a, target)
+        SECONDS["portal back seen"] = time.monotonic() - started
+        assert found == []
+    finally:
+        if target.down:
+            services.portal_up(vm, target, target.portal)
+        unstage(vm, a, target)
+    assert sessions_of(vm, a) == 0
     print(", ".join(f"{what} {seconds:.1f} s" for what, seconds in SECONDS.items()))

@@ -77,6 +77,7 @@ from flexhub.backend import (
     NodeRequirements,
     Volume,
     VolumeError,
+    VolumeTrouble,
 )
 from flexhub_iscsi._chap import access, check_chap
 from flexhub_iscsi._chap import node_key as access_key
@@ -263,6 +264,12 @@ class IscsiBackend(_Sessions, _Fencing, _LioProvisioning):
         if reservation:
             details["reservation"] = reservation
         return Attachment(device, details)
+
+    def health(self, attachment: Attachment) -> list[VolumeTrouble]:
+        """The LUN's paths that are down, from sysfs (:mod:`flexhub_iscsi._health`)."""
+        from flexhub_iscsi._health import troubles
+
+        return troubles(self.sysfs, attachment.details)
 
     def detach(self, attachment: Attachment) -> None:
         """Remove the LUN's devices; log out only when no other LUN of the target is used."""

@@ -113,6 +113,11 @@ class Sysfs:
             )
         return sorted(found, key=lambda s: s.sid)
 
+    def device_state(self, name: str) -> str:
+        """The SCSI state of disk ``name`` (``running``, ``blocked``, ``offline``,
+        ``transport-offline``...); ``""`` when the disk is gone."""
+        return _read(self.root / "class" / "block" / name / "device" / "state")
+
     def sessions_of(self, iqn: str, iface: str) -> list[Session]:
         """The sessions to target ``iqn`` through ``iface``."""
         return [s for s in self.sessions() if s.target == iqn and s.iface == iface]
