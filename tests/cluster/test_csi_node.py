@@ -430,7 +430,8 @@ def test_an_unmounted_staging_path_becomes_the_pod_s_volume_health(
         return [e for e in events() if e.involved_object.uid == running.metadata.uid]
 
     (event,) = eventually("a VolumeConditionAbnormal Event on the pod", on_the_pod, 60)
-    took = time.monotonic() - started
+    seen = time.monotonic()
+    took = seen - started
     assert took < 2 * csi_node.HEALTH_INTERVAL + 5, took  # two rounds, and the API's time
     assert (event.type, event.metadata.namespace) == ("Warning", ns)
     assert (event.involved_object.kind, event.involved_object.name) == ("Pod", "app")
@@ -447,8 +448,14 @@ def test_an_unmounted_staging_path_becomes_the_pod_s_volume_health(
     conditions = entry["healthConditions"]
     assert [(c["status"], c["reason"]) for c in conditions] == [("Inaccessible", "NotMounted")]
     assert str(staged) in conditions[0]["message"]
-    time.sleep(2 * csi_node.HEALTH_INTERVAL)  # still abnormal: no second Event, no count
+    # still abnormal two rounds after the Event: no second Event, no count
+    time.sleep(max(0.0, seen + 2 * csi_node.HEALTH_INTERVAL - time.monotonic()))
     assert [(e.metadata.name, e.count) for e in on_the_pod()] == [(event.metadata.name, 1)]
+    kubeconfig = json.loads(cluster.service_kubeconfigs["csi-node"].read_text())
+    token = kubeconfig["users"][0]["user"]["token"]
+    log = plugin.log.read_text(errors="replace")
+    assert f"health events: {ns}/app: Volume {pv}: NotMounted" in log
+    assert token[-40:] not in log  # the token is never logged
     delete_pod(cluster, ns, "app")
 
 
