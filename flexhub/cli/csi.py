@@ -41,6 +41,20 @@ def csi(
     health_port: Annotated[
         int, typer.Option(help="serve HTTP GET /healthz on this port (0: off)")
     ] = 0,
+    health_interval: Annotated[
+        float,
+        typer.Option(
+            help="seconds between the node plugin's checks of its published volumes: one "
+            "turned abnormal is a Warning Event VolumeConditionAbnormal on its pod (0: off)"
+        ),
+    ] = 60,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            help="kubeconfig of the health Events (default: the pod's service account; "
+            "neither: no Events)"
+        ),
+    ] = None,
 ) -> int:
     """Serve CSI for every installed backend (logs to stderr; runs until SIGTERM)."""
     import logging
@@ -71,6 +85,8 @@ def csi(
         registration_dir=registration_dir,
         kubelet_endpoint=kubelet_endpoint,
         health_port=health_port,
+        health_interval=health_interval,
+        kubeconfig=kubeconfig,
     )
 
 

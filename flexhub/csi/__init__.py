@@ -9,6 +9,8 @@ FlexVolume path (``tests/core/test_protocol.py``).
 * :mod:`flexhub.csi.volumes`: a CSI request's volume as flexhub's (context, capability).
 * :mod:`flexhub.csi.identity`, :mod:`flexhub.csi.node`, :mod:`flexhub.csi.controller`: the services.
 * :mod:`flexhub.csi.records`: the controller's records of the volumes it created.
+* :mod:`flexhub.csi.published`: the node's record of each publish and the pod it is for.
+* :mod:`flexhub.csi.healthevents`: the node plugin's health watcher (Events on pods).
 * :mod:`flexhub.csi.server`: the gRPC server on a unix socket.
 """
 

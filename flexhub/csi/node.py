@@ -34,6 +34,7 @@ from flexhub.backend import BlockBackend
 from flexhub.config import NodeConfig
 from flexhub.csi import TOPOLOGY_NODE_KEY
 from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
+from flexhub.csi.published import Published, PublishedTargets, pod_of_publish, target_parts
 from flexhub.csi.rawpublish import publish_raw, refuse_while_published
 from flexhub.csi.records import StagedContexts
 from flexhub.csi.status import CsiError, InFlight, rpc
@@ -44,6 +45,7 @@ from flexhub.csi.volumes import (
     is_block,
     mount_group,
 )
+from flexhub.errors import StateError
 
 __all__ = ["NodeService"]
 
@@ -76,6 +78,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         self.node_id = node_id
         self.in_flight = InFlight()
         self.staged = StagedContexts(config.state_dir)
+        self.published = PublishedTargets(config.state_dir)
 
     def _node(self) -> Any:
         from flexhub.node import Node
@@ -177,6 +180,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         if is_block(request.volume_capability):
             with self.in_flight.hold(volume_id):
                 publish_raw(self._node(), volume_id, staging, target, request)
+                self._record_publish(volume_id, staging, target, request.volume_context)
             return csi_pb2.NodePublishVolumeResponse()
         with self.in_flight.hold(volume_id):
             node = self._node()
@@ -189,6 +193,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             current = node.mounts.at(target)
             if current is not None:
                 if _same_mount(current, staged) and current.read_only == request.readonly:
+                    self._record_publish(volume_id, staging, target, request.volume_context)
                     return csi_pb2.NodePublishVolumeResponse()
                 raise CsiError(
                     grpc.StatusCode.ALREADY_EXISTS,
@@ -208,8 +213,25 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                 node.mounts,
                 self.config.mount_timeout,
             )
+            self._record_publish(volume_id, staging, target, request.volume_context)
             LOG.info("published %s on %s%s", volume_id, target, " (ro)" if request.readonly else "")
         return csi_pb2.NodePublishVolumeResponse()
+
+    def _record_publish(
+        self, volume_id: str, staging: Path, target: Path, context: Mapping[str, str]
+    ) -> None:
+        """Keep the publish and the pod the kubelet named for it (:mod:`flexhub.csi.published`:
+        believed only when the target path and the stage agree); never an option value. The
+        record serves the health Events alone: a failure to keep it is logged, and the
+        publish, done, stays answered OK."""
+        try:
+            found = self.staged.get(staging)
+            pod = pod_of_publish(volume_id, str(target), context, found[1] if found else None)
+            pv, _ = target_parts(str(target))
+            self.published.put(Published(str(target), volume_id, str(staging), pv, pod))
+        except StateError as exc:
+            LOG.warning("publish of %s on %s kept no record (no health Event): %s",
+                        volume_id, target, exc.message)  # fmt: skip
 
     def _apply_mount_group(self, volume_id: str, staging: Path, gid: int) -> None:
         """A pod's fsGroup on a read-write publish, as the FlexVolume driver applies it at each
@@ -286,6 +308,10 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         target = _path(request.target_path, "target_path")
         with self.in_flight.hold(volume_id):
             node = self._node()
+            try:  # first: the health watcher forgets its pod before the mount goes
+                self.published.delete(str(target))
+            except StateError as exc:
+                LOG.warning("unpublish of %s from %s: %s", volume_id, target, exc.message)
             node.unmount(target)
             try:
                 if target.is_dir() or not target.exists():
@@ -409,8 +435,6 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         """The volume's health from this node (:mod:`flexhub.csi.health`): its staging and
         publish paths when the request names them, else where this node staged it; a volume
         this node never staged is ``NOT_FOUND``."""
-        from flexhub.csi.health import backend_troubles, volume_health
-
         volume_id = _require(request.volume_id, "volume_id")
         paths = [
             _path(value, what)
@@ -432,16 +456,25 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             )
         if not paths:
             paths = self.staged.of_volume(volume_id)
+        health = self.health_of(volume_id, paths)
+        for entry in health.health_statuses:
+            LOG.warning("volume %s: %s: %s", volume_id, entry.reason, entry.message)
+        return csi_pb2.NodeGetVolumeHealthResponse(volume_health=health)
+
+    def health_of(self, volume_id: str, paths: list[Path]) -> Any:
+        """The ``VolumeHealth`` of ``volume_id`` on its staging and publish ``paths``: one
+        bounded stat of each (:func:`flexhub.csi.health.volume_health`, :data:`STAT_BOUND`),
+        and what its block backend says the attachment lacks, within the same bound;
+        ``NodeGetVolumeHealth`` and the health watcher (:mod:`flexhub.csi.healthevents`)."""
+        from flexhub.csi.health import backend_troubles, volume_health
+
         node = self._node()
         more = backend_troubles(
             lambda: self._attachment_health(volume_id), STAT_BOUND, f"volume {volume_id}"
         )
-        health = volume_health(
+        return volume_health(
             volume_id, paths, lambda path: self._staged_here(node, path), STAT_BOUND, more
         )
-        for entry in health.health_statuses:
-            LOG.warning("volume %s: %s: %s", volume_id, entry.reason, entry.message)
-        return csi_pb2.NodeGetVolumeHealthResponse(volume_health=health)
 
 
 #: Seconds a stats or health call's stat of a volume path may take.

@@ -38,8 +38,11 @@ def socket_path(endpoint: str) -> Path:
     raise UsageError(f"--endpoint {endpoint[:200]!r}: expected unix:///absolute/path")
 
 
-def build_server(config: NodeConfig, endpoint: str, mode: str, node_id: str) -> Any:
-    """A started gRPC server serving ``mode``'s services on ``endpoint``."""
+def build_server(
+    config: NodeConfig, endpoint: str, mode: str, node_id: str, node_service: Any = None
+) -> Any:
+    """A started gRPC server serving ``mode``'s services on ``endpoint`` (the Node service
+    ``node_service`` when given, else a new one)."""
     from flexhub.csi.identity import IdentityService
     from flexhub.csi.proto import csi_pb2_grpc
 
@@ -60,7 +63,8 @@ def build_server(config: NodeConfig, endpoint: str, mode: str, node_id: str) -> 
     if mode in ("node", "both"):
         from flexhub.csi.node import NodeService
 
-        csi_pb2_grpc.add_NodeServicer_to_server(NodeService(config, node_id), server)  # type: ignore[no-untyped-call]
+        node = node_service or NodeService(config, node_id)
+        csi_pb2_grpc.add_NodeServicer_to_server(node, server)  # type: ignore[no-untyped-call]
     listen(server, path, "--endpoint")  # the socket: root's alone
     server.start()
     LOG.info("serving CSI (%s) for node %s on %s", mode, node_id, path)
@@ -75,19 +79,27 @@ def serve(
     registration_dir: Path | None = None,
     kubelet_endpoint: str = "",
     health_port: int = 0,
+    health_interval: float = 0,
+    kubeconfig: Path | None = None,
 ) -> int:
     """Serve until SIGTERM or SIGINT, then stop (calls in flight get 10 s).
 
     With ``registration_dir`` (node or both mode) the kubelet's plugin registration is served
     there (:mod:`flexhub.csi.registration`) for the CSI socket ``kubelet_endpoint`` (default:
     the ``endpoint``'s path); with ``health_port`` an HTTP ``/healthz``
-    (:mod:`flexhub.csi.liveness`)."""
+    (:mod:`flexhub.csi.liveness`); with ``health_interval`` (node or both mode) the health
+    watcher's Events (:mod:`flexhub.csi.healthevents`, API client from ``kubeconfig`` or the
+    pod's service account)."""
     from flexhub.node.statedir import secure_state_dir
 
     if registration_dir is not None and mode not in ("node", "both"):
         raise UsageError("--registration-dir: only a node plugin (--mode node or both) registers")
     if not 0 <= health_port <= 65535:
         raise UsageError(f"--health-port {health_port}: expected 0 (off) to 65535")
+    if not 0 <= health_interval <= 86400:
+        raise UsageError(f"--health-interval {health_interval:g}: expected 0 (off) to 86400")
+    if kubeconfig is not None and not kubeconfig.is_file():
+        raise UsageError(f"--kubeconfig {kubeconfig}: no such file")
     path = socket_path(endpoint)
     seen_by_kubelet = _kubelet_path(kubelet_endpoint) if kubelet_endpoint else path
     secure_state_dir(config.state_dir)
@@ -99,9 +111,18 @@ def serve(
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
-    server = build_server(config, endpoint, mode, node_id)
-    registrar = liveness = None
+    node = None
+    if mode in ("node", "both"):
+        from flexhub.csi.node import NodeService
+
+        node = NodeService(config, node_id)
+    server = build_server(config, endpoint, mode, node_id, node)
+    registrar = liveness = watcher = None
     try:
+        if node is not None:
+            from flexhub.csi import healthevents
+
+            watcher = healthevents.start(node, node_id, health_interval, kubeconfig)
         if health_port:
             from flexhub.csi import liveness as live
 
@@ -112,6 +133,8 @@ def serve(
             registrar = registration.start(registration_dir, seen_by_kubelet)
         stop.wait()
     finally:
+        if watcher is not None:
+            watcher.stop()
         if registrar is not None:
             registrar.stop()  # first: the kubelet drops the plugin before its socket goes
         if liveness is not None:

@@ -99,6 +99,11 @@ class InFlight:
             with self._mutex:
                 self._busy.discard(key)
 
+    def busy(self, key: str) -> bool:
+        """Whether a call works on ``key`` now."""
+        with self._mutex:
+            return key in self._busy
+
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

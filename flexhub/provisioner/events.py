@@ -1,4 +1,5 @@
-"""Events on claims and PVs, as ``kubectl describe`` shows them to their authors.
+"""Events on claims, PVs and pods, as ``kubectl describe`` shows them to their authors (pods:
+the CSI node plugin's health watcher, :mod:`flexhub.csi.healthevents`).
 
 Aggregated as client-go's recorder does (:class:`CountingRecorder`, the provisioner's): the
 same reason and message on the same object again patches the Event written before
@@ -21,7 +22,7 @@ from typing import Any
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["CountingRecorder", "Recorder"]
+__all__ = ["CountingRecorder", "Recorder", "api_error"]
 
 #: Events an object may write at once, then one per REFILL seconds (client-go's spam filter).
 BURST = 25
@@ -57,14 +58,20 @@ class Recorder:
         instance: str = "",
         clock: Callable[[], float] = time.monotonic,
         count: bool = True,
+        host: str = "",
+        timeout: float = 10,
     ) -> None:
         """:param count: a repeat patches the Event written before (``False``: a new Event,
         the rate limit alone: the node agent, whose token may not patch Events, which in
-        ``default`` are every node's and PV's)."""
+        ``default`` are every node's and PV's).
+        :param host: the Event source's ``host`` (a node plugin's node).
+        :param timeout: seconds each API call may take."""
         self.core = core
         self.count = count
         self.component = component
         self.instance = instance
+        self.host = host
+        self.timeout = timeout
         self._clock = clock
         self._lock = threading.Lock()
         #: (object, reason, message) -> [namespace, Event name, count]
@@ -81,6 +88,11 @@ class Recorder:
         # A cluster-scoped object's Events live in the default namespace.
         self._emit(pv, "PersistentVolume", "default", kind, reason, message)
 
+    def pod(self, meta: Mapping[str, Any], kind: str, reason: str, message: str) -> bool:
+        """An Event on the pod of ``meta`` (its name, namespace and uid), in its namespace;
+        whether it was written or counted (``False``: the API refused it, or rate limit)."""
+        return self._emit({"metadata": meta}, "Pod", meta["namespace"], kind, reason, message)
+
     def _emit(
         self,
         obj: Mapping[str, Any],
@@ -89,7 +101,7 @@ class Recorder:
         kind: str,
         reason: str,
         message: str,
-    ) -> None:
+    ) -> bool:
         meta = obj["metadata"]
         subject = f"{object_kind}/{meta.get('namespace') or ''}/{meta['name']}/{meta.get('uid')}"
         message = message[:1024]
@@ -101,7 +113,7 @@ class Recorder:
                 self._buckets.popitem(last=False)
             if not bucket.take(self._clock()):
                 LOG.debug("event %s on %s dropped (rate limit)", reason, subject)
-                return
+                return False
             seen = self._written.pop(key, None)
             if seen is not None:
                 seen[2] += 1
@@ -110,7 +122,7 @@ class Recorder:
                 self._written.popitem(last=False)
         now = datetime.datetime.now(datetime.UTC).isoformat()
         if seen is not None and self._count(seen, now):
-            return
+            return True
         event_name = f"{meta['name'][:200]}.{uuid.uuid4().hex[:12]}"  # a name is at most 253
         event: dict[str, Any] = {
             "apiVersion": "v1",
@@ -127,7 +139,7 @@ class Recorder:
             "reason": reason,
             "message": message,
             "type": kind,
-            "source": {"component": self.component},
+            "source": {"component": self.component, **({"host": self.host} if self.host else {})},
             "reportingComponent": self.component,
             "reportingInstance": self.instance or self.component,
             "firstTimestamp": now,
@@ -135,14 +147,19 @@ class Recorder:
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(namespace, event, _request_timeout=10)
+            self.core.create_namespaced_event(namespace, event, _request_timeout=self.timeout)
         except Exception as exc:
             LOG.warning(
-                "could not record event %s on %s/%s: %s", reason, object_kind, meta["name"], exc
+                "could not record event %s on %s/%s: %s",
+                reason,
+                object_kind,
+                meta["name"],
+                api_error(exc),
             )
-            return
+            return False
         with self._lock:
             self._written[key] = [namespace, event_name, 1]
+        return True
 
     def _count(self, seen: list[Any], now: str) -> bool:
         """Count one more on the Event written before: not here (a repeat is a new Event,
@@ -161,9 +178,29 @@ class CountingRecorder(Recorder):
         namespace, name, count = seen
         try:
             self.core.patch_namespaced_event(
-                name, namespace, {"count": count, "lastTimestamp": now}, _request_timeout=10
+                name,
+                namespace,
+                {"count": count, "lastTimestamp": now},
+                _request_timeout=self.timeout,
             )
         except Exception as exc:
-            LOG.debug("could not count event %s/%s (%s): writing a new one", namespace, name, exc)
+            LOG.debug(
+                "could not count event %s/%s (%s): writing a new one",
+                namespace,
+                name,
+                api_error(exc),
+            )
             return False
         return True
+
+
+def api_error(exc: BaseException) -> str:
+    """An API call's failure on one line: an ``ApiException``'s status and reason (never its
+    headers or body), else the error's type and text (a connection error names the server,
+    never the request's token)."""
+    from flexhub.errors import one_line
+
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return f"{status} {one_line(str(getattr(exc, 'reason', '') or ''), 100)}".rstrip()
+    return f"{type(exc).__name__}: {one_line(str(exc), 300)}"

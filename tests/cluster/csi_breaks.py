@@ -82,7 +82,23 @@ def _delete_reclaims_nothing() -> None:
     ControllerService.DeleteVolume = delete  # type: ignore[method-assign]
 
 
+def _no_health_events() -> None:
+    """The node plugin's health watcher never starts (no VolumeConditionAbnormal Event)."""
+    from flexhub.csi import healthevents
+
+    healthevents.start = lambda *args, **kwargs: None
+
+
+def _pod_identity_dropped() -> None:
+    """NodePublishVolume keeps no pod (as with podInfoOnMount false): no Event names one."""
+    from flexhub.csi import node
+
+    node.pod_of_publish = lambda *args, **kwargs: None  # type: ignore[assignment]
+
+
 BREAKS: dict[str, Callable[[], None]] = {
+    "health-events": _no_health_events,
+    "pod-identity": _pod_identity_dropped,
     "publish": _publish_binds_nothing,
     "node-expand": _node_expand_grows_nothing,
     "restore": _restore_copies_nothing,

@@ -2,8 +2,10 @@
 --mode node`` on the host with its CSI socket in the kubelet's plugin directory, registering
 itself through the kubelet's plugin watcher (``plugins_registry``), and the CSIDriver object.
 
-The node plugin runs with no API credentials at all (no kubeconfig, no service account, no
-``KUBERNETES_*`` in its environment): it needs none.
+The node plugin's only API calls are its health watcher's Events: :func:`node_plugin` runs it
+with the chart node account's kubeconfig when given one (tests/cluster/accounts.py), else with
+no API credentials at all (no kubeconfig, no service account, no ``KUBERNETES_*`` in its
+environment: the watcher stays off).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ CSI_DRIVER: dict[str, Any] = {
     "metadata": {"name": DRIVER},
     "spec": {
         "attachRequired": False,
-        "podInfoOnMount": False,
+        "podInfoOnMount": True,
         "fsGroupPolicy": "File",
         "volumeLifecycleModes": ["Persistent"],
     },
@@ -55,15 +57,26 @@ def registration_socket(cluster: Cluster) -> Path:
     return registration_dir(cluster) / f"{DRIVER}-reg.sock"
 
 
-def node_plugin(cluster: Cluster, health_port: int | None = None) -> Process:
+#: The tier's health watcher interval (the chart's default is 60 s).
+HEALTH_INTERVAL = 5
+
+
+def node_plugin(
+    cluster: Cluster, health_port: int | None = None, kubeconfig: Path | None = None
+) -> Process:
     """``flexhub csi --mode node`` with the cluster's node config (the FlexVolume driver's
-    state directory and loopfile root: one node journal), its log ``flexhub-csi-node``."""
+    state directory and loopfile root: one node journal), its log ``flexhub-csi-node``; with
+    ``kubeconfig`` (the chart's node account's) its health Events every
+    :data:`HEALTH_INTERVAL` seconds."""
     port = free_port() if health_port is None else health_port
     argv = flexhub_argv("csi", "--mode", "node",
             "--endpoint", f"unix://{csi_socket(cluster)}",
             "--registration-dir", str(registration_dir(cluster)),
             "--node-id", NODE, "--health-port", str(port), "--log-level", "debug",
-            "--config", str(cluster.config))  # fmt: skip
+            "--config", str(cluster.config),
+            "--health-interval", str(HEALTH_INTERVAL if kubeconfig else 0))  # fmt: skip
+    if kubeconfig is not None:
+        argv += ["--kubeconfig", str(kubeconfig)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "KUBERNETES_"))}
     env["PYTHONPATH"] = str(REPO)  # a broken plugin runs tests.cluster.csi_breaks
     log = cluster.logs / "flexhub-csi-node.log"

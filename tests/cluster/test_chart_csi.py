@@ -2,7 +2,7 @@
 (installed by tests/cluster/accounts.py, as the CSI tier's processes run with them), the
 StorageClasses and the workloads (server-side dry run) all accepted with strict field
 validation; each CSI account may do exactly what the rendered chart grants it, asked of the
-API server's own authorizer, and the node plugin's account nothing at all."""
+API server's own authorizer, and the node plugin's account only write Events."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def test_the_csi_render_is_accepted_by_the_api_server_with_strict_validation(
     config's ConfigMap as a server-side dry run (every field known, every value valid)."""
     assert f"CSIDriver//{DRIVER}" in accounts.applied
     driver = client.StorageV1Api(cluster.api).read_csi_driver(DRIVER)
-    assert driver.spec.attach_required is False and driver.spec.pod_info_on_mount is False
+    assert driver.spec.attach_required is False and driver.spec.pod_info_on_mount is True
     assert driver.spec.fs_group_policy == "File"
     assert driver.spec.volume_lifecycle_modes == ["Persistent"]
     docs = render(*CLASSES, "csi.registrar.image=example.invalid/registrar:v1")
@@ -202,13 +202,13 @@ def test_each_csi_account_may_do_exactly_what_the_chart_grants(
     """Asked of the API server's authorizer for every verb on every resource above, in the
     release's namespace, `default` and a tenant's, by name and not: the controller's account
     may do exactly what its rendered roles say (Leases by name, in its namespace only), the
-    node plugin's nothing."""
+    node plugin's create and patch Events (its health watcher's, on pods) and nothing else."""
     docs = render()
     rules = {
         "csi-controller": granted(docs, "flexhub-csi-controller"),
         "csi-node": granted(docs, "flexhub-csi-node"),
     }
-    assert rules["csi-node"] == []
+    assert rules["csi-node"] == [("", "events", {"create", "patch"}, None, None)]
     assert len(rules["csi-controller"]) > 15
     wrong = []
     allowed_somewhere = set()
@@ -235,7 +235,8 @@ def test_each_csi_account_may_do_exactly_what_the_chart_grants(
 
 def test_the_csi_tokens_on_real_requests(cluster: Cluster, csi_apis: dict[str, Any]) -> None:
     """Each token is its account, and real calls go as the chart says: the controller lists
-    PVs and reads the CSINodes, never a Secret; the node plugin's token reads nothing."""
+    PVs and reads the CSINodes, never a Secret; the node plugin's token reads nothing (it may
+    only write Events)."""
     for component, api in csi_apis.items():
         review = client.AuthenticationV1Api(api).create_self_subject_review(
             {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}

@@ -102,6 +102,8 @@ def test_the_chart_rbac_is_applied_and_each_token_is_its_account(
             # CSI mode (tests/cluster/test_chart_csi.py)
             f"ServiceAccount/{NAMESPACE}/flexhub-csi-controller",
             f"ServiceAccount/{NAMESPACE}/flexhub-csi-node",
+            "ClusterRole//flexhub-csi-node-events",
+            "ClusterRoleBinding//flexhub-csi-node-events",
             "ClusterRole//flexhub-csi-controller-provisioner",
             "ClusterRole//flexhub-csi-controller-resizer",
             "ClusterRole//flexhub-csi-controller-snapshotter",

@@ -1,8 +1,12 @@
 """flexhub's CSI node plugin under the stock kubelet (tests/cluster/csi_node.py): the kubelet
 finds it through its plugin watcher, stages and publishes static CSI PVs of loopfile (a file
 system and a raw block device) for pods the scheduler placed, keeps them across a plugin
-crash, reads their stats and their health. Everything about the node is read from the kernel
-(mountinfo, loop devices, the backing files) or from the kubelet itself.
+crash, reads their stats and their health; the plugin's own health watcher makes a volume
+turned abnormal a Warning Event on its pod. Everything about the node is read from the kernel
+(mountinfo, loop devices, the backing files) or from the kubelet and the API server.
+
+The plugin runs with the chart node account's token (tests/cluster/accounts.py: events create
+and patch, nothing else) and ``--health-interval`` 5 s.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.cluster import csi_node
+from tests.cluster.accounts import Accounts
 from tests.cluster.cluster import NODE, Cluster, Process
 from tests.cluster.kube import IMAGE, delete_pod, eventually, loopfile, namespace, run_pod
 from tests.cluster.volume_stats import kubelet_get
@@ -31,9 +36,9 @@ DRIVER = csi_node.DRIVER
 
 
 @pytest.fixture(scope="module")
-def plugin(cluster: Cluster) -> Iterator[Process]:
-    created = csi_node.apply_csi_driver(cluster)
-    proc = csi_node.node_plugin(cluster)
+def plugin(cluster: Cluster, accounts: Accounts) -> Iterator[Process]:
+    created = csi_node.apply_csi_driver(cluster)  # else the chart's, applied with the accounts
+    proc = csi_node.node_plugin(cluster, kubeconfig=accounts.kubeconfig("csi-node"))
     try:
         _wait_registered(cluster, proc, 1)
         yield proc
@@ -261,7 +266,8 @@ def test_a_pod_mounts_a_static_csi_pv_and_its_data_survives_it(
     """(b) A scheduled pod's claim of a static CSI PV: the kubelet stages (flexhub formats and
     mounts the loopfile) and publishes it (a bind of the staging mount into the pod's volume
     dir); a file written through it is read by a second pod after the first is gone (its
-    publish undone). The plugin never opened a TCP connection (it has no API access at all).
+    publish undone). The plugin never opened a TCP connection (a healthy volume makes no API
+    call: its only ones are its health Events).
     Once no pod uses it, the kubelet unstages it (NodeUnstageVolume): the kubelet refuses
     UnmountDevice while another mount of the staged filesystem exists whose path does not
     repeat its staging path (operation_generator.go, mount-utils HasMountRefs), so
@@ -390,22 +396,50 @@ def test_an_unmounted_staging_path_becomes_the_pod_s_volume_health(
     cluster: Cluster, plugin: Process
 ) -> None:
     """(f) kubelet v1.37.2 turns NodeGetVolumeHealth into pod status ``volumeHealth`` (feature
-    gate CSIVolumeHealth, on in the tier): no Event (its stats code no longer reads
-    volume_condition or records one). The staging mount unmounted behind the plugin's back
-    becomes an Inaccessible/NotMounted condition of the pod's volume."""
+    gate CSIVolumeHealth, on in the tier) and makes no Event (its stats code no longer reads
+    volume_condition or records one): flexhub's node plugin does (issue #34). The staging
+    mount unmounted behind the plugin's back becomes an Inaccessible/NotMounted condition of
+    the pod's volume, and one Warning Event VolumeConditionAbnormal on the pod (its uid)
+    within two health intervals; while the volume was healthy, none, and no other pod of
+    this module (all healthy) has one. Fails with FLEXHUB_CSI_BREAK=health-events (the
+    watcher off) and with FLEXHUB_CSI_BREAK=pod-identity (as podInfoOnMount false)."""
     ns = namespace(cluster, "csi-health")
-    _, claim = _static_volume(cluster, ns, "health")
+    pv, claim = _static_volume(cluster, ns, "health")
     running = run_pod(cluster, ns, _claim_pod("app", claim))
 
     def health() -> list[dict[str, Any]]:
         raw = cluster.core.read_namespaced_pod("app", ns, _preload_content=False)
         return list(json.loads(raw.data).get("status", {}).get("volumeHealth") or [])
 
+    def events() -> list[Any]:
+        return list(
+            cluster.core.list_event_for_all_namespaces(
+                field_selector="reason=VolumeConditionAbnormal"
+            ).items
+        )
+
     time.sleep(12)  # two health polls of a healthy volume: no condition
     assert health() == [] or all(not v.get("healthConditions") for v in health()), health()
+    assert events() == []  # two rounds of the watcher too (every 5 s): no Event
     staged = csi_node.staging_path(cluster, f"static:{ns}:health")
     assert len(_mounts_at(staged)) == 1
     subprocess.run(["umount", str(staged)], check=True, timeout=60)
+    started = time.monotonic()
+
+    def on_the_pod() -> list[Any]:
+        return [e for e in events() if e.involved_object.uid == running.metadata.uid]
+
+    (event,) = eventually("a VolumeConditionAbnormal Event on the pod", on_the_pod, 60)
+    seen = time.monotonic()
+    took = seen - started
+    assert took < 2 * csi_node.HEALTH_INTERVAL + 5, took  # two rounds, and the API's time
+    assert (event.type, event.metadata.namespace) == ("Warning", ns)
+    assert (event.involved_object.kind, event.involved_object.name) == ("Pod", "app")
+    assert event.involved_object.namespace == ns
+    assert event.message == f"Volume {pv}: NotMounted: {staged} holds no mount of the volume"
+    assert (event.source.component, event.source.host) == ("flexhub-csi-node", NODE)
+    assert event.count == 1 and event.first_timestamp and event.last_timestamp
+    assert [e.involved_object.uid for e in events()] == [running.metadata.uid]  # no other pod
 
     def unhealthy() -> list[dict[str, Any]]:
         return [v for v in health() if v.get("name") == "data" and v.get("healthConditions")]
@@ -414,7 +448,15 @@ def test_an_unmounted_staging_path_becomes_the_pod_s_volume_health(
     conditions = entry["healthConditions"]
     assert [(c["status"], c["reason"]) for c in conditions] == [("Inaccessible", "NotMounted")]
     assert str(staged) in conditions[0]["message"]
-    assert running.metadata.uid
+    # still abnormal a round after the Event: no second Event, no count (CI's critical path:
+    # one round here; the dedupe's every case is tests/csi/test_health_events.py's)
+    time.sleep(max(0.0, seen + csi_node.HEALTH_INTERVAL + 1 - time.monotonic()))
+    assert [(e.metadata.name, e.count) for e in on_the_pod()] == [(event.metadata.name, 1)]
+    kubeconfig = json.loads(cluster.service_kubeconfigs["csi-node"].read_text())
+    token = kubeconfig["users"][0]["user"]["token"]
+    log = plugin.log.read_text(errors="replace")
+    assert f"health events: {ns}/app: Volume {pv}: NotMounted" in log
+    assert token[-40:] not in log  # the token is never logged
     delete_pod(cluster, ns, "app")
 
 

@@ -188,14 +188,16 @@ def test_backends_import_only_the_public_backend_api() -> None:
 
 
 def test_the_csi_front_end_stands_on_the_public_api_and_the_core() -> None:
-    """flexhub.csi uses the backend and provisioning API, the core and the node services, and
-    the provisioner's StorageClass reader (the same validation of the same parameters); never
+    """flexhub.csi uses the backend and provisioning API, the core and the node services, the
+    provisioner's StorageClass reader (the same validation of the same parameters) and its
+    Event recorder (the node plugin's health Events: the same counting and rate limit); never
     the admin tools, the CLI or the conformance kit."""
     assert _violations("flexhub.csi", ("flexhub.admin", "flexhub.cli", "flexhub.testing")) == []
     provisioner = [
         v for v in _violations("flexhub.csi", ("flexhub.provisioner",))
         if not v.endswith(("flexhub.provisioner.storageclass", "storageclass.WAIT",
-                           "storageclass.read_class"))
+                           "storageclass.read_class", "flexhub.provisioner.events",
+                           "events.CountingRecorder"))
     ]  # fmt: skip
     assert provisioner == []
 

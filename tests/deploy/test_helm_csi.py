@@ -103,6 +103,8 @@ CSI_OBJECTS = {
     "ClusterRoleBinding/flexhub-csi-controller-snapshotter",
     "Role/flexhub-csi-controller-leader-election",
     "RoleBinding/flexhub-csi-controller-leader-election",
+    "ClusterRole/flexhub-csi-node-events",  # the node plugin's health Events
+    "ClusterRoleBinding/flexhub-csi-node-events",
 }
 
 
@@ -180,7 +182,7 @@ def test_the_csidriver_says_how_kubelet_calls_flexhub(helm: Path) -> None:
     assert driver["apiVersion"] == "storage.k8s.io/v1"
     assert driver["spec"] == {
         "attachRequired": False,
-        "podInfoOnMount": False,
+        "podInfoOnMount": True,  # the pod of a NodePublishVolume: its health Events name it
         "fsGroupPolicy": "File",
         "volumeLifecycleModes": ["Persistent"],
     }
@@ -194,7 +196,7 @@ def node_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def test_the_node_plugin_registers_itself_with_kubelet_and_shares_its_mounts(helm: Path) -> None:
     pod = node_pod(render(helm, CSI))
     assert pod["serviceAccountName"] == "flexhub-csi-node"
-    assert pod["automountServiceAccountToken"] is False  # no API rights, no token
+    assert pod["automountServiceAccountToken"] is True  # the health watcher's Events
     assert pod["hostPID"] is True  # shares the node's state with the FlexVolume driver
     assert {"operator": "Exists"} in pod["tolerations"]  # every node may mount a volume
     assert [c["name"] for c in pod["containers"]] == ["flexhub"]  # no registrar by default
@@ -208,6 +210,7 @@ def test_the_node_plugin_registers_itself_with_kubelet_and_shares_its_mounts(hel
         "--kubelet-endpoint", f"{plugin}/csi.sock",
         "--node-id", "$(NODE_NAME)",
         "--health-port", "9809",
+        "--health-interval", "60",
         "--config", "/etc/flexhub-node-config/flexhub.toml",
         "--log-level", "info",
     ]  # fmt: skip
@@ -380,11 +383,24 @@ def by_role(docs: list[dict[str, Any]], name: str) -> set[tuple[str, str, str]]:
     }
 
 
-def test_the_node_plugin_account_has_no_rights_at_all(helm: Path) -> None:
+def test_the_node_plugin_account_may_write_events_and_nothing_else(helm: Path) -> None:
+    """Its health watcher's Events on pods (any namespace: a pod's Event is in the pod's):
+    exactly create and patch on events; with csi.node.healthEventInterval=0 no right at
+    all, and its pods mount no token."""
     docs = render(helm, CSI)
-    assert grants(docs, "flexhub-csi-node") == set()
+    assert grants(docs, "flexhub-csi-node") == {
+        ("", "events", "create", None),
+        ("", "events", "patch", None),
+    }
     account = one(docs, "ServiceAccount", "flexhub-csi-node")
-    assert account["automountServiceAccountToken"] is False
+    assert account["automountServiceAccountToken"] is False  # only the DaemonSet's pods
+    off = render(helm, CSI, "csi.node.healthEventInterval=0")
+    assert grants(off, "flexhub-csi-node") == set()
+    pod = node_pod(off)
+    assert pod["automountServiceAccountToken"] is False
+    args = container(pod, "flexhub")["args"]
+    assert args[args.index("--health-interval") + 1] == "0"
+    assert not [d for d in off if d["metadata"]["name"] == "flexhub-csi-node-events"]
 
 
 def test_the_controllers_rbac_is_what_its_sidecars_use(helm: Path) -> None:
