@@ -31,6 +31,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,8 @@ __all__ = ["Probed", "backend_troubles", "probe", "volume_health"]
 LOG = logging.getLogger(__name__)
 
 _statting: set[str] = set()
+#: the volumes whose backend health check is running (guarded by ``_statting_lock``)
+_asking: set[str] = set()
 _statting_lock = threading.Lock()
 _INACCESSIBLE = csi_pb2.VolumeHealthErrorType.INACCESSIBLE
 _STATUS = {"degraded": csi_pb2.VolumeHealthErrorType.DEGRADED, "inaccessible": _INACCESSIBLE}
@@ -104,10 +107,20 @@ def probe(path: str, bound: float) -> Probed:
     )
 
 
-def backend_troubles(ask: Callable[[], Iterable[Any]], bound: float, what: str) -> list[Trouble]:
-    """The backend's troubles of an attachment (``ask``: its ``health``), asked in a thread of
-    their own within ``bound`` seconds; an exception or a late answer is nothing known, logged
-    in one line (the volume's health must still answer)."""
+def backend_troubles(
+    ask: Callable[[], Iterable[Any]], bound: float, what: str, key: str
+) -> Callable[[], list[Trouble]]:
+    """Start asking the backend's troubles of an attachment (``ask``: its ``health``) in a
+    thread of its own, and return what collects them: it waits until ``bound`` seconds after
+    the start, so the check runs beside the stats and the call holds one bound in all. An
+    exception or a late answer is nothing known, logged in one line (the volume's health must
+    still answer); a ``key`` (the volume) whose earlier check still hangs is not asked again:
+    nothing known, at once, and no second thread."""
+    with _statting_lock:
+        if key in _asking:
+            LOG.warning("%s: its backend's earlier health check has not answered yet", what)
+            return list
+        _asking.add(key)
     found: list[list[Trouble]] = []
 
     def work() -> None:
@@ -117,15 +130,25 @@ def backend_troubles(ask: Callable[[], Iterable[Any]], bound: float, what: str) 
             LOG.warning(
                 "%s: its backend's health check failed: %s", what, " ".join(str(exc).split())
             )
+        finally:
+            with _statting_lock:
+                _asking.discard(key)
 
+    deadline = time.monotonic() + bound
     thread = threading.Thread(target=work, name="backend-health", daemon=True)
     thread.start()
-    thread.join(bound)
-    if not found:
-        if thread.is_alive():
-            LOG.warning("%s: its backend's health check did not answer within %g s", what, bound)
-        return []
-    return found[0]
+
+    def collect() -> list[Trouble]:
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if not found:
+            if thread.is_alive():
+                LOG.warning(
+                    "%s: its backend's health check did not answer within %g s", what, bound
+                )
+            return []
+        return found[0]
+
+    return collect
 
 
 def volume_health(
@@ -133,12 +156,12 @@ def volume_health(
     paths: Iterable[Path],
     mounted: Callable[[Path], bool],
     bound: float,
-    more: Iterable[Trouble] = (),
+    more: Callable[[], Iterable[Trouble]] = tuple,
 ) -> Any:
     """The ``VolumeHealth`` of ``volume_id`` from its staging and publish ``paths``, and
-    ``more`` (:func:`backend_troubles`): one entry per status and reason (the spec allows no
-    two with the same), its messages joined; none when every path is mounted and answers and
-    nothing more is wrong."""
+    what ``more`` collects once the stats are done (:func:`backend_troubles`): one entry per
+    status and reason (the spec allows no two with the same), its messages joined; none when
+    every path is mounted and answers and nothing more is wrong."""
     here = {str(path): mounted(path) for path in paths}
     probed: dict[str, Probed] = {}
 
@@ -166,7 +189,7 @@ def volume_health(
         )
         if found.reason:
             troubles.setdefault((_INACCESSIBLE, found.reason), []).append(found.message)
-    for status, reason, message in more:
+    for status, reason, message in more():
         troubles.setdefault((status, reason), []).append(message)
     return csi_pb2.VolumeHealth(
         volume_id=volume_id,

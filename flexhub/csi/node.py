@@ -464,13 +464,17 @@ class NodeService(csi_pb2_grpc.NodeServicer):
     def health_of(self, volume_id: str, paths: list[Path]) -> Any:
         """The ``VolumeHealth`` of ``volume_id`` on its staging and publish ``paths``: one
         bounded stat of each (:func:`flexhub.csi.health.volume_health`, :data:`STAT_BOUND`),
-        and what its block backend says the attachment lacks, within the same bound;
+        and what its block backend says the attachment lacks, asked beside them within the same
+        bound (one still hanging from an earlier call: not asked again);
         ``NodeGetVolumeHealth`` and the health watcher (:mod:`flexhub.csi.healthevents`)."""
         from flexhub.csi.health import backend_troubles, volume_health
 
         node = self._node()
         more = backend_troubles(
-            lambda: self._attachment_health(volume_id), STAT_BOUND, f"volume {volume_id}"
+            lambda: self._attachment_health(volume_id),
+            STAT_BOUND,
+            f"volume {volume_id}",
+            volume_id,
         )
         return volume_health(
             volume_id, paths, lambda path: self._staged_here(node, path), STAT_BOUND, more
