@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from flexhub.csi.proto import csi_pb2
+from flexhub.errors import one_line
 from flexhub.node.mounts import CORRUPTED_ERRNOS
 
 __all__ = ["Probed", "backend_troubles", "probe", "volume_health"]
@@ -125,11 +126,12 @@ def backend_troubles(
 
     def work() -> None:
         try:
-            found.append([(_STATUS[t.status], str(t.reason), str(t.message)) for t in ask()])
-        except Exception as exc:  # a backend's fault: logged, never the call's
-            LOG.warning(
-                "%s: its backend's health check failed: %s", what, " ".join(str(exc).split())
+            # one line each, whatever the backend wrote (the reply and the log quote them)
+            found.append(
+                [(_STATUS[t.status], one_line(t.reason, 128), one_line(t.message)) for t in ask()]
             )
+        except Exception as exc:  # a backend's fault: logged, never the call's
+            LOG.warning("%s: its backend's health check failed: %s", what, one_line(str(exc)))
         finally:
             with _statting_lock:
                 _asking.discard(key)

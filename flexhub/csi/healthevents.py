@@ -12,8 +12,8 @@ writes one core/v1 Event on the pod the kubelet published it for:
 * type ``Warning``, reason ``VolumeConditionAbnormal``, involvedObject the Pod (name,
   namespace, uid), in the pod's namespace; source component ``flexhub-csi-node``, host the
   node id; message ``Volume <pv>: <reason>: <condition message>`` on one line, at most 1024
-  characters: the PV's name and flexhub's own condition text (paths), never an option value
-  or a secret.
+  characters: the PV's name, flexhub's own condition text (paths) and a block backend's
+  (iSCSI's names the target IQN, LUN and portals, the volume's options), never a secret.
 * While it stays abnormal with the same conditions (the same reasons, whatever their text:
   a stat that still hangs says so in other words), no new Event at each check: the same
   Event is counted again (``count`` + 1, ``lastTimestamp``) at most every :data:`REPEAT`

@@ -83,3 +83,24 @@ def test_a_backend_check_still_hanging_is_answered_at_once_without_a_second_thre
         assert took < 0.4, f"the second call waited {took:.1f} s on a check known to hang"
     finally:
         release.set()
+
+
+def test_a_backend_s_trouble_is_one_line_in_the_reply_and_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A third-party backend's ``VolumeTrouble`` is only documented as one line: the core folds
+    it, or its newline forges a log line of NodeGetVolumeHealth's warning and the gRPC reply."""
+    from flexhub.backend import VolumeTrouble
+    from flexhub.csi import health
+
+    trouble = VolumeTrouble("degraded", "Path\nDown", "lost\nERROR flexhub: forged line\r")
+    collect = health.backend_troubles(lambda: [trouble], 1.0, "volume v", "one-line-v")
+    ((_, reason, message),) = collect()
+    assert (reason, message) == ("Path Down", "lost ERROR flexhub: forged line")
+
+    def broken() -> list[Any]:
+        raise RuntimeError("sysfs\nERROR flexhub: forged too")
+
+    caplog.set_level("WARNING")
+    assert health.backend_troubles(broken, 1.0, "volume v", "one-line-w")() == []
+    assert all("\n" not in r.getMessage() for r in caplog.records)
