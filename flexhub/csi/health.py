@@ -14,9 +14,10 @@ for a volume this node cannot reach:
 * ``StatFailed``: any other stat error.
 
 Every stat runs in a thread of its own, bounded, one at a time per path (:func:`probe`); a
-call probes its paths at once, so it holds a plugin worker for one bound at most, and a path
-whose earlier stat still hangs is answered at once. ``NodeGetVolumeStats`` uses the same
-probe.
+call probes its paths at once, so it holds a plugin worker for one bound at most, two calls
+on one path at once share its stat (the health watcher beside the kubelet's calls), and a
+path whose earlier stat still hangs past its bound is answered at once.
+``NodeGetVolumeStats`` uses the same probe.
 
 A block backend adds what its attachment lacks (:meth:`flexhub.backend.BlockBackend.health`,
 asked beside the stats within the same bound: :func:`backend_troubles`): iSCSI's
@@ -45,9 +46,9 @@ __all__ = ["Probed", "backend_troubles", "probe", "volume_health"]
 
 LOG = logging.getLogger(__name__)
 
-_statting: set[str] = set()
+_statting: dict[str, _Statting] = {}
 #: the volumes whose backend health check is running (guarded by ``_statting_lock``)
-_asking: set[str] = set()
+_asking: dict[str, _Asking] = {}
 _statting_lock = threading.Lock()
 _INACCESSIBLE = csi_pb2.VolumeHealthErrorType.INACCESSIBLE
 _STATUS = {"degraded": csi_pb2.VolumeHealthErrorType.DEGRADED, "inaccessible": _INACCESSIBLE}
@@ -67,24 +68,23 @@ class Probed:
     errno: int = 0
 
 
-def probe(path: str, bound: float) -> Probed:
-    """One ``stat`` (and ``statvfs`` unless a device) of ``path`` within ``bound`` seconds; a
-    path whose stat is still stuck from an earlier call is answered at once."""
-    with _statting_lock:
-        if path in _statting:
-            return Probed(reason="StatTimeout", message=f"{path} did not answer a stat yet")
-        _statting.add(path)
-    found: list[Probed] = []
+class _Statting:
+    """One running stat of a path: its thread, when it started, what it found."""
 
-    def work() -> None:
+    def __init__(self, path: str) -> None:
+        self.found: list[Probed] = []
+        self.started = time.monotonic()
+        self.thread = threading.Thread(target=self._work, args=(path,), name="stat", daemon=True)
+
+    def _work(self, path: str) -> None:
         try:
             mode = os.stat(path).st_mode
-            found.append(Probed(mode, None if stat.S_ISBLK(mode) else os.statvfs(path)))
+            self.found.append(Probed(mode, None if stat.S_ISBLK(mode) else os.statvfs(path)))
         except OSError as exc:
             code = exc.errno or 0
             text = exc.strerror or str(exc)
             if code in CORRUPTED_ERRNOS:
-                found.append(
+                self.found.append(
                     Probed(
                         reason="StaleMount",
                         message=f"{path} is a stale or broken mount ({text})",
@@ -92,20 +92,57 @@ def probe(path: str, bound: float) -> Probed:
                     )
                 )
             else:
-                found.append(Probed(reason="StatFailed", message=f"{path}: {text}", errno=code))
+                self.found.append(
+                    Probed(reason="StatFailed", message=f"{path}: {text}", errno=code)
+                )
         finally:
             with _statting_lock:
-                _statting.discard(path)
+                _statting.pop(path, None)
 
-    thread = threading.Thread(target=work, name="stat", daemon=True)
-    thread.start()
-    thread.join(bound)
-    if found:
-        return found[0]
+
+def probe(path: str, bound: float) -> Probed:
+    """One ``stat`` (and ``statvfs`` unless a device) of ``path`` within ``bound`` seconds. A
+    path whose stat is already running is not statted again: the call waits for that stat
+    until its bound ends (two calls at once share one answer; one still stuck past its bound
+    is answered at once, with no new thread)."""
+    with _statting_lock:
+        running = _statting.get(path)
+        fresh = running is None
+        if running is None:
+            running = _statting[path] = _Statting(path)
+            running.thread.start()
+    running.thread.join(max(0.0, running.started + bound - time.monotonic()))
+    if running.found:
+        return running.found[0]
+    if not fresh:
+        return Probed(reason="StatTimeout", message=f"{path} did not answer a stat yet")
     return Probed(
         reason="StatTimeout",
         message=f"{path} did not answer a stat within {bound:g} s (its server unreachable?)",
     )
+
+
+class _Asking:
+    """One running check of a backend: its thread, when it started, what it found."""
+
+    def __init__(self, key: str, ask: Callable[[], Iterable[Any]], what: str) -> None:
+        self.found: list[list[Trouble]] = []
+        self.started = time.monotonic()
+        self.thread = threading.Thread(
+            target=self._work, args=(key, ask, what), name="backend-health", daemon=True
+        )
+
+    def _work(self, key: str, ask: Callable[[], Iterable[Any]], what: str) -> None:
+        try:
+            # one line each, whatever the backend wrote (the reply and the log quote them)
+            self.found.append(
+                [(_STATUS[t.status], one_line(t.reason, 128), one_line(t.message)) for t in ask()]
+            )
+        except Exception as exc:  # a backend's fault: logged, never the call's
+            LOG.warning("%s: its backend's health check failed: %s", what, one_line(str(exc)))
+        finally:
+            with _statting_lock:
+                _asking.pop(key, None)
 
 
 def backend_troubles(
@@ -115,40 +152,25 @@ def backend_troubles(
     thread of its own, and return what collects them: it waits until ``bound`` seconds after
     the start, so the check runs beside the stats and the call holds one bound in all. An
     exception or a late answer is nothing known, logged in one line (the volume's health must
-    still answer); a ``key`` (the volume) whose earlier check still hangs is not asked again:
-    nothing known, at once, and no second thread."""
+    still answer). A ``key`` (the volume) whose check is already running is not asked again:
+    the call waits for that check until the check's bound ends (two callers at once share one
+    answer; one still hanging past its bound is nothing known, at once, with no new thread)."""
     with _statting_lock:
-        if key in _asking:
-            LOG.warning("%s: its backend's earlier health check has not answered yet", what)
-            return list
-        _asking.add(key)
-    found: list[list[Trouble]] = []
-
-    def work() -> None:
-        try:
-            # one line each, whatever the backend wrote (the reply and the log quote them)
-            found.append(
-                [(_STATUS[t.status], one_line(t.reason, 128), one_line(t.message)) for t in ask()]
-            )
-        except Exception as exc:  # a backend's fault: logged, never the call's
-            LOG.warning("%s: its backend's health check failed: %s", what, one_line(str(exc)))
-        finally:
-            with _statting_lock:
-                _asking.discard(key)
-
-    deadline = time.monotonic() + bound
-    thread = threading.Thread(target=work, name="backend-health", daemon=True)
-    thread.start()
+        asking = _asking.get(key)
+        if asking is None:
+            asking = _asking[key] = _Asking(key, ask, what)
+            asking.thread.start()
+    deadline = asking.started + bound
 
     def collect() -> list[Trouble]:
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if not found:
-            if thread.is_alive():
+        asking.thread.join(max(0.0, deadline - time.monotonic()))
+        if not asking.found:
+            if asking.thread.is_alive():
                 LOG.warning(
                     "%s: its backend's health check did not answer within %g s", what, bound
                 )
             return []
-        return found[0]
+        return asking.found[0]
 
     return collect
 

@@ -221,3 +221,33 @@ def test_a_loopfile_volume_is_healthy_then_inaccessible_once_its_filesystem_is_d
             ):  # fmt: skip
                 with contextlib.suppress(grpc.RpcError):
                     call(request)
+
+
+def test_two_calls_at_once_share_a_slow_stat_and_neither_says_timeout(monkeypatch: Any) -> None:
+    """The health watcher's round and the kubelet's NodeGetVolumeStats (the same probe) on one
+    path at once, its stat slow (0.3 s) but well within the bound: both see the answer. The
+    second was 'did not answer a stat yet' (StatTimeout) at once: a false abnormal, which the
+    watcher wrote as a VolumeConditionAbnormal Event."""
+    real = os.stat
+
+    def slow(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path) == "/":
+            time.sleep(0.3)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", slow)
+    replies: list[Any] = []
+    callers = [
+        threading.Thread(
+            target=lambda: replies.append(
+                health.volume_health("v", [Path("/")], lambda _: True, 5.0)
+            )
+        )
+        for _ in range(2)
+    ]
+    for caller in callers:
+        caller.start()
+        time.sleep(0.05)
+    for caller in callers:
+        caller.join(10)
+    assert [_entries(r) for r in replies] == [[], []]

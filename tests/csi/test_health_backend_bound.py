@@ -104,3 +104,34 @@ def test_a_backend_s_trouble_is_one_line_in_the_reply_and_the_log(
     caplog.set_level("WARNING")
     assert health.backend_troubles(broken, 1.0, "volume v", "one-line-w")() == []
     assert all("\n" not in r.getMessage() for r in caplog.records)
+
+
+def test_two_callers_at_once_both_get_the_backend_s_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kubelet's NodeGetVolumeHealth and the health watcher's round on one volume at once:
+    one check of the backend, and both calls get its answer (not 'nothing known')."""
+    from flexhub.backend import VolumeTrouble
+
+    asked: list[str] = []
+
+    def slow(volume_id: str) -> list[Any]:
+        asked.append(volume_id)
+        time.sleep(0.3)
+        return [VolumeTrouble("degraded", "PathDown", "one path down")]
+
+    monkeypatch.setattr(csi_node, "STAT_BOUND", 2.0)
+    node = _node(slow)
+    replies: list[Any] = []
+    callers = [
+        threading.Thread(
+            target=lambda: replies.append(NodeService.health_of(node, "iscsi:both", []))
+        )
+        for _ in range(2)
+    ]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(10)
+    assert [[e.reason for e in r.health_statuses] for r in replies] == [["PathDown"]] * 2
+    assert asked == ["iscsi:both"]
