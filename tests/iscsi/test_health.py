@@ -94,3 +94,27 @@ def test_a_record_naming_no_paths_says_nothing(backend: IscsiBackend, tmp_path: 
     (the staging mount's stat still speaks for it)."""
     assert backend.health(Attachment("/dev/sdz", {"iqn": IQN, "lun": "0"})) == []
     assert backend.health(Attachment("/dev/sdz", {})) == []
+
+
+def test_a_portal_named_by_host_name_is_up_through_its_address(
+    backend: IscsiBackend, sysfs: FakeSysfs
+) -> None:
+    """A PV's portal may be a host name (``targetPortal: storage.example:3260``); attach
+    journals it as written, the kernel's session shows the address it resolved to. Healthy
+    is healthy (it was PathsDown: INACCESSIBLE, and a false VolumeConditionAbnormal Event);
+    that session failed is still inaccessible."""
+    disk = sysfs.add_disk(sysfs.add_session(IQN, A), 3)
+    details = {
+        "iqn": IQN,
+        "lun": "3",
+        "iface": "default",
+        "portals": "storage.example:3260",
+        "devices": disk,
+        "multipath": "",
+    }
+    attachment = Attachment(f"/dev/{disk}", details)
+    assert backend.health(attachment) == []
+    state(sysfs, 1, "FAILED")
+    (trouble,) = backend.health(attachment)
+    assert (trouble.status, trouble.reason) == ("inaccessible", "PathsDown")
+    assert f"the session on {A} is FAILED" in trouble.message

@@ -3,7 +3,9 @@
 A path is a portal's session and the LUN's disk in it. A session that is not ``LOGGED_IN``
 (``FAILED`` while open-iscsi reconnects, ``FREE``) or gone, and a disk whose SCSI state is
 not ``running`` (``blocked`` during a reconnect, ``transport-offline`` past
-``replacement_timeout``, ``offline``) or gone, is a path down. Some down: ``degraded``
+``replacement_timeout``, ``offline``) or gone, is a path down. A portal written as a host
+name has the session the kernel shows by address: a session of the target on no journalled
+portal's address stands for such a portal. Some down: ``degraded``
 (``PathDown``: multipath serves the volume through the others); all down: ``inaccessible``
 (``PathsDown``: reads and writes wait or fail). The attachment's journalled details name the
 portals it logged in to and its disks (:meth:`flexhub_iscsi.IscsiBackend.attach`).
@@ -30,14 +32,20 @@ def troubles(sysfs: Sysfs, details: Mapping[str, str]) -> list[VolumeTrouble]:
     disks = _names(details.get("devices", ""))
     if not iqn or not (portals or disks):
         return []  # a record from before the details named them: nothing to compare
-    sessions = {s.portal: s for s in sysfs.sessions_of(iqn, details.get("iface") or "default")}
+    found = sysfs.sessions_of(iqn, details.get("iface") or "default")
+    sessions = {s.portal: s for s in found}
+    # a portal written as a host name: the kernel's session shows the address it resolved to
+    others = [s for s in found if s.portal not in portals]
     down: list[str] = []
+    up = 0
     for portal in portals:
-        session = sessions.get(portal)
+        session = sessions.get(portal) or (others.pop(0) if others else None)
         if session is None:
             down.append(f"{portal} has no session")
         elif not session.logged_in:
-            down.append(f"the session on {portal} is {session.state}")
+            down.append(f"the session on {session.portal} is {session.state}")
+        else:
+            up += 1
     bad_disks = 0
     for disk in disks:
         state = sysfs.device_state(disk)
@@ -48,7 +56,6 @@ def troubles(sysfs: Sysfs, details: Mapping[str, str]) -> list[VolumeTrouble]:
         return []
     lun = details.get("lun", "?")
     what = f"iSCSI {iqn} lun {lun}"
-    up = [p for p in portals if p in sessions and sessions[p].logged_in]
     if (portals and not up) or (disks and bad_disks == len(disks)):
         return [VolumeTrouble("inaccessible", "PathsDown", f"{what}: no path: {'; '.join(down)}")]
     return [
