@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -163,8 +164,13 @@ class PublishedTargets:
         return sorted(found, key=lambda p: p.target)
 
     def delete(self, target: str) -> None:
+        """Remove ``target``'s record; none is no write (unlink(2) of a missing file on a
+        read-only filesystem is EROFS: a target published before the records were kept)."""
+        path = self._path(target)
+        if not os.path.lexists(path):
+            return
         try:
-            self._path(target).unlink()
+            path.unlink()
         except FileNotFoundError:
             pass
         except OSError as exc:
