@@ -21,7 +21,9 @@ writes one core/v1 Event on the pod the kubelet published it for:
   the next trouble is a transition again (the Event of the same message, if the API server
   still holds it, counted up, as client-go's recorder aggregates).
 * A target whose volume has a call in flight is skipped for the round, and a target
-  unpublished while it was checked is forgotten (its record goes before the unmount).
+  unpublished while it was checked is forgotten (its record goes before the unmount). A
+  record whose target has no mount and no path (its removal failed at the unpublish: a
+  read-only state disk then; the pod is gone) is removed, and names no pod.
 * A target whose pod is unknown (``podInfoOnMount`` off, or not believed) gets no Event.
 
 Each check is bounded (:data:`flexhub.csi.node.STAT_BOUND` per volume, and a path whose stat
@@ -46,7 +48,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from flexhub.csi.published import Published
-from flexhub.errors import one_line
+from flexhub.errors import StateError, one_line
 
 __all__ = ["COMPONENT", "REASON", "HealthWatcher", "events_api", "start"]
 
@@ -70,6 +72,8 @@ class _Node(Protocol):
     in_flight: Any
 
     def health_of(self, volume_id: str, paths: list[Path]) -> Any: ...
+
+    def unpublished(self, target: Path) -> bool: ...
 
 
 class HealthWatcher:
@@ -144,6 +148,17 @@ class HealthWatcher:
             return
         if self.node.published.get(entry.target) != entry:
             return  # unpublished (or published anew) while it was checked
+        if self.node.unpublished(Path(entry.target)):
+            # a record whose removal failed at its unpublish (a read-only state disk then):
+            # its pod and target are gone, no Event names it
+            self._abnormal.pop(entry.target, None)
+            try:
+                self.node.published.delete(entry.target)
+            except StateError as exc:
+                LOG.warning("health events: %s: %s", entry.target, exc.message)
+                return
+            LOG.info("health events: %s is published no more: its record removed", entry.target)
+            return
         now = self._clock()
         reasons = tuple(sorted(reason for reason, _ in conditions))
         seen = self._abnormal.get(entry.target)

@@ -461,6 +461,13 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             LOG.warning("volume %s: %s: %s", volume_id, entry.reason, entry.message)
         return csi_pb2.NodeGetVolumeHealthResponse(volume_health=health)
 
+    def unpublished(self, target: Path) -> bool:
+        """Whether ``target`` is published no more: no mount on it and no such path (its pod's
+        directory gone; a mount point cannot be removed). The mount table is read first, so a
+        path with a mount, hung or not, is never statted (the health watcher)."""
+        node = self._node()
+        return not self._staged_here(node, target) and not os.path.lexists(target)
+
     def health_of(self, volume_id: str, paths: list[Path]) -> Any:
         """The ``VolumeHealth`` of ``volume_id`` on its staging and publish ``paths``: one
         bounded stat of each (:func:`flexhub.csi.health.volume_health`, :data:`STAT_BOUND`),

@@ -85,6 +85,9 @@ class FakeNode:
         self.troubles: dict[str, list[tuple[str, str]]] = {}
         self.checked: list[str] = []
 
+    def unpublished(self, target: Path) -> bool:
+        return False  # every recorded target is still there (the real one: the last test)
+
     def health_of(self, volume_id: str, paths: list[Path]) -> Any:
         self.checked.append(volume_id)
         return pb.VolumeHealth(
@@ -525,3 +528,37 @@ def test_bad_watcher_options_are_one_line_before_anything_is_served(tmp_path: Pa
             serve(config, socket, "node", "node-1", **options)  # type: ignore[arg-type]
         assert refused.value.message == wanted
     assert not (tmp_path / "csi.sock").exists() and not (tmp_path / "state").exists()
+
+
+@needs_root
+def test_a_record_left_of_a_target_gone_is_dropped_and_names_no_pod(trusted_dir: Path) -> None:
+    """A publish record whose removal failed at NodeUnpublishVolume (the state disk read-only
+    then: logged, the unmount went on) outlives its target: the pod and its directory are
+    gone. The watcher found it NotMounted at every start and wrote a Warning Event on a pod
+    that no longer exists, and kept the record for ever. A target with no mount and no path
+    is published no more: its record goes, no Event."""
+    from flexhub.config import load_config
+    from flexhub.csi.node import NodeService
+    from tests.csi.sanity import node_config
+
+    service = NodeService(load_config(node_config(trusted_dir)), "node-1")
+    gone = trusted_dir / "pods" / UID / "volumes" / "kubernetes.io~csi" / "pv-data" / "mount"
+    entry = Published(
+        str(gone),
+        "loopfile:v1",
+        str(trusted_dir / "stage"),
+        "pv-data",
+        PodRef("app", "team-a", UID),
+    )
+    service.published.put(entry)
+    core = FakeCore()
+    watcher = HealthWatcher(service, CountingRecorder(core, COMPONENT, "node-1", host="node-1"), 60)
+    watcher.check()
+    assert core.created == []
+    assert service.published.all() == []
+    # a target still there (its pod's directory kept) with no mount is abnormal, as before
+    gone.mkdir(parents=True)
+    service.published.put(entry)
+    watcher.check()
+    assert [event["reason"] for _, event in core.created] == [REASON]
+    assert service.published.all() == [entry]
