@@ -118,3 +118,15 @@ def test_a_portal_named_by_host_name_is_up_through_its_address(
     (trouble,) = backend.health(attachment)
     assert (trouble.status, trouble.reason) == ("inaccessible", "PathsDown")
     assert f"the session on {A} is FAILED" in trouble.message
+
+
+def test_a_session_on_another_address_never_stands_for_an_address_portal(
+    backend: IscsiBackend, sysfs: FakeSysfs
+) -> None:
+    """Only a host-name portal is matched by address: a portal written as an address with no
+    session of its own is down, whatever other session the target has."""
+    disk = sysfs.add_disk(sysfs.add_session(IQN, B), 3)
+    details = {"iqn": IQN, "lun": "3", "iface": "default", "portals": A, "devices": disk}
+    (trouble,) = backend.health(Attachment(f"/dev/{disk}", details))
+    assert (trouble.status, trouble.reason) == ("inaccessible", "PathsDown")
+    assert f"{A} has no session" in trouble.message

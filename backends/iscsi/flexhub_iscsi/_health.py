@@ -13,6 +13,7 @@ portals it logged in to and its disks (:meth:`flexhub_iscsi.IscsiBackend.attach`
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 
 from flexhub.backend import VolumeTrouble
@@ -23,6 +24,16 @@ __all__ = ["troubles"]
 
 def _names(text: str) -> list[str]:
     return [part for part in text.split(",") if part]
+
+
+def _is_address(portal: str) -> bool:
+    """Whether ``portal`` (``host:port``, ``[v6]:port``) names an IP address, not a host."""
+    host = portal.rpartition(":")[0].strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def troubles(sysfs: Sysfs, details: Mapping[str, str]) -> list[VolumeTrouble]:
@@ -39,7 +50,9 @@ def troubles(sysfs: Sysfs, details: Mapping[str, str]) -> list[VolumeTrouble]:
     down: list[str] = []
     up = 0
     for portal in portals:
-        session = sessions.get(portal) or (others.pop(0) if others else None)
+        session = sessions.get(portal)
+        if session is None and others and not _is_address(portal):
+            session = others.pop(0)
         if session is None:
             down.append(f"{portal} has no session")
         elif not session.logged_in:
