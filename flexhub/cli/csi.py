@@ -45,7 +45,8 @@ def csi(
         float,
         typer.Option(
             help="seconds between the node plugin's checks of its published volumes: one "
-            "turned abnormal is a Warning Event VolumeConditionAbnormal on its pod (0: off)"
+            "turned abnormal is a Warning Event VolumeConditionAbnormal on its pod (0: off; else 1 "
+            "to 86400)"
         ),
     ] = 60,
     kubeconfig: Annotated[

@@ -96,8 +96,8 @@ def serve(
         raise UsageError("--registration-dir: only a node plugin (--mode node or both) registers")
     if not 0 <= health_port <= 65535:
         raise UsageError(f"--health-port {health_port}: expected 0 (off) to 65535")
-    if not 0 <= health_interval <= 86400:
-        raise UsageError(f"--health-interval {health_interval:g}: expected 0 (off) to 86400")
+    if not (health_interval == 0 or 1 <= health_interval <= 86400):
+        raise UsageError(f"--health-interval {health_interval:g}: expected 0 (off) or 1 to 86400")
     if kubeconfig is not None and not kubeconfig.is_file():
         raise UsageError(f"--kubeconfig {kubeconfig}: no such file")
     path = socket_path(endpoint)

@@ -521,7 +521,9 @@ def test_bad_watcher_options_are_one_line_before_anything_is_served(tmp_path: Pa
     config = plugin_config(tmp_path)
     socket = f"unix://{tmp_path / 'csi.sock'}"
     for options, wanted in (
-        ({"health_interval": -1}, "--health-interval -1: expected 0 (off) to 86400"),
+        ({"health_interval": -1}, "--health-interval -1: expected 0 (off) or 1 to 86400"),
+        # a round every millisecond: two stat threads a target, a thousand times a second
+        ({"health_interval": 0.001}, "--health-interval 0.001: expected 0 (off) or 1 to 86400"),
         ({"kubeconfig": tmp_path / "nope"}, f"--kubeconfig {tmp_path / 'nope'}: no such file"),
     ):
         with pytest.raises(UsageError) as refused:
