@@ -171,7 +171,11 @@ def test_a_clock_ahead_by_more_than_the_lease_duration_takes_over_a_live_lease(
     work moves, it is never done by two for longer than a retry."""
     fresh.append(leader := provisioner(cluster, "skew-leader"))
     eventually("a leader", lambda: _leading(leader), timeout=60)
-    fresh.append(near := skewed_provisioner(cluster, "skew-near", DURATION - 5))
+    # ahead by the lease duration less the renew deadline: it would take the lease only if
+    # the leader's renewals (every RETRY s) fell that far behind, after which the leader gives
+    # up anyway (CI 2026-12-06: 5 s less, on the loaded 2-core machine, a late renewal let
+    # the near one take the live lease)
+    fresh.append(near := skewed_provisioner(cluster, "skew-near", DURATION - RENEW_DEADLINE))
     eventually("waiting", lambda: "waiting for the lease" in near.log.read_text(), timeout=60)
     time.sleep(3 * RETRY)
     assert not _leading(near) and _exit_code(leader) is None
