@@ -27,13 +27,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from flexhub.csi.records import _write_json
+from flexhub.csi.records import _write_json, remove_record
 from flexhub.errors import StateError
 
 __all__ = ["POD_KEYS", "PodRef", "Published", "PublishedTargets", "pod_of_publish"]
@@ -164,17 +163,9 @@ class PublishedTargets:
         return sorted(found, key=lambda p: p.target)
 
     def delete(self, target: str) -> None:
-        """Remove ``target``'s record; none is no write (unlink(2) of a missing file on a
-        read-only filesystem is EROFS: a target published before the records were kept)."""
-        path = self._path(target)
-        if not os.path.lexists(path):
-            return
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise StateError(f"cannot remove the publish record of {target}: {exc}") from None
+        """Remove ``target``'s record; none is no write (:func:`remove_record`: a target
+        published before the records were kept, on a read-only state disk)."""
+        remove_record(self._path(target), f"the publish record of {target}")
 
 
 def _decode(data: dict[str, object]) -> Published:

@@ -30,6 +30,7 @@ __all__ = [
     "UidRecords",
     "VolumeRecord",
     "VolumeRecords",
+    "remove_record",
     "uid_of_volume",
 ]
 
@@ -153,17 +154,8 @@ class UidRecords(Generic[_R]):
         _write_json(self.directory, self._path(uid), data, f"{self.kind} record {uid}")
 
     def delete(self, uid: str) -> None:
-        """Remove ``uid``'s record; none is no write (unlink(2) of a missing file on a
-        read-only filesystem is EROFS, and a read-only call must still answer)."""
-        path = self._path(uid)
-        if not os.path.lexists(path):
-            return
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise StateError(f"cannot remove {self.kind} record {uid}: {exc.strerror}") from None
+        """Remove ``uid``'s record; none is no write (:func:`remove_record`)."""
+        remove_record(self._path(uid), f"{self.kind} record {uid}")
 
 
 class VolumeRecords(UidRecords[VolumeRecord]):
@@ -230,6 +222,23 @@ class StagedContexts:
             pass
         except OSError as exc:
             raise StateError(f"cannot remove the staged context of {staging}: {exc}") from None
+
+
+def remove_record(path: Path, what: str) -> None:
+    """Remove the record file ``path`` (``what`` it is, for the error); a missing one is no
+    write at all: unlink(2) of a missing file on a read-only filesystem is EROFS, not ENOENT,
+    and a call that only reads must still answer there.
+
+    :raises StateError: it is there and cannot be removed.
+    """
+    if not os.path.lexists(path):
+        return
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise StateError(f"cannot remove {what}: {exc.strerror}") from None
 
 
 def _write_json(directory: Path, path: Path, data: Any, what: str) -> None:
