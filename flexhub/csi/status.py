@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from flexhub.errors import (
     CallTimeout,
@@ -45,7 +46,7 @@ from flexhub.errors import (
     redact,
 )
 
-__all__ = ["CsiError", "InFlight", "code_of", "rpc"]
+__all__ = ["CsiError", "InFlight", "code_of", "control_character_in", "rpc"]
 
 LOG = logging.getLogger(__name__)
 
@@ -108,13 +109,47 @@ class InFlight:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+#: The request fields that name a volume, snapshot, node, page or path: handlers log them and
+#: make paths of them. A PV's ``volumeHandle`` is written by whoever writes PVs, a pod's path by
+#: kubelet from names a tenant chose.
+_NAMING_FIELDS = frozenset(
+    ("name", "volume_id", "snapshot_id", "source_volume_id", "node_id", "starting_token",
+     "target_path", "staging_target_path", "volume_path")
+)  # fmt: skip
+
+
+def control_character_in(message: Any) -> str:
+    """The first naming field of ``message`` (or of a message it holds, such as a
+    ``volume_content_source``) whose text holds a control character, or ``""``."""
+    for field, value in message.ListFields():
+        if isinstance(value, Message):  # not a repeated or map field: those are containers
+            found = control_character_in(value)
+            if found:
+                return f"{field.name}.{found}"
+        elif (
+            field.name in _NAMING_FIELDS
+            and isinstance(value, str)
+            and any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)
+        ):
+            return str(field.name)
+    return ""
+
+
 def rpc(method: _F) -> _F:
-    """Turn a handler's flexhub error into its CSI status (``context.abort``), one line."""
+    """Turn a handler's flexhub error into its CSI status (``context.abort``), one line.
+
+    A request naming anything with a control character (a newline would forge a line of the
+    plugin's log) is refused with INVALID_ARGUMENT before the handler sees it."""
 
     @functools.wraps(method)
     def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
         name = method.__name__
         try:
+            field = control_character_in(request)
+            if field:
+                raise CsiError(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"{field} holds a control character"
+                )
             return method(self, request, context)
         except (FlexhubError, CsiError, CallTimeout) as exc:
             code = code_of(exc)

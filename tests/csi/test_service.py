@@ -3,6 +3,7 @@ and the node's argument checks (the node's real stage and publish: test_sanity.p
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 from collections.abc import Iterator
@@ -555,3 +556,43 @@ def test_a_node_expand_of_a_chap_iscsi_volume_needs_no_chap_credentials(
                                   volume_capability=mount(), volume_context=context),
     )  # fmt: skip
     assert code == S.INVALID_ARGUMENT and "node.session.auth.username" in message, message
+
+
+def test_an_id_or_path_with_a_control_character_is_refused_before_it_reaches_a_log(
+    serve: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A volume id is a PV's ``volumeHandle``: whoever writes PVs writes it. One holding a
+    newline would forge a line of the plugin's log; every id, name and path a request names is
+    refused with INVALID_ARGUMENT, in one line, before anything logs or touches it."""
+    plugin = serve()
+    forged = "v\n2026-12-06 00:00:00 INFO flexhub: forged"
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    source = pb.VolumeContentSource(
+        snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=forged)
+    )
+    cases = [
+        (plugin.controller.DeleteVolume, pb.DeleteVolumeRequest(volume_id=forged)),
+        (plugin.controller.CreateVolume,
+         pb.CreateVolumeRequest(name=forged, volume_capabilities=[mount()],
+                                parameters={"backend": "loopfile"})),
+        (plugin.controller.CreateVolume,
+         pb.CreateVolumeRequest(name="pvc-ok", volume_capabilities=[mount()],
+                                parameters={"backend": "loopfile"},
+                                volume_content_source=source)),
+        (plugin.controller.DeleteSnapshot, pb.DeleteSnapshotRequest(snapshot_id=forged)),
+        (plugin.node.NodeUnpublishVolume,
+         pb.NodeUnpublishVolumeRequest(volume_id="v", target_path=str(tmp_path / "a\rb"))),
+        (plugin.node.NodeUnstageVolume,
+         pb.NodeUnstageVolumeRequest(volume_id=forged, staging_target_path=str(stage))),
+        (plugin.node.NodeGetVolumeStats,
+         pb.NodeGetVolumeStatsRequest(volume_id=forged, volume_path=str(stage))),
+    ]  # fmt: skip
+    with caplog.at_level(logging.DEBUG):
+        for call, request in cases:
+            code, message = refused(call, request)
+            assert code == S.INVALID_ARGUMENT, request
+            assert "\n" not in message and "\r" not in message and "control character" in message
+    assert "forged" not in caplog.text
+    assert not [r for r in caplog.records if "\n" in r.getMessage()]
+    assert not list((tmp_path / "state").rglob("*.json"))
