@@ -26,7 +26,15 @@ from flexhub.node import Node
 from flexhub.node.mounts import MountEntry
 from flexhub.volume import Volume
 
-__all__ = ["is_staging_point", "journalled_staging", "pod_dir", "staging_dir", "staging_key"]
+__all__ = [
+    "RAW_DETAILS",
+    "is_staging_point",
+    "journalled_staging",
+    "pod_dir",
+    "raw_consumers",
+    "staging_dir",
+    "staging_key",
+]
 
 LOG = logging.getLogger(__name__)
 
@@ -139,6 +147,21 @@ def _check_no_secret(backend_name: str, details: dict[str, str], volume: Volume)
                 f"backend {backend_name!r} returned a secret in its details ({key!r}): "
                 "refusing to journal it"
             )
+
+
+#: A raw consumer's pod record says so in its details: a filesystem stage of the volume is
+#: refused while one is journalled (:func:`raw_consumers`).
+RAW_DETAILS = {"access": "raw"}
+
+
+def raw_consumers(node: Node, volume_id: str) -> list[str]:
+    """The targets ``volume_id`` is attached raw for on this node (journalled, the call done
+    or interrupted): while there is one, its device is never formatted or mounted."""
+    return [
+        record.target
+        for record in node.journal.pods_of(volume_id)
+        if record.details.get("access") == RAW_DETAILS["access"]
+    ]
 
 
 @contextlib.contextmanager

@@ -8,8 +8,12 @@ the attachment: :mod:`flexhub.node.staging`), with a pod record for the consumer
 (:func:`flexhub.node.volumes.unmount_volume` of ``target``): no pod record binds the staging
 directory, so the device is detached, after the exclusive open that proves nobody holds it.
 
-A device staged with a filesystem on this node is never handed out raw (and the other way
-round, :func:`raw_device` is how the node service tells them apart).
+A device staged with a filesystem on this node is never handed out raw, and a device attached
+raw is never formatted or mounted: its pod record says ``access: raw``
+(:func:`flexhub.node.podrecords.raw_consumers`), and :mod:`flexhub.node.staging` refuses a
+filesystem stage while one is journalled (a blank device its consumer has not written yet
+would be formatted, a VM's disk mounted beneath it). :func:`raw_device` is how the node
+service tells them apart.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from flexhub.node import Node
 from flexhub.node.checkpoints import checkpoint
 from flexhub.node.journal import PodRecord
 from flexhub.node.podrecords import (
+    RAW_DETAILS,
     _backend_name,
     _volume_locks,
     journalled_staging,
@@ -104,7 +109,7 @@ def attach_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume) 
         progress = _Progress()
         try:
             node.journal.put_pod(
-                PodRecord(str(target), name, volume_id, str(staging), volume.read_only)
+                PodRecord(str(target), name, volume_id, str(staging), volume.read_only, RAW_DETAILS)
             )
             progress.pod_record = True
             checkpoint("pod-record")

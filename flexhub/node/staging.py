@@ -32,6 +32,7 @@ from flexhub.node.podrecords import (
     _device_number,
     _same_device,
     _users,
+    raw_consumers,
     staging_dir,
 )
 from flexhub.volume import Volume
@@ -150,6 +151,12 @@ def _mount_block_locked(
     fs_type: str,
     staging: Path,
 ) -> None:
+    raw = [other for other in raw_consumers(node, volume_id) if other != str(target)]
+    if raw:
+        raise VolumeError(
+            f"volume {volume_id} is attached raw on this node (for {raw[0]}): refusing to "
+            "format or mount it with a filesystem"
+        )
     staged = _clean_if_corrupted(node, staging)
     here = _clean_if_corrupted(node, target)
     shared = node.journal.get_volume(volume_id)

@@ -170,3 +170,77 @@ def test_a_block_volume_is_refused_for_a_filesystem_backend() -> None:
 
     assert "has no device" in check_capability(block(), NfsBackend)
     assert check_capability(block()) == ""
+
+
+def test_a_volume_attached_raw_is_never_formatted_or_mounted_by_a_filesystem_stage(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """A filesystem stage of a volume attached raw (another staging path: a second claim
+    naming the same volume, a CO's mistake) would format a device its raw consumer has not
+    written yet (blank), or mount a filesystem the consumer writes beneath it (a VM's disk).
+    It is refused in one line before anything is formatted or mounted; the refusal attached
+    nothing more, and the raw consumer's device is still all zeros."""
+    trusted_dir = loopfile_plugin.top
+    controller, node = loopfile_plugin.controller, loopfile_plugin.node
+    raw_stage, fs_stage = trusted_dir / "stage-raw", trusted_dir / "stage-fs"
+    raw_stage.mkdir()
+    fs_stage.mkdir()
+    volume = controller.CreateVolume(
+        pb.CreateVolumeRequest(
+            name="raw-then-fs",
+            capacity_range=pb.CapacityRange(required_bytes=64 * MiB),
+            volume_capabilities=[block()],
+            parameters={"backend": "loopfile"},
+        )
+    ).volume
+    mount = pb.VolumeCapability(
+        mount=pb.VolumeCapability.MountVolume(fs_type="ext4"),
+        access_mode=pb.VolumeCapability.AccessMode(mode=Mode.SINGLE_NODE_WRITER),
+    )
+
+    def stage(path: Path, capability: pb.VolumeCapability) -> None:
+        node.NodeStageVolume(
+            pb.NodeStageVolumeRequest(
+                volume_id=volume.volume_id,
+                staging_target_path=str(path),
+                volume_capability=capability,
+                volume_context=volume.volume_context,
+            )
+        )
+
+    target = trusted_dir / "pod" / "dev"
+    target.parent.mkdir()
+    try:
+        stage(raw_stage, block())
+        node.NodePublishVolume(
+            pb.NodePublishVolumeRequest(
+                volume_id=volume.volume_id,
+                staging_target_path=str(raw_stage),
+                target_path=str(target),
+                volume_capability=block(),
+            )
+        )
+        loops = loops_backed_under(trusted_dir)
+        with pytest.raises(grpc.RpcError) as refused:
+            stage(fs_stage, mount)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "attached raw" in (refused.value.details() or "")
+        assert "\n" not in (refused.value.details() or "")
+        assert not os.path.ismount(fs_stage)
+        assert loops_backed_under(trusted_dir) == loops
+        assert read(target, 4 * MiB) == bytes(4 * MiB)  # never formatted
+    finally:
+        with contextlib.suppress(grpc.RpcError):
+            node.NodeUnpublishVolume(
+                pb.NodeUnpublishVolumeRequest(volume_id=volume.volume_id, target_path=str(target))
+            )
+        for path in (fs_stage, raw_stage):
+            with contextlib.suppress(grpc.RpcError):
+                node.NodeUnstageVolume(
+                    pb.NodeUnstageVolumeRequest(
+                        volume_id=volume.volume_id, staging_target_path=str(path)
+                    )
+                )
+        with contextlib.suppress(grpc.RpcError):
+            controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=volume.volume_id))
+    assert loops_backed_under(trusted_dir) == []
