@@ -174,6 +174,33 @@ def test_both_modes_off_is_refused_in_one_line(helm: Path) -> None:
     assert "nothing to install" in line and "csi.enabled=true" in line
 
 
+@pytest.mark.parametrize(
+    ("dirs", "inner"),
+    [
+        ("{/var/lib/flexhub,/var/lib/flexhub/loopfiles}", "/var/lib/flexhub/loopfiles"),
+        ("{/srv/a/b,/srv/a}", "/srv/a/b"),
+        ("{/var/lib/flexhub,/var/lib/kubelet/flexhub}", "/var/lib/kubelet/flexhub"),
+        ("{/var/lib,/var/log/flexhub}", "/var/lib/kubelet"),
+        ("{/dev/flexhub}", "/dev/flexhub"),
+        ("{/}", "/"),
+    ],
+)
+def test_nested_host_dirs_are_refused_in_one_line(helm: Path, dirs: str, inner: str) -> None:
+    """Each host directory is a Bidirectional mount: one inside another (or inside or around
+    kubelet's directory or /dev, also mounted Bidirectional) is mounted on the host again at
+    every start of the plugin's container, and those mounts pile up. The outer one alone holds
+    the inner one."""
+    proc = template(helm, CSI, f"csi.hostDirs={dirs}")
+    assert proc.returncode != 0, proc.stdout[:300]
+    (line,) = [ln for ln in proc.stderr.splitlines() if "csi.hostDirs" in ln]
+    assert "nested" in line and inner in line, line
+
+
+def test_host_dirs_side_by_side_render(helm: Path) -> None:
+    dirs = "{/var/lib/flexhub,/var/lib/flexhub-loopfiles,/var/log/flexhub}"
+    assert render(helm, CSI, f"csi.hostDirs={dirs}")
+
+
 # -- the objects --------------------------------------------------------------------------------
 
 
