@@ -10,7 +10,7 @@ configuration holds the new claims exactly as the running target does and no sna
 fileio on the rig's tmpfs (a full copy keeping holes) and the LVM-backed block backstore (a
 full copy into an LV). The reflink of a fileio LUN on xfs is the same remote code on a real
 xfs and loop device on the host (tests/iscsi/test_lio_snapshots.py); it ran here too, on
-2026-12-05, and was left out of CI for time.
+2026-12-05.
 """
 
 from __future__ import annotations
