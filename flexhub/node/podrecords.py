@@ -23,11 +23,13 @@ from typing import TypeVar
 from flexhub.backend import Backend
 from flexhub.errors import MIN_SECRET_CHARS, BackendError, FlexhubError, StateError
 from flexhub.node import Node
+from flexhub.node.journal import PodRecord
 from flexhub.node.mounts import MountEntry
 from flexhub.volume import Volume
 
 __all__ = [
     "RAW_DETAILS",
+    "is_raw",
     "is_staging_point",
     "journalled_staging",
     "pod_dir",
@@ -154,14 +156,27 @@ def _check_no_secret(backend_name: str, details: dict[str, str], volume: Volume)
 RAW_DETAILS = {"access": "raw"}
 
 
+def is_raw(record: PodRecord) -> bool:
+    """Whether ``record`` is a raw consumer's (:data:`RAW_DETAILS`)."""
+    return record.details.get("access") == RAW_DETAILS["access"]
+
+
 def raw_consumers(node: Node, volume_id: str) -> list[str]:
     """The targets ``volume_id`` is attached raw for on this node (journalled, the call done
-    or interrupted): while there is one, its device is never formatted or mounted."""
-    return [
-        record.target
-        for record in node.journal.pods_of(volume_id)
-        if record.details.get("access") == RAW_DETAILS["access"]
-    ]
+    or interrupted): while there is one, its device is never formatted or mounted.
+
+    A raw record outlives its device only when its release could not delete it (a read-only
+    journal then): with no volume record (pending included) nothing is attached, and such a
+    record is pruned. The caller holds the volume's lock.
+    """
+    raw = [record for record in node.journal.pods_of(volume_id) if is_raw(record)]
+    if raw and node.journal.get_volume(volume_id) is None:
+        for record in raw:
+            LOG.info("pruning raw pod record of %s (%s is not attached)", record.target, volume_id)
+            with contextlib.suppress(FlexhubError):
+                node.journal.delete_pod(record.target)
+        return []
+    return [record.target for record in raw]
 
 
 @contextlib.contextmanager
@@ -197,6 +212,20 @@ def _users(node: Node, staging: Path, exclude: Path) -> list[str]:
     users: set[str] = set()
     for record in node.journal.pods():
         if record.staging != str(staging) or record.target == str(exclude):
+            continue
+        if is_raw(record):
+            # A raw consumer's directory is never a mount point: it uses the device while
+            # the device is attached (a volume record, pending included), whatever mountinfo says.
+            if node.journal.get_volume(record.volume_id) is not None:
+                users.add(record.target)
+                continue
+            LOG.info(
+                "pruning raw pod record of %s (volume %s is not attached)",
+                record.target,
+                record.volume_id,
+            )
+            with contextlib.suppress(FlexhubError):
+                node.journal.delete_pod(record.target)
             continue
         bound = node.mounts.at(record.target)
         if _same_device(bound, staged):

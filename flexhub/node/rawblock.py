@@ -32,6 +32,7 @@ from flexhub.node.podrecords import (
     RAW_DETAILS,
     _backend_name,
     _volume_locks,
+    is_raw,
     journalled_staging,
     pod_dir,
     staging_dir,
@@ -104,6 +105,8 @@ def attach_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume) 
             and _is_block_device(known.device)
         ):
             _check_access(backend, volume, volume_id, known)
+            if not is_raw(record):  # journalled before pod records said raw (an upgrade)
+                node.journal.put_pod(record.replace(details=RAW_DETAILS))
             LOG.info("%s is already attached raw (%s): nothing to do", volume_id, known.device)
             return known.device
         progress = _Progress()

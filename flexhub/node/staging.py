@@ -151,7 +151,7 @@ def _mount_block_locked(
     fs_type: str,
     staging: Path,
 ) -> None:
-    raw = [other for other in raw_consumers(node, volume_id) if other != str(target)]
+    raw = raw_consumers(node, volume_id)
     if raw:
         raise VolumeError(
             f"volume {volume_id} is attached raw on this node (for {raw[0]}): refusing to "

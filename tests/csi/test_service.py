@@ -596,3 +596,64 @@ def test_an_id_or_path_with_a_control_character_is_refused_before_it_reaches_a_l
     assert "forged" not in caplog.text
     assert not [r for r in caplog.records if "\n" in r.getMessage()]
     assert not list((tmp_path / "state").rglob("*.json"))
+
+
+@pytest.mark.parametrize("char", ["\x85", "\x9b", "\x7f", "\u2028", "\u2029"])
+def test_c1_controls_and_unicode_line_separators_are_refused_too(serve: Any, char: str) -> None:
+    """U+0085 (NEL) ends a line like ``\\n``, U+009B starts a terminal escape, U+2028 and
+    U+2029 end a line for ``str.splitlines`` and many log viewers."""
+    plugin = serve()
+    request = pb.DeleteVolumeRequest(volume_id=f"v{char}2026-12-06 00:00:00 INFO forged")
+    code, message = refused(plugin.controller.DeleteVolume, request)
+    assert code == S.INVALID_ARGUMENT and "control character" in message
+    assert char not in message
+
+
+def test_no_logged_line_of_any_request_field_breaks(
+    serve: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Fields outside the naming set (parameters, contexts, mount flags, fs types), each with a
+    newline: they are validated or quoted, and nothing logged holds one."""
+    plugin = serve()
+    forged = "x\n2026-12-06 00:00:00 INFO flexhub: forged"
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    capability = pb.VolumeCapability(
+        mount=pb.VolumeCapability.MountVolume(fs_type=forged, mount_flags=[forged],
+                                              volume_mount_group=forged),
+        access_mode=pb.VolumeCapability.AccessMode(
+            mode=pb.VolumeCapability.AccessMode.Mode.SINGLE_NODE_WRITER),
+    )  # fmt: skip
+    calls = [
+        (plugin.controller.CreateVolume,
+         pb.CreateVolumeRequest(name="pvc-a", volume_capabilities=[mount()],
+                                parameters={"backend": "loopfile", forged: forged})),
+        (plugin.controller.CreateVolume,
+         pb.CreateVolumeRequest(name="pvc-b", volume_capabilities=[mount()],
+                                parameters={"backend": forged})),
+        (plugin.controller.CreateVolume,
+         pb.CreateVolumeRequest(name="pvc-c", volume_capabilities=[capability],
+                                parameters={"backend": "loopfile"})),
+        (plugin.node.NodeStageVolume,
+         pb.NodeStageVolumeRequest(volume_id="v", staging_target_path=str(stage),
+                                   volume_capability=capability,
+                                   volume_context={"backend": "loopfile", forged: forged})),
+        (plugin.node.NodeStageVolume,
+         pb.NodeStageVolumeRequest(volume_id="v", staging_target_path=str(stage),
+                                   volume_capability=mount(),
+                                   volume_context={"backend": "loopfile", "file": forged})),
+        (plugin.controller.ValidateVolumeCapabilities,
+         pb.ValidateVolumeCapabilitiesRequest(volume_id="v", volume_capabilities=[capability],
+                                              volume_context={forged: forged},
+                                              parameters={forged: forged})),
+    ]  # fmt: skip
+    with caplog.at_level(logging.DEBUG):
+        for call, request in calls:
+            try:
+                call(request)
+            except grpc.RpcError as exc:
+                assert "\n" not in (exc.details() or "")
+    broken = [r.getMessage() for r in caplog.records if "\n" in r.getMessage()]
+    assert not broken, broken

@@ -1,0 +1,276 @@
+"""Attacks on the raw-consumer guard: a filesystem stage is refused while a raw pod record of
+the volume is journalled. Each test asserts the safe outcome (a hostile review's findings,
+proven here first)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from flexhub.csi.proto import csi_pb2 as pb
+from flexhub.node.journal import Journal
+from tests.conftest import needs_root
+from tests.csi.sanity import LoopfilePlugin, loops_backed_under
+
+pytestmark = [needs_root, pytest.mark.root]
+
+MiB = 1 << 20
+Mode = pb.VolumeCapability.AccessMode.Mode
+
+
+def block() -> pb.VolumeCapability:
+    return pb.VolumeCapability(
+        block=pb.VolumeCapability.BlockVolume(),
+        access_mode=pb.VolumeCapability.AccessMode(mode=Mode.SINGLE_NODE_WRITER),
+    )
+
+
+MOUNT = pb.VolumeCapability(
+    mount=pb.VolumeCapability.MountVolume(fs_type="ext4"),
+    access_mode=pb.VolumeCapability.AccessMode(mode=Mode.SINGLE_NODE_WRITER),
+)
+
+
+def read(path: Path, size: int, offset: int = 0) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.pread(fd, size, offset)
+    finally:
+        os.close(fd)
+
+
+class Rig:
+    def __init__(self, plugin: LoopfilePlugin, name: str) -> None:
+        self.top = plugin.top
+        self.controller, self.node = plugin.controller, plugin.node
+        self.volume = self.controller.CreateVolume(
+            pb.CreateVolumeRequest(
+                name=name,
+                capacity_range=pb.CapacityRange(required_bytes=64 * MiB),
+                volume_capabilities=[block()],
+                parameters={"backend": "loopfile"},
+            )
+        ).volume
+        self.stages: list[Path] = []
+        self.targets: list[Path] = []
+
+    def stage(self, path: Path, capability: Any) -> None:
+        path.mkdir(exist_ok=True)
+        if path not in self.stages:
+            self.stages.append(path)
+        self.node.NodeStageVolume(
+            pb.NodeStageVolumeRequest(
+                volume_id=self.volume.volume_id,
+                staging_target_path=str(path),
+                volume_capability=capability,
+                volume_context=self.volume.volume_context,
+            )
+        )
+
+    def publish(self, stage: Path, target: Path, capability: Any) -> None:
+        target.parent.mkdir(exist_ok=True)
+        self.targets.append(target)
+        self.node.NodePublishVolume(
+            pb.NodePublishVolumeRequest(
+                volume_id=self.volume.volume_id,
+                staging_target_path=str(stage),
+                target_path=str(target),
+                volume_capability=capability,
+            )
+        )
+
+    def unstage(self, path: Path) -> None:
+        self.node.NodeUnstageVolume(
+            pb.NodeUnstageVolumeRequest(
+                volume_id=self.volume.volume_id, staging_target_path=str(path)
+            )
+        )
+
+    def cleanup(self) -> None:
+        for target in self.targets:
+            with contextlib.suppress(grpc.RpcError):
+                self.node.NodeUnpublishVolume(
+                    pb.NodeUnpublishVolumeRequest(
+                        volume_id=self.volume.volume_id, target_path=str(target)
+                    )
+                )
+        for _ in range(2):
+            for path in reversed(self.stages):
+                with contextlib.suppress(grpc.RpcError):
+                    self.unstage(path)
+        with contextlib.suppress(grpc.RpcError):
+            self.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=self.volume.volume_id))
+
+
+def refused(call: Any) -> grpc.RpcError | None:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        return exc
+    return None
+
+
+def test_a_filesystem_stage_on_the_raw_stage_path_itself_is_refused(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """Same staging_target_path: raw first, then a mount capability (a CO bug or a root caller
+    of the socket)."""
+    rig = Rig(loopfile_plugin, "same-path")
+    stage, dev = rig.top / "stage", rig.top / "pod" / "dev"
+    try:
+        rig.stage(stage, block())
+        rig.publish(stage, dev, block())
+        assert read(dev, 4 * MiB) == bytes(4 * MiB)
+        error = refused(lambda: rig.stage(stage, MOUNT))
+        formatted = read(dev, 4 * MiB) != bytes(4 * MiB)
+        mounted = os.path.ismount(stage)
+        assert error is not None and not formatted and not mounted, (
+            f"filesystem stage on the raw stage path: error={error and error.details()!r}, "
+            f"device formatted={formatted}, stage mounted={mounted}, raw consumer {dev} still "
+            f"bound to the device"
+        )
+    finally:
+        rig.cleanup()
+
+
+def test_an_old_raw_record_is_upgraded_by_the_raw_restage(loopfile_plugin: LoopfilePlugin) -> None:
+    """Upgrade: a raw pod record journalled by the previous release has no details. kubelet
+    re-stages the raw volume (idempotent call, same path) after the upgrade; then a filesystem
+    stage of the same volume on another path must be refused."""
+    rig = Rig(loopfile_plugin, "upgrade")
+    raw, fs, dev = rig.top / "stage-raw", rig.top / "stage-fs", rig.top / "pod" / "dev"
+    try:
+        rig.stage(raw, block())
+        rig.publish(raw, dev, block())
+        journal = Journal(rig.top / "state")
+        (record,) = [r for r in journal.pods() if r.target == str(raw)]
+        assert record.details == {"access": "raw"}
+        journal.put_pod(record.replace(details={}))  # what flexhub before 5f1b953 wrote
+        rig.stage(raw, block())  # kubelet's idempotent re-stage after the upgrade
+        (record,) = [r for r in journal.pods() if r.target == str(raw)]
+        details_after_restage = dict(record.details)
+        error = refused(lambda: rig.stage(fs, MOUNT))
+        formatted = read(dev, 4 * MiB) != bytes(4 * MiB)
+        assert error is not None and not formatted, (
+            f"record details after the raw re-stage: {details_after_restage}; filesystem stage "
+            f"error={error and error.details()!r}; raw device formatted={formatted}"
+        )
+    finally:
+        rig.cleanup()
+
+
+def test_a_second_raw_unstage_leaves_the_first_raw_record(loopfile_plugin: LoopfilePlugin) -> None:
+    """Two raw stages of one volume (two Block PVs naming the same storage). Unstaging the
+    second must keep the first's raw record (and its device): else the guard is gone."""
+    rig = Rig(loopfile_plugin, "two-raw")
+    r1, r2, fs = rig.top / "stage-r1", rig.top / "stage-r2", rig.top / "stage-fs"
+    try:
+        rig.stage(r1, block())
+        rig.stage(r2, block())
+        journal = Journal(rig.top / "state")
+        (vid,) = {r.volume_id for r in journal.pods()}
+        assert len(journal.pods_of(vid)) == 2
+        rig.unstage(r2)
+        left = [r.target for r in journal.pods_of(vid)]
+        volume_record = journal.get_volume(vid)
+        error = refused(lambda: rig.stage(fs, MOUNT))
+        assert str(r1) in left and error is not None, (
+            f"after unstaging {r2}: pod records left {left}, volume record "
+            f"{volume_record and volume_record.device!r}; filesystem stage of the volume "
+            f"error={error and error.details()!r} (r1 still staged raw as far as kubelet knows)"
+        )
+    finally:
+        rig.cleanup()
+
+
+def test_a_failed_second_raw_stage_leaves_a_published_raw_consumer_alone(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """R1 staged raw and published, its consumer holding the device open. A second raw stage
+    of the same storage on R2 (a second Block PV naming it) fails in the backend's attach (a
+    transient error: simulated, the same node code the plugin runs, on its config and journal).
+    Its rollback (_undo_block) must not take R1's raw record, nor detach the device under the
+    running consumer."""
+    from flexhub.config import load_config
+    from flexhub.csi.volumes import flexhub_volume
+    from flexhub.errors import VolumeError
+    from flexhub.node.rawblock import attach_raw
+
+    rig = Rig(loopfile_plugin, "undo-prunes")
+    r1, r2, fs = rig.top / "stage-r1", rig.top / "stage-r2", rig.top / "stage-fs"
+    dev = rig.top / "pod" / "dev"
+    fd = -1
+    try:
+        rig.stage(r1, block())
+        rig.publish(r1, dev, block())
+        fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)  # the consumer (a VM) has it open
+        loops = loops_backed_under(rig.top)
+        journal = Journal(rig.top / "state")
+        (vid,) = {r.volume_id for r in journal.pods()}
+        config = load_config(rig.top / "flexhub.toml")
+        volume, backend, node = flexhub_volume(rig.volume.volume_context, block(), {}, config)
+
+        def transient(_: Any) -> Any:
+            raise VolumeError("transient attach failure")
+
+        backend.attach = transient
+        r2.mkdir()
+        with pytest.raises(VolumeError):
+            attach_raw(node, backend, r2, volume)
+        left = [r.target for r in journal.pods_of(vid)]
+        volume_record = journal.get_volume(vid)
+        loops_after = loops_backed_under(rig.top)
+        error = refused(lambda: rig.stage(fs, MOUNT))
+        ext4_magic = os.pread(fd, 2, 1080) == b"\x53\xef"  # what the consumer reads now
+        assert str(r1) in left and volume_record is not None and error is not None, (
+            f"after R2's failed raw stage: pod records left {left}; volume record "
+            f"{volume_record and volume_record.device!r}; loop devices {loops} -> {loops_after}; "
+            f"filesystem stage error={error and error.details()!r}; fs stage mounted="
+            f"{os.path.ismount(fs)}; the running consumer's open device now holds ext4: "
+            f"{ext4_magic}; loop devices now {loops_backed_under(rig.top)}"
+        )
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        rig.cleanup()
+
+
+def test_a_raw_unstage_on_a_read_only_journal_does_not_block_the_volume_forever(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """The raw unstage succeeds while the journal's pods directory is read-only (the doc:
+    'journal not updated', kept for a later call). kubelet never calls again for R. Once the
+    disk is writable, a filesystem stage of the volume (say the same storage under a new
+    Filesystem PV) must not be refused forever by R's leftover raw record."""
+    import subprocess
+
+    rig = Rig(loopfile_plugin, "ro-journal")
+    raw, fs = rig.top / "stage-raw", rig.top / "stage-fs"
+    pods = rig.top / "state" / "pods"
+    bound = False
+    try:
+        rig.stage(raw, block())
+        subprocess.run(["mount", "--bind", str(pods), str(pods)], check=True)
+        bound = True
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(pods)], check=True)
+        rig.unstage(raw)  # answered OK: kubelet forgets R
+        subprocess.run(["umount", str(pods)], check=True)
+        bound = False
+        rig.stages.remove(raw)
+        journal = Journal(rig.top / "state")
+        left = [(r.target, r.details) for r in journal.pods()]
+        errors = [refused(lambda: rig.stage(fs, MOUNT)) for _ in range(3)]
+        assert errors[-1] is None, (
+            f"records left after the unstage: {left}; third filesystem stage refused: "
+            f"{errors[-1] and (errors[-1].code(), errors[-1].details())}"
+        )
+    finally:
+        if bound:
+            subprocess.run(["umount", str(pods)], check=False)
+        rig.stages.append(raw)
+        rig.cleanup()
