@@ -182,18 +182,54 @@ def test_both_modes_off_is_refused_in_one_line(helm: Path) -> None:
         ("{/var/lib/flexhub,/var/lib/kubelet/flexhub}", "/var/lib/kubelet/flexhub"),
         ("{/var/lib,/var/log/flexhub}", "/var/lib/kubelet"),
         ("{/dev/flexhub}", "/dev/flexhub"),
-        ("{/}", "/"),
+        ("{/}", "/var/lib/kubelet"),
+        ("{/etc}", "/etc/flexhub-node-config"),
+        ("{/opt}", "/opt/flexhub"),
+        ("{/var/run}", "/var/run/secrets/kubernetes.io/serviceaccount"),
+        ("{/csi/x}", "/csi/x"),
     ],
 )
 def test_nested_host_dirs_are_refused_in_one_line(helm: Path, dirs: str, inner: str) -> None:
     """Each host directory is a Bidirectional mount: one inside another (or inside or around
-    kubelet's directory or /dev, also mounted Bidirectional) is mounted on the host again at
-    every start of the plugin's container, and those mounts pile up. The outer one alone holds
-    the inner one."""
+    kubelet's directory, /dev or the container's own mounts: its node config, runtime and
+    token) is mounted on the host again at every start of the plugin's container, and those
+    mounts pile up (a token lands on the host), or hides one. The outer one alone holds the
+    inner one."""
     proc = template(helm, CSI, f"csi.hostDirs={dirs}")
     assert proc.returncode != 0, proc.stdout[:300]
     (line,) = [ln for ln in proc.stderr.splitlines() if "csi.hostDirs" in ln]
     assert "nested" in line and inner in line, line
+
+
+@pytest.mark.parametrize(
+    "dirs",
+    [
+        "{/var/lib/flexhub//,/var/lib/flexhub/loopfiles}",
+        "{/var/lib//flexhub,/var/lib/flexhub/loopfiles}",
+        "{/var/lib/./kubelet/flexhub}",
+        "{/var/lib/flexhub/.,/var/lib/flexhub/loopfiles}",
+        "{/srv/x/../../var/lib/kubelet/y}",
+        "{/var/lib/flexhub/}",
+    ],
+)
+def test_host_dirs_not_written_clean_are_refused_in_one_line(helm: Path, dirs: str) -> None:
+    """Nesting is judged on the text of each path, so it is judged only on clean paths: one
+    written otherwise (``//``, ``/./``, ``/../``, a trailing ``/``) is refused, naming the
+    clean form."""
+    proc = template(helm, CSI, f"csi.hostDirs={dirs}")
+    assert proc.returncode != 0, proc.stdout[:300]
+    (line,) = [ln for ln in proc.stderr.splitlines() if "csi.hostDirs" in ln]
+    assert "not a clean absolute path (write" in line, line
+
+
+@pytest.mark.parametrize(
+    "kubelet", ["/var/lib//kubelet", "/var/lib/./kubelet", "/srv/../var/lib/kubelet"]
+)
+def test_a_kubelet_dir_not_written_clean_is_refused_in_one_line(helm: Path, kubelet: str) -> None:
+    proc = template(helm, CSI, f"csi.kubeletDir={kubelet}")
+    assert proc.returncode != 0, proc.stdout[:300]
+    (line,) = [ln for ln in proc.stderr.splitlines() if "csi.kubeletDir" in ln]
+    assert "not a clean absolute path" in line, line
 
 
 def test_host_dirs_side_by_side_render(helm: Path) -> None:
@@ -556,6 +592,8 @@ def test_every_controller_rule_is_one_its_sidecars_upstream_rbac_grants(
         ("flexvolume.enabled=1", "at '/flexvolume/enabled': got number, want boolean"),
         ("csi.kubeletDir=var/lib/kubelet", "at '/csi/kubeletDir'"),
         ("csi.kubeletDir=/var/lib/kubelet/", "at '/csi/kubeletDir'"),
+        ("csi.kubeletDir=/", "at '/csi/kubeletDir'"),
+        ("csi.kubeletDir=//", "at '/csi/kubeletDir'"),
         ("csi.node.healthPort=0", "at '/csi/node/healthPort'"),
         ("csi.node.healthPort=70000", "at '/csi/node/healthPort'"),
         ("csi.hostDirs={relative}", "at '/csi/hostDirs/0'"),
