@@ -45,7 +45,7 @@ from flexhub.csi.volumes import (
     is_block,
     mount_group,
 )
-from flexhub.errors import StateError
+from flexhub.errors import FlexhubError, StateError
 
 __all__ = ["NodeService"]
 
@@ -84,6 +84,20 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         from flexhub.node import Node
 
         return Node(self.config)
+
+    def upgrade_records(self) -> None:
+        """Before serving: bring what an earlier release journalled up to date (the raw
+        stages' pod records say ``access: raw``: :func:`flexhub.node.rawblock.mark_raw_records`).
+        A failure is logged; the plugin serves anyway."""
+        from flexhub.node.rawblock import mark_raw_records
+
+        try:
+            marked = mark_raw_records(self._node(), [path for path, _ in self.staged.entries()])
+        except (FlexhubError, OSError) as exc:
+            LOG.error("cannot bring the raw stages' pod records up to date: %s", exc)
+            return
+        if marked:
+            LOG.info("%d raw stage record(s) of an earlier release now say access: raw", marked)
 
     @rpc
     def NodeGetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:

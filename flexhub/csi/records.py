@@ -205,12 +205,15 @@ class StagedContexts:
 
     def of_volume(self, volume_id: str) -> list[Path]:
         """The staging directories ``volume_id`` is staged on (a request may name none)."""
+        return [staging for staging, staged in self.entries() if staged == volume_id]
+
+    def entries(self) -> list[tuple[Path, str]]:
+        """``(staging directory, volume id)`` of every readable record."""
         found = []
         for path in sorted(self.directory.glob("*.json")):
             try:
                 data = json.loads(path.read_text())
-                if data["volume_id"] == volume_id:
-                    found.append(Path(data["staging"]))
+                found.append((Path(data["staging"]), str(data["volume_id"])))
             except (OSError, ValueError, KeyError, TypeError):
                 continue
         return found

@@ -116,6 +116,7 @@ def serve(
         from flexhub.csi.node import NodeService
 
         node = NodeService(config, node_id)
+        node.upgrade_records()
     server = build_server(config, endpoint, mode, node_id, node)
     registrar = liveness = watcher = None
     try:

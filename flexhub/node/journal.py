@@ -363,6 +363,11 @@ class Journal:
             return None
         return record
 
+    def has_volume(self, volume_id: str) -> bool:
+        """Whether a record of ``volume_id`` is there, readable or not (an unreadable one may
+        still describe an attached device: only its absence proves none is)."""
+        return os.path.lexists(self._volume_path(volume_id))
+
     def volume_by_staging(self, staging: str | os.PathLike[str]) -> VolumeRecord | None:
         """The readable volume record whose staging directory is ``staging``."""
         wanted = os.fspath(staging)

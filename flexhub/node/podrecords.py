@@ -32,6 +32,7 @@ __all__ = [
     "is_raw",
     "is_staging_point",
     "journalled_staging",
+    "live_raw_record",
     "pod_dir",
     "raw_consumers",
     "staging_dir",
@@ -161,22 +162,50 @@ def is_raw(record: PodRecord) -> bool:
     return record.details.get("access") == RAW_DETAILS["access"]
 
 
+def _raw_is_live(node: Node, record: PodRecord) -> bool:
+    """Whether the raw consumer of ``record`` may still use its device: the volume's record
+    is there (pending, unreadable or not: only its absence proves nothing is attached) and
+    the consumer's directory exists (CSI's staging target path exists while it is staged)."""
+    return node.journal.has_volume(record.volume_id) and os.path.isdir(record.target)
+
+
+def _prune_raw(node: Node, record: PodRecord) -> None:
+    LOG.info(
+        "pruning the raw pod record of %s (%s is not attached, or the directory is gone)",
+        record.target,
+        record.volume_id,
+    )
+    with contextlib.suppress(FlexhubError):
+        node.journal.delete_pod(record.target)
+
+
 def raw_consumers(node: Node, volume_id: str) -> list[str]:
     """The targets ``volume_id`` is attached raw for on this node (journalled, the call done
-    or interrupted): while there is one, its device is never formatted or mounted.
+    or interrupted): while there is one, its device is never formatted or mounted, nor
+    released.
 
-    A raw record outlives its device only when its release could not delete it (a read-only
-    journal then): with no volume record (pending included) nothing is attached, and such a
-    record is pruned. The caller holds the volume's lock.
+    A raw record is stale once nothing is attached (no volume record at all: its release
+    could not delete it, a read-only journal then) or its directory is gone (kubelet forgot
+    it): such records are pruned. The caller holds the volume's lock.
     """
-    raw = [record for record in node.journal.pods_of(volume_id) if is_raw(record)]
-    if raw and node.journal.get_volume(volume_id) is None:
-        for record in raw:
-            LOG.info("pruning raw pod record of %s (%s is not attached)", record.target, volume_id)
-            with contextlib.suppress(FlexhubError):
-                node.journal.delete_pod(record.target)
-        return []
-    return [record.target for record in raw]
+    live = []
+    for record in node.journal.pods_of(volume_id):
+        if not is_raw(record):
+            continue
+        if _raw_is_live(node, record):
+            live.append(record.target)
+        else:
+            _prune_raw(node, record)
+    return live
+
+
+def live_raw_record(node: Node, target: Path) -> PodRecord | None:
+    """The raw consumer's record of ``target`` while it may use its device (no pruning: the
+    caller need not hold that volume's lock)."""
+    record = node.journal.get_pod(target)
+    if record is not None and is_raw(record) and _raw_is_live(node, record):
+        return record
+    return None
 
 
 @contextlib.contextmanager
@@ -215,17 +244,11 @@ def _users(node: Node, staging: Path, exclude: Path) -> list[str]:
             continue
         if is_raw(record):
             # A raw consumer's directory is never a mount point: it uses the device while
-            # the device is attached (a volume record, pending included), whatever mountinfo says.
-            if node.journal.get_volume(record.volume_id) is not None:
+            # the device is attached, whatever mountinfo says (:func:`raw_consumers`).
+            if _raw_is_live(node, record):
                 users.add(record.target)
-                continue
-            LOG.info(
-                "pruning raw pod record of %s (volume %s is not attached)",
-                record.target,
-                record.volume_id,
-            )
-            with contextlib.suppress(FlexhubError):
-                node.journal.delete_pod(record.target)
+            else:
+                _prune_raw(node, record)
             continue
         bound = node.mounts.at(record.target)
         if _same_device(bound, staged):

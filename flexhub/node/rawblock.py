@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from flexhub.backend import Attachment, BlockBackend
@@ -34,13 +35,14 @@ from flexhub.node.podrecords import (
     _volume_locks,
     is_raw,
     journalled_staging,
+    live_raw_record,
     pod_dir,
     staging_dir,
 )
 from flexhub.node.statedir import secure_state_dir
 from flexhub.volume import Volume
 
-__all__ = ["attach_raw", "device_size", "expand_raw", "raw_device"]
+__all__ = ["attach_raw", "device_size", "expand_raw", "mark_raw_records", "raw_device"]
 
 LOG = logging.getLogger(__name__)
 
@@ -96,6 +98,12 @@ def attach_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume) 
                 "hand its device out as a raw block volume"
             )
         record = node.journal.get_pod(target)
+        other = live_raw_record(node, target)
+        if other is not None and other.volume_id != volume_id:
+            raise VolumeError(
+                f"{target} is where volume {other.volume_id} is attached raw: refusing to "
+                f"attach {volume_id} there"
+            )
         known = node.journal.get_volume(volume_id)
         if (
             record is not None
@@ -103,6 +111,8 @@ def attach_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume) 
             and known is not None
             and not known.pending
             and _is_block_device(known.device)
+            # after a reboot, or the device's loss, the name may map nothing or another volume
+            and backend.still_attached(Attachment(known.device, dict(known.details))) is not False
         ):
             _check_access(backend, volume, volume_id, known)
             if not is_raw(record):  # journalled before pod records said raw (an upgrade)
@@ -125,6 +135,32 @@ def attach_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume) 
             raise
     LOG.info("attached %s raw (%s) for %s", volume_id, attached.device, target)
     return attached.device
+
+
+def mark_raw_records(node: Node, staged: Iterable[Path]) -> int:
+    """Say ``access: raw`` in the pod records of the raw stages among ``staged`` (CSI's
+    staging directories) that a release before :data:`RAW_DETAILS` journalled without it:
+    an upgraded plugin runs this before it serves, as kubelet does not stage a volume again
+    because the plugin changed. A raw stage's record is the one whose staging directory is
+    its volume's bare one (a filesystem stage for CSI repeats its path below it), unmounted.
+
+    :returns: how many records were rewritten.
+    """
+    marked = 0
+    for path in staged:
+        target = pod_dir(path)
+        with node.lock("pod", str(target)):
+            record = node.journal.get_pod(target)
+            if record is None or record.details:
+                continue
+            staging = staging_dir(node, record.volume_id)
+            with _volume_locks(node, record.volume_id, staging):
+                if record.staging != str(staging) or node.mounts.is_mount_point(staging):
+                    continue
+                node.journal.put_pod(record.replace(details=RAW_DETAILS))
+            LOG.info("the raw pod record of %s now says so (%s)", target, record.volume_id)
+            marked += 1
+    return marked
 
 
 def expand_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume, size: int) -> int:

@@ -33,6 +33,7 @@ from flexhub.node.podrecords import (
     _staging_root,
     _users,
     journalled_staging,
+    raw_consumers,
     staging_key,
 )
 from flexhub.volume import PodInfo, Volume
@@ -80,8 +81,9 @@ def _retry_release(
 ) -> bool:
     """One try; ``False`` when the release still waits."""
     record = node.journal.get_volume(volume_id)
-    if record is None or node.mounts.at(staging) is not None:
-        # released meanwhile, or mounted again: its next last unmount releases it
+    if record is None or node.mounts.at(staging) is not None or raw_consumers(node, volume_id):
+        # released meanwhile, or mounted (or attached raw) again: its next last unmount
+        # releases it
         node.journal.clear_deferred(volume_id)
         return True
     backend = _load_for_unmount(load_backend, record.backend, volume_id)

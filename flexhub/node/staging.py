@@ -32,6 +32,7 @@ from flexhub.node.podrecords import (
     _device_number,
     _same_device,
     _users,
+    live_raw_record,
     raw_consumers,
     staging_dir,
 )
@@ -156,6 +157,12 @@ def _mount_block_locked(
         raise VolumeError(
             f"volume {volume_id} is attached raw on this node (for {raw[0]}): refusing to "
             "format or mount it with a filesystem"
+        )
+    other = live_raw_record(node, target)
+    if other is not None:
+        raise VolumeError(
+            f"{target} is where volume {other.volume_id} is attached raw: refusing to mount "
+            f"{volume_id} there"
         )
     staged = _clean_if_corrupted(node, staging)
     here = _clean_if_corrupted(node, target)

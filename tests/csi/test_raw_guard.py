@@ -274,3 +274,209 @@ def test_a_raw_unstage_on_a_read_only_journal_does_not_block_the_volume_forever(
             subprocess.run(["umount", str(pods)], check=False)
         rig.stages.append(raw)
         rig.cleanup()
+
+
+def _node(rig: Rig) -> tuple[Any, Any, Any]:
+    from flexhub.config import load_config
+    from flexhub.csi.volumes import flexhub_volume
+
+    config = load_config(rig.top / "flexhub.toml")
+    _volume, backend, node = flexhub_volume(rig.volume.volume_context, block(), {}, config)
+    return config, backend, node
+
+
+def test_deferred_release_retry_does_not_detach_a_live_raw_consumer(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """R1 staged raw; its unstage finds the device busy (a holder in another namespace):
+    deferred, volume record kept. R2 (same storage) is then staged raw and published, its
+    consumer running. The deferred release's retry (after any later unmount on the node)
+    must not detach the device under R2 (it looked only whether the never mounted staging
+    directory was mounted)."""
+    from flexhub.driver.loader import backend_factory
+    from flexhub.node.release import retry_deferred_releases
+
+    rig = Rig(loopfile_plugin, "deferred-raw")
+    r1, r2, fs = rig.top / "stage-r1", rig.top / "stage-r2", rig.top / "stage-fs"
+    dev = rig.top / "pod" / "dev"
+    fd = -1
+    try:
+        rig.stage(r1, block())
+        journal = Journal(rig.top / "state")
+        (vid,) = {r.volume_id for r in journal.pods()}
+        device = journal.get_volume(vid).device
+        hold = os.open(device, os.O_RDONLY | os.O_EXCL | os.O_CLOEXEC)
+        try:
+            rig.unstage(r1)
+        finally:
+            os.close(hold)
+        assert vid in journal.deferred(), "precondition: the release of R1 was deferred"
+        rig.stage(r2, block())
+        rig.publish(r2, dev, block())
+        fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)  # R2's consumer runs
+        config, _, node = _node(rig)
+        node.config.release_retry_interval = 0.0
+        retry_deferred_releases(node, backend_factory(config))
+        record = journal.get_volume(vid)
+        raw_left = [r.target for r in journal.pods_of(vid)]
+        error = refused(lambda: rig.stage(fs, MOUNT))
+        formatted = os.pread(fd, 2, 1080) == b"\x53\xef"
+        assert record is not None and error is not None and not formatted, (
+            f"after the deferred retry with R2 staged raw and published: volume record "
+            f"{record and record.device!r}; raw records {raw_left}; filesystem stage of the "
+            f"same storage error={error and error.details()!r}; R2's open device now holds "
+            f"ext4: {formatted}"
+        )
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        rig.cleanup()
+
+
+def test_an_old_raw_record_is_protected_without_a_restage(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """Upgrade without a kubelet restart: the plugin is replaced, kubelet never calls
+    NodeStageVolume again for the raw volume already staged, so its record (no details, as
+    the previous release wrote) is rewritten by the plugin's start. A filesystem stage of
+    the same storage on another path is then refused (the device is not formatted)."""
+    rig = Rig(loopfile_plugin, "upgrade-norestage")
+    raw, fs, dev = rig.top / "stage-raw", rig.top / "stage-fs", rig.top / "pod" / "dev"
+    try:
+        rig.stage(raw, block())
+        rig.publish(raw, dev, block())
+        journal = Journal(rig.top / "state")
+        (record,) = [r for r in journal.pods() if r.target == str(raw)]
+        journal.put_pod(record.replace(details={}))  # what the previous release wrote
+        from flexhub.csi.node import NodeService
+
+        config, _, _ = _node(rig)
+        NodeService(config, "node-1").upgrade_records()  # the upgraded plugin starts
+        (record,) = [r for r in journal.pods() if r.target == str(raw)]
+        assert record.details == {"access": "raw"}
+        error = refused(lambda: rig.stage(fs, MOUNT))
+        formatted = read(dev, 4 * MiB) != bytes(4 * MiB)
+        assert error is not None and not formatted, (
+            f"old raw record (no details), no re-stage: filesystem stage error="
+            f"{error and error.details()!r}; raw consumer's device formatted={formatted}"
+        )
+    finally:
+        rig.cleanup()
+
+
+def test_an_unreadable_volume_record_does_not_drop_the_raw_guard(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """R staged raw and published. Its volume record becomes unreadable (a read error, a
+    record of a newer schema after a rollback, a torn disk): get_volume() is None, which
+    is no proof that nothing is attached. A filesystem stage of the same storage must still be
+    refused."""
+    rig = Rig(loopfile_plugin, "unreadable-volume")
+    raw, fs, dev = rig.top / "stage-raw", rig.top / "stage-fs", rig.top / "pod" / "dev"
+    data = ""
+    try:
+        rig.stage(raw, block())
+        rig.publish(raw, dev, block())
+        journal = Journal(rig.top / "state")
+        (vid,) = {r.volume_id for r in journal.pods()}
+        path = journal._volume_path(vid)
+        data = path.read_text()
+        path.write_text(data.replace('"version": 1', '"version": 2'))  # a newer release's
+        assert journal.get_volume(vid) is None
+        error = refused(lambda: rig.stage(fs, MOUNT))
+        raw_left = [r.target for r in journal.pods_of(vid)]
+        formatted = read(dev, 4 * MiB) != bytes(4 * MiB)
+        assert error is not None and not formatted, (
+            f"volume record unreadable: filesystem stage error={error and error.details()!r}; "
+            f"raw records left {raw_left}; raw consumer's device formatted={formatted}"
+        )
+    finally:
+        if data:  # readable again: the unstage releases what it names
+            path.write_text(data)
+        rig.cleanup()
+
+
+def test_a_raw_record_kubelet_forgot_does_not_pin_later_attachments(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """R1 staged raw; the node reboots (its loop device is gone) and kubelet never unstages
+    R1 (the pod was deleted meanwhile; a NodeUnstage lost): R1's raw record and its volume
+    record stay. The same storage is later staged raw on R2 and unstaged: its (new) device
+    must be released: R1's record, whose directory is gone, is stale."""
+    import subprocess
+
+    rig = Rig(loopfile_plugin, "forgotten-raw")
+    r1, r2 = rig.top / "stage-r1", rig.top / "stage-r2"
+    try:
+        rig.stage(r1, block())
+        journal = Journal(rig.top / "state")
+        (vid,) = {r.volume_id for r in journal.pods()}
+        device = journal.get_volume(vid).device
+        subprocess.run(["losetup", "--detach", device], check=True)  # the reboot
+        r1.rmdir()  # kubelet's directory of R1 is gone with the pod
+        rig.stage(r2, block())
+        rig.unstage(r2)
+        left = loops_backed_under(rig.top)
+        records = [r.target for r in journal.pods_of(vid)]
+        assert left == [], (
+            f"R2 staged raw and unstaged after R1 was forgotten: loop devices still attached "
+            f"{left}; pod records {records}; volume record "
+            f"{journal.get_volume(vid) and journal.get_volume(vid).device!r}"
+        )
+    finally:
+        r1.mkdir(exist_ok=True)
+        rig.cleanup()
+
+
+def test_a_raw_restage_after_a_reboot_attaches_the_storage_again(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """R staged raw; the node reboots (its loop device is unbound, the device node stays in
+    /dev); kubelet stages R again (same path, its pod still scheduled). attach_raw's
+    idempotent branch checks only that the journalled device node is a block device: the
+    pod is handed an unbound loop device, not its storage."""
+    import subprocess
+
+    rig = Rig(loopfile_plugin, "raw-reboot")
+    r1 = rig.top / "stage-r1"
+    try:
+        rig.stage(r1, block())
+        journal = Journal(rig.top / "state")
+        (vid,) = {r.volume_id for r in journal.pods()}
+        device = journal.get_volume(vid).device
+        subprocess.run(["losetup", "--detach", device], check=True)  # the reboot
+        rig.stage(r1, block())  # kubelet re-stages after the reboot
+        now = journal.get_volume(vid).device
+        backing = Path(f"/sys/block/{Path(now).name}/loop/backing_file")
+        assert backing.exists(), (
+            f"re-stage after the reboot answered OK with {now}, which maps nothing "
+            f"(loops backed under the test: {loops_backed_under(rig.top)})"
+        )
+    finally:
+        rig.cleanup()
+
+
+def test_another_volumes_stage_on_the_raw_path_keeps_the_raw_guard(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """A staged raw on S (published, consumer running). A root caller of the socket (or two
+    PVs of one volumeHandle) stages another volume B with a filesystem on the same S: its
+    pod record replaces A's raw record, and then a filesystem stage of A's storage formats
+    the device under A's consumer."""
+    a, b = Rig(loopfile_plugin, "vol-a"), Rig(loopfile_plugin, "vol-b")
+    s, fs, dev = a.top / "stage-a", a.top / "stage-fs", a.top / "pod" / "dev"
+    try:
+        a.stage(s, block())
+        a.publish(s, dev, block())
+        b.stages.append(s)
+        error_b = refused(lambda: b.stage(s, MOUNT))
+        error = refused(lambda: a.stage(fs, MOUNT))
+        formatted = read(dev, 4 * MiB) != bytes(4 * MiB)
+        assert not formatted and (error_b is not None or error is not None), (
+            f"B's filesystem stage on A's raw path error={error_b and error_b.details()!r}; "
+            f"A's filesystem stage error={error and error.details()!r}; A's raw device "
+            f"formatted={formatted}"
+        )
+    finally:
+        b.cleanup()
+        a.cleanup()

@@ -51,16 +51,20 @@ def helm() -> Iterator[Path]:
     yield render_manifest.helm_binary()
 
 
-def template(helm: Path, *values: str) -> subprocess.CompletedProcess[str]:
+def template(
+    helm: Path, *values: str, values_file: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     argv = [str(helm), "template", "flexhub", str(CHART), "-n", NS]
     argv += ["--kube-version", render_manifest.KUBE_VERSION]
+    if values_file is not None:
+        argv += ["-f", str(values_file)]
     for value in values:
         argv += ["--set", value]
     return subprocess.run(argv, capture_output=True, text=True, check=False)
 
 
-def render(helm: Path, *values: str) -> list[dict[str, Any]]:
-    proc = template(helm, *values)
+def render(helm: Path, *values: str, values_file: Path | None = None) -> list[dict[str, Any]]:
+    proc = template(helm, *values, values_file=values_file)
     assert proc.returncode == 0, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
@@ -230,6 +234,20 @@ def test_a_kubelet_dir_not_written_clean_is_refused_in_one_line(helm: Path, kube
     assert proc.returncode != 0, proc.stdout[:300]
     (line,) = [ln for ln in proc.stderr.splitlines() if "csi.kubeletDir" in ln]
     assert "not a clean absolute path" in line, line
+
+
+def test_a_host_dir_is_mounted_at_its_path_as_written(helm: Path, tmp_path: Path) -> None:
+    """The checks judge each value's text, so the container mounts it at that text: a value
+    YAML would read otherwise unquoted (`` #`` starts a comment: ``/var/lib #`` would be
+    mounted Bidirectional at ``/var/lib``, around kubelet's directory) is quoted."""
+    values = tmp_path / "values.yaml"
+    values.write_text('csi:\n  hostDirs: ["/var/lib #", "/srv/a: b"]\n')
+    docs = render(helm, CSI, values_file=values)
+    pod = node_pod(docs)
+    mounts = {m["name"]: m["mountPath"] for m in container(pod, "flexhub")["volumeMounts"]}
+    sources = {v["name"]: (v.get("hostPath") or {}).get("path") for v in pod["volumes"]}
+    assert mounts["host-dir-0"] == sources["host-dir-0"] == "/var/lib #"
+    assert mounts["host-dir-1"] == sources["host-dir-1"] == "/srv/a: b"
 
 
 def test_host_dirs_side_by_side_render(helm: Path) -> None:
