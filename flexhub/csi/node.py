@@ -89,10 +89,12 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         """Before serving: bring what an earlier release journalled up to date (the raw
         stages' pod records say ``access: raw``: :func:`flexhub.node.rawblock.mark_raw_records`).
         A failure is logged; the plugin serves anyway."""
+        from flexhub.driver.loader import backend_factory
         from flexhub.node.rawblock import mark_raw_records
 
         try:
-            marked = mark_raw_records(self._node(), [path for path, _ in self.staged.entries()])
+            legacy = [path for path, _, access in self.staged.entries() if not access]
+            marked = mark_raw_records(self._node(), legacy, backend_factory(self.config))
         except (FlexhubError, OSError) as exc:
             LOG.error("cannot bring the raw stages' pod records up to date: %s", exc)
             return
@@ -139,8 +141,8 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             )
             if not staging.is_dir():
                 raise invalid(f"staging_target_path {staging} is not a directory")
-            self.staged.put(staging, volume_id, request.volume_context)
             raw = is_block(request.volume_capability)
+            self.staged.put(staging, volume_id, request.volume_context, "block" if raw else "mount")
             try:
                 if raw:
                     from flexhub.node.rawblock import attach_raw

@@ -187,8 +187,17 @@ class StagedContexts:
 
         return self.directory / f"{hashlib.sha256(str(staging).encode()).hexdigest()[:32]}.json"
 
-    def put(self, staging: Path, volume_id: str, context: Mapping[str, str]) -> None:
-        data = {"staging": str(staging), "volume_id": volume_id, "context": dict(context)}
+    def put(
+        self, staging: Path, volume_id: str, context: Mapping[str, str], access: str = ""
+    ) -> None:
+        """Record the stage of ``volume_id`` on ``staging``; ``access``: ``block`` (raw) or
+        ``mount`` (records of releases before it have none)."""
+        data = {
+            "staging": str(staging),
+            "volume_id": volume_id,
+            "context": dict(context),
+            "access": access,
+        }
         _write_json(self.directory, self._path(staging), data, f"staged context of {staging}")
 
     def get(self, staging: Path) -> tuple[str, dict[str, str]] | None:
@@ -205,16 +214,19 @@ class StagedContexts:
 
     def of_volume(self, volume_id: str) -> list[Path]:
         """The staging directories ``volume_id`` is staged on (a request may name none)."""
-        return [staging for staging, staged in self.entries() if staged == volume_id]
+        return [staging for staging, staged, _ in self.entries() if staged == volume_id]
 
-    def entries(self) -> list[tuple[Path, str]]:
-        """``(staging directory, volume id)`` of every readable record."""
+    def entries(self) -> list[tuple[Path, str, str]]:
+        """``(staging directory, volume id, access)`` of every readable record (access
+        ``""``: written before it was kept)."""
         found = []
         for path in sorted(self.directory.glob("*.json")):
             try:
                 data = json.loads(path.read_text())
-                found.append((Path(data["staging"]), str(data["volume_id"])))
-            except (OSError, ValueError, KeyError, TypeError):
+                found.append(
+                    (Path(data["staging"]), str(data["volume_id"]), str(data.get("access", "")))
+                )
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue
         return found
 

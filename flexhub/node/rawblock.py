@@ -18,14 +18,15 @@ service tells them apart.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from flexhub.backend import Attachment, BlockBackend
-from flexhub.errors import VolumeError
+from flexhub.backend import Attachment, Backend, BlockBackend
+from flexhub.errors import FlexhubError, VolumeError
 from flexhub.node import Node
 from flexhub.node.checkpoints import checkpoint
 from flexhub.node.journal import PodRecord
@@ -104,6 +105,11 @@ def attach_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume) 
                 f"{target} is where volume {other.volume_id} is attached raw: refusing to "
                 f"attach {volume_id} there"
             )
+        if node.mounts.is_mount_point(target):
+            raise VolumeError(
+                f"{target} is a mount point (a filesystem stage): refusing to attach "
+                f"{volume_id} raw there"
+            )
         known = node.journal.get_volume(volume_id)
         if (
             record is not None
@@ -111,14 +117,18 @@ def attach_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume) 
             and known is not None
             and not known.pending
             and _is_block_device(known.device)
-            # after a reboot, or the device's loss, the name may map nothing or another volume
-            and backend.still_attached(Attachment(known.device, dict(known.details))) is not False
+            # only a device proven to be the attachment still: after a reboot, or the
+            # device's loss, its name may map nothing, or another volume
+            and backend.still_attached(Attachment(known.device, dict(known.details))) is True
         ):
             _check_access(backend, volume, volume_id, known)
             if not is_raw(record):  # journalled before pod records said raw (an upgrade)
                 node.journal.put_pod(record.replace(details=RAW_DETAILS))
             LOG.info("%s is already attached raw (%s): nothing to do", volume_id, known.device)
             return known.device
+        # Attached before this call (for this consumer, or another), maybe still in use: a
+        # failure here never releases it (the attach is idempotent: a retry converges).
+        kept = known is not None and not known.pending
         progress = _Progress()
         try:
             node.journal.put_pod(
@@ -131,18 +141,29 @@ def attach_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume) 
             )
             checkpoint("done")
         except BaseException:
-            _undo_block(node, backend, target, volume_id, staging, progress)
+            if not kept:
+                _undo_block(node, backend, target, volume_id, staging, progress)
+            elif record is None or record.volume_id != volume_id:
+                with contextlib.suppress(FlexhubError):
+                    node.journal.delete_pod(target)  # this call's own record only
             raise
     LOG.info("attached %s raw (%s) for %s", volume_id, attached.device, target)
     return attached.device
 
 
-def mark_raw_records(node: Node, staged: Iterable[Path]) -> int:
+def mark_raw_records(
+    node: Node, staged: Iterable[Path], load_backend: Callable[[str], Backend]
+) -> int:
     """Say ``access: raw`` in the pod records of the raw stages among ``staged`` (CSI's
-    staging directories) that a release before :data:`RAW_DETAILS` journalled without it:
-    an upgraded plugin runs this before it serves, as kubelet does not stage a volume again
-    because the plugin changed. A raw stage's record is the one whose staging directory is
-    its volume's bare one (a filesystem stage for CSI repeats its path below it), unmounted.
+    staging directories whose access type was not recorded) that a release before
+    :data:`RAW_DETAILS` journalled without it: an upgraded plugin runs this before it serves,
+    as kubelet does not stage a volume again because the plugin changed.
+
+    A record is marked only when it can be nothing else: it is the only one on its volume's
+    bare staging directory (a filesystem stage shares it with a FlexVolume pod, or was
+    journalled there by 0.1.0), that directory is not mounted, and the backend proves the
+    journalled device is still the attachment (after a reboot a filesystem stage looks the
+    same, its device gone: left alone, and a raw stage again marks its own record).
 
     :returns: how many records were rewritten.
     """
@@ -155,12 +176,31 @@ def mark_raw_records(node: Node, staged: Iterable[Path]) -> int:
                 continue
             staging = staging_dir(node, record.volume_id)
             with _volume_locks(node, record.volume_id, staging):
-                if record.staging != str(staging) or node.mounts.is_mount_point(staging):
+                if not _only_unmounted_attached(node, record, staging, load_backend):
                     continue
                 node.journal.put_pod(record.replace(details=RAW_DETAILS))
             LOG.info("the raw pod record of %s now says so (%s)", target, record.volume_id)
             marked += 1
     return marked
+
+
+def _only_unmounted_attached(
+    node: Node, record: PodRecord, staging: Path, load_backend: Callable[[str], Backend]
+) -> bool:
+    if record.staging != str(staging) or node.mounts.is_mount_point(staging):
+        return False
+    if [other for other in node.journal.pods() if other.staging == record.staging] != [record]:
+        return False
+    known = node.journal.get_volume(record.volume_id)
+    if known is None or known.pending or not _is_block_device(known.device):
+        return False
+    try:
+        backend = load_backend(known.backend)
+    except FlexhubError:
+        return False
+    return isinstance(backend, BlockBackend) and (
+        backend.still_attached(Attachment(known.device, dict(known.details))) is True
+    )
 
 
 def expand_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume, size: int) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,17 @@ import grpc
 import pytest
 
 from flexhub.csi.proto import csi_pb2 as pb
+from flexhub.node.checkpoints import CRASH_ENV
 from flexhub.node.journal import Journal
 from tests.conftest import needs_root
-from tests.csi.sanity import LoopfilePlugin, loops_backed_under
+from tests.csi.sanity import (
+    LoopfilePlugin,
+    loops_backed_under,
+    node_config,
+    start_plugin,
+    stop_plugin,
+)
+from tests.csi.test_crash import BLOCK, Calls
 
 pytestmark = [needs_root, pytest.mark.root]
 
@@ -247,8 +256,6 @@ def test_a_raw_unstage_on_a_read_only_journal_does_not_block_the_volume_forever(
     'journal not updated', kept for a later call). kubelet never calls again for R. Once the
     disk is writable, a filesystem stage of the volume (say the same storage under a new
     Filesystem PV) must not be refused forever by R's leftover raw record."""
-    import subprocess
-
     rig = Rig(loopfile_plugin, "ro-journal")
     raw, fs = rig.top / "stage-raw", rig.top / "stage-fs"
     pods = rig.top / "state" / "pods"
@@ -349,6 +356,10 @@ def test_an_old_raw_record_is_protected_without_a_restage(
         (record,) = [r for r in journal.pods() if r.target == str(raw)]
         journal.put_pod(record.replace(details={}))  # what the previous release wrote
         from flexhub.csi.node import NodeService
+        from flexhub.csi.records import StagedContexts
+
+        # and its staged record, without the access type
+        StagedContexts(rig.top / "state").put(raw, rig.volume.volume_id, rig.volume.volume_context)
 
         config, _, _ = _node(rig)
         NodeService(config, "node-1").upgrade_records()  # the upgraded plugin starts
@@ -403,8 +414,6 @@ def test_a_raw_record_kubelet_forgot_does_not_pin_later_attachments(
     R1 (the pod was deleted meanwhile; a NodeUnstage lost): R1's raw record and its volume
     record stay. The same storage is later staged raw on R2 and unstaged: its (new) device
     must be released: R1's record, whose directory is gone, is stale."""
-    import subprocess
-
     rig = Rig(loopfile_plugin, "forgotten-raw")
     r1, r2 = rig.top / "stage-r1", rig.top / "stage-r2"
     try:
@@ -435,8 +444,6 @@ def test_a_raw_restage_after_a_reboot_attaches_the_storage_again(
     /dev); kubelet stages R again (same path, its pod still scheduled). attach_raw's
     idempotent branch checks only that the journalled device node is a block device: the
     pod is handed an unbound loop device, not its storage."""
-    import subprocess
-
     rig = Rig(loopfile_plugin, "raw-reboot")
     r1 = rig.top / "stage-r1"
     try:
@@ -478,5 +485,258 @@ def test_another_volumes_stage_on_the_raw_path_keeps_the_raw_guard(
             f"formatted={formatted}"
         )
     finally:
+        b.cleanup()
+        a.cleanup()
+
+
+def _umount(path: Path) -> None:
+    subprocess.run(["umount", str(path)], check=False)
+
+
+def _reboot(paths: list[Path], device: str) -> None:
+    for path in paths:
+        _umount(path)
+    subprocess.run(["losetup", "--detach", device], check=False)
+
+
+def test_a_csi_filesystem_stage_sharing_a_flexvolume_staging_is_not_marked_raw(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    from flexhub.config import load_config
+    from flexhub.csi.node import NodeService
+    from flexhub.csi.volumes import flexhub_volume
+    from flexhub.driver.loader import backend_factory
+    from flexhub.node.podrecords import staging_dir
+    from flexhub.node.volumes import mount_volume, unmount_volume
+
+    rig = Rig(loopfile_plugin, "flex-shared")
+    stage = rig.top / "stage-fs"
+    pod = rig.top / "flexpod" / "vol"
+    pod.parent.mkdir()
+    pod.mkdir()
+    config = load_config(rig.top / "flexhub.toml")
+    volume, backend, node = flexhub_volume(rig.volume.volume_context, MOUNT, {}, config)
+    try:
+        mount_volume(node, backend, pod, volume)  # the FlexVolume pod, first
+        rig.stage(stage, MOUNT)  # the CSI stage shares the bare staging mount
+        journal = Journal(rig.top / "state")
+        vid = backend.volume_id(volume)
+        bare = staging_dir(node, vid)
+        (csi_record,) = [r for r in journal.pods() if r.target == str(stage)]
+        assert csi_record.staging == str(bare) and csi_record.details == {}
+        device = journal.get_volume(vid).device
+
+        _reboot([pod, stage, bare], device)  # the node reboots
+        NodeService(config, "node-1").upgrade_records()  # the plugin starts
+        (after,) = [r for r in journal.pods() if r.target == str(stage)]
+        restage = refused(lambda: rig.stage(stage, MOUNT))  # kubelet stages again
+        flex_error = None
+        try:
+            mount_volume(node, backend, pod, volume)  # the FlexVolume pod's remount
+        except Exception as exc:
+            flex_error = exc
+        assert after.details == {} and restage is None and flex_error is None, (
+            f"after a reboot the plugin's start rewrote the CSI filesystem stage's record to "
+            f"{after.details}; kubelet's re-stage: "
+            f"{restage and (restage.code(), restage.details())}; FlexVolume remount: "
+            f"{flex_error!r}"
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            unmount_volume(node, pod, backend_factory(config))
+        with contextlib.suppress(grpc.RpcError):
+            rig.unstage(stage)
+        with contextlib.suppress(Exception):
+            unmount_volume(node, pod, backend_factory(config))
+        rig.cleanup()
+
+
+def test_a_010_csi_filesystem_stage_is_not_marked_raw_after_a_reboot(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """0.1.0 staged CSI filesystem volumes on the bare staging directory (the CO path was
+    repeated below it only since 17f7385, unreleased), pod record without details. After the
+    upgrade the node reboots: the plugin's start must not take that record for a raw one."""
+    from flexhub.csi.node import NodeService
+    from flexhub.node.podrecords import staging_dir
+
+    rig = Rig(loopfile_plugin, "old-fs")
+    stage = rig.top / "stage-fs"
+    try:
+        rig.stage(stage, MOUNT)
+        journal = Journal(rig.top / "state")
+        (record,) = [r for r in journal.pods() if r.target == str(stage)]
+        vid = record.volume_id
+        config, _, node = _node(rig)
+        bare = staging_dir(node, vid)
+        repeated = Path(record.staging)
+        device = journal.get_volume(vid).device
+        _reboot([stage, repeated], device)
+        # what 0.1.0 journalled: the flat staging directory
+        journal.put_pod(record.replace(staging=str(bare)))
+        volume = journal.get_volume(vid)
+        journal.put_volume(volume.replace(staging=str(bare)))
+        NodeService(config, "node-1").upgrade_records()  # the upgraded plugin starts
+        (after,) = [r for r in journal.pods() if r.target == str(stage)]
+        restage = refused(lambda: rig.stage(stage, MOUNT))  # kubelet stages again
+        assert after.details == {} and restage is None, (
+            f"0.1.0's CSI filesystem stage record after the reboot and the plugin's start: "
+            f"{after.details}; kubelet's re-stage: "
+            f"{restage and (restage.code(), restage.details())}"
+        )
+    finally:
+        rig.cleanup()
+
+
+def test_a_raw_stage_on_another_volumes_filesystem_stage_path_is_refused(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    a, b = Rig(loopfile_plugin, "fs-a"), Rig(loopfile_plugin, "raw-b")
+    s = a.top / "stage-shared"
+    try:
+        a.stage(s, MOUNT)
+        assert os.path.ismount(s)
+        b.stages.append(s)
+        error = refused(lambda: b.stage(s, block()))
+        journal = Journal(a.top / "state")
+        records = [(r.target, r.volume_id[-20:], r.details) for r in journal.pods()]
+        assert error is not None, (
+            f"B's raw stage on A's mounted filesystem stage path answered OK; pod records "
+            f"now {records}; loops {loops_backed_under(a.top)}"
+        )
+    finally:
+        a.cleanup()
+        b.cleanup()
+        # what the finding leaks (A's staging mount and device): only this test's own
+        for line in reversed(Path("/proc/self/mountinfo").read_text().splitlines()):
+            point = line.split()[4]
+            if point.startswith(f"{a.top}/"):
+                subprocess.run(["umount", point], check=False)
+        for name in loops_backed_under(a.top):
+            subprocess.run(["losetup", "--detach", f"/dev/{name}"], check=False)
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        "pod-record",
+        "volume-intent",
+        "attach-progress-file",
+        "attach-progress-loop",
+        "attached",
+        "volume-record",
+        "done",
+    ],
+)
+@pytest.mark.parametrize("then", ["unstage", "retry"])
+def test_a_reattach_killed_at_a_checkpoint_leaks_nothing(
+    trusted_dir: Path, at: str, then: str
+) -> None:
+    config = node_config(trusted_dir)
+    endpoint, log = trusted_dir / "csi.sock", trusted_dir / "plugin.log"
+    stage = trusted_dir / "stage"
+    stage.mkdir()
+    proc = start_plugin(config, endpoint, log)
+    calls = Calls(endpoint)
+    unstage = None
+    try:
+        volume = calls.controller.CreateVolume(
+            pb.CreateVolumeRequest(
+                name=f"reattach-{at}-{then}",
+                capacity_range=pb.CapacityRange(required_bytes=32 << 20),
+                volume_capabilities=[BLOCK],
+                parameters={"backend": "loopfile"},
+            )
+        ).volume
+        request = pb.NodeStageVolumeRequest(
+            volume_id=volume.volume_id,
+            staging_target_path=str(stage),
+            volume_capability=BLOCK,
+            volume_context=volume.volume_context,
+        )
+        unstage = pb.NodeUnstageVolumeRequest(
+            volume_id=volume.volume_id, staging_target_path=str(stage)
+        )
+        calls.node.NodeStageVolume(request)
+        journal = Journal(trusted_dir / "state")
+        (vid,) = {r.volume_id for r in journal.pods()}
+        old = journal.get_volume(vid).device
+        stop_plugin(proc)
+        calls.close()
+        subprocess.run(["losetup", "--detach", old], check=True)  # the reboot
+
+        proc = start_plugin(config, endpoint, log, **{CRASH_ENV: at})
+        calls = Calls(endpoint)
+        with pytest.raises(grpc.RpcError):
+            calls.node.NodeStageVolume(request)
+        killed = proc.wait(timeout=30) == -9
+        calls.close()
+        proc = start_plugin(config, endpoint, log)
+        calls = Calls(endpoint)
+        if then == "retry":
+            calls.node.NodeStageVolume(request)
+            now = journal.get_volume(vid)
+            mapped = loops_backed_under(trusted_dir)
+            assert now is not None and Path(now.device).name in mapped, (
+                f"killed at {at} (reached: {killed}), retried: journalled "
+                f"{now and now.device}, loops mapping the file {mapped}"
+            )
+        calls.node.NodeUnstageVolume(unstage)
+        left = loops_backed_under(trusted_dir)
+        records = (journal.get_volume(vid), [r.target for r in journal.pods()])
+        assert left == [], (
+            f"re-attach killed at {at} (reached: {killed}), then {then} + unstage: loop devices "
+            f"left {left}; records {records}"
+        )
+        calls.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=volume.volume_id))
+    finally:
+        calls.close()
+        if unstage is not None and proc.poll() is None:
+            with contextlib.suppress(grpc.RpcError):
+                calls = Calls(endpoint)
+                calls.node.NodeUnstageVolume(unstage)
+                calls.close()
+        stop_plugin(proc)
+        for name in loops_backed_under(trusted_dir):
+            subprocess.run(["losetup", "--detach", f"/dev/{name}"], check=False)
+
+
+def test_a_backend_that_cannot_tell_hands_out_another_volumes_device_after_a_reboot(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """A staged raw; reboot (its loop device unbound); B staged raw first after the boot gets
+    the same device name; kubelet stages A again. With a backend whose still_attached says
+    None (the BlockBackend default; iSCSI for a record naming no target/LUN), attach_raw's
+    idempotent branch trusts the journalled name and hands A's consumer B's storage; the
+    filesystem stage path attaches again (idempotent) whenever nothing is staged."""
+    from flexhub.node.rawblock import attach_raw
+
+    a, b = Rig(loopfile_plugin, "cannot-tell-a"), Rig(loopfile_plugin, "cannot-tell-b")
+    sa, sb = a.top / "stage-a", a.top / "stage-b"
+    try:
+        a.stage(sa, block())
+        journal = Journal(a.top / "state")
+        (vid_a,) = {r.volume_id for r in journal.pods()}
+        old = journal.get_volume(vid_a)
+        file_a = old.details["file"]
+        subprocess.run(["losetup", "--detach", old.device], check=True)  # the reboot
+        b.stage(sb, block())
+        vid_b = next(r.volume_id for r in journal.pods() if r.target == str(sb))
+        device_b = journal.get_volume(vid_b).device
+        if device_b != old.device:
+            pytest.skip(f"B got {device_b}, not A's old {old.device} (another loop user)")
+        _, backend, node = _node(a)
+        backend.still_attached = lambda attachment: None  # cannot tell
+        from flexhub.csi.volumes import flexhub_volume
+
+        volume, _, _ = flexhub_volume(a.volume.volume_context, block(), {}, node.config)
+        device = attach_raw(node, backend, sa, volume)  # kubelet's re-stage of A
+        backing = Path(f"/sys/block/{Path(device).name}/loop/backing_file").read_text().strip()
+        assert backing == file_a, (
+            f"A's raw re-stage after the reboot answered {device}, which maps {backing} "
+            f"(volume B's file), not A's {file_a}"
+        )
+    finally:
+        b.stages.append(sb)
         b.cleanup()
         a.cleanup()
