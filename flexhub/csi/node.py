@@ -142,6 +142,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             if not staging.is_dir():
                 raise invalid(f"staging_target_path {staging} is not a directory")
             raw = is_block(request.volume_capability)
+            previous = self.staged.read(staging)
             self.staged.put(staging, volume_id, request.volume_context, "block" if raw else "mount")
             try:
                 if raw:
@@ -154,6 +155,8 @@ class NodeService(csi_pb2_grpc.NodeServicer):
             except BaseException:
                 if not self._staged_here(node, staging):  # rolled back: nothing staged
                     self.staged.delete(staging)
+                else:  # refused: what is staged there is what was (maybe another volume)
+                    self.staged.restore(staging, previous)
                 raise
             LOG.info("staged %s on %s%s", volume_id, staging, " (raw block)" if raw else "")
         return csi_pb2.NodeStageVolumeResponse()

@@ -200,6 +200,24 @@ class StagedContexts:
         }
         _write_json(self.directory, self._path(staging), data, f"staged context of {staging}")
 
+    def read(self, staging: Path) -> bytes | None:
+        """The record of ``staging`` as stored (for :meth:`restore`), ``None`` when none."""
+        try:
+            return self._path(staging).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StateError(f"staged context of {staging} unreadable: {exc}") from None
+
+    def restore(self, staging: Path, data: bytes | None) -> None:
+        """Put back what :meth:`read` returned (``None``: remove the record)."""
+        if data is None:
+            self.delete(staging)
+            return
+        _write_json(
+            self.directory, self._path(staging), json.loads(data), f"staged context of {staging}"
+        )
+
     def get(self, staging: Path) -> tuple[str, dict[str, str]] | None:
         """``(volume id, context)`` of the volume staged on ``staging``, or ``None``."""
         try:

@@ -29,7 +29,7 @@ from flexhub.backend import Attachment, Backend, BlockBackend
 from flexhub.errors import FlexhubError, VolumeError
 from flexhub.node import Node
 from flexhub.node.checkpoints import checkpoint
-from flexhub.node.journal import PodRecord
+from flexhub.node.journal import PodRecord, VolumeRecord
 from flexhub.node.podrecords import (
     RAW_DETAILS,
     _backend_name,
@@ -129,6 +129,9 @@ def attach_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume) 
         # Attached before this call (for this consumer, or another), maybe still in use: a
         # failure here never releases it (the attach is idempotent: a retry converges).
         kept = known is not None and not known.pending
+        if kept:
+            assert known is not None
+            _check_access(backend, volume, volume_id, known)
         progress = _Progress()
         try:
             node.journal.put_pod(
@@ -143,12 +146,32 @@ def attach_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume) 
         except BaseException:
             if not kept:
                 _undo_block(node, backend, target, volume_id, staging, progress)
-            elif record is None or record.volume_id != volume_id:
-                with contextlib.suppress(FlexhubError):
-                    node.journal.delete_pod(target)  # this call's own record only
+            else:
+                _restore(
+                    node,
+                    target,
+                    record if record and record.volume_id == volume_id else None,
+                    known,
+                )
             raise
     LOG.info("attached %s raw (%s) for %s", volume_id, attached.device, target)
     return attached.device
+
+
+def _restore(
+    node: Node, target: Path, record: PodRecord | None, known: VolumeRecord | None
+) -> None:
+    """Put the journal back as it was before a failed attach of a device attached before it:
+    the volume record (the attach's progress reports replaced it with an intent) and the
+    pod record of ``target`` (``None``: this call wrote the only one, removed)."""
+    if known is not None:
+        with contextlib.suppress(FlexhubError):
+            node.journal.put_volume(known)
+    with contextlib.suppress(FlexhubError):
+        if record is None:
+            node.journal.delete_pod(target)
+        else:
+            node.journal.put_pod(record)
 
 
 def mark_raw_records(

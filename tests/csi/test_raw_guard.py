@@ -14,6 +14,8 @@ import grpc
 import pytest
 
 from flexhub.csi.proto import csi_pb2 as pb
+from flexhub.csi.records import StagedContexts
+from flexhub.errors import VolumeError
 from flexhub.node.checkpoints import CRASH_ENV
 from flexhub.node.journal import Journal
 from tests.conftest import needs_root
@@ -356,7 +358,6 @@ def test_an_old_raw_record_is_protected_without_a_restage(
         (record,) = [r for r in journal.pods() if r.target == str(raw)]
         journal.put_pod(record.replace(details={}))  # what the previous release wrote
         from flexhub.csi.node import NodeService
-        from flexhub.csi.records import StagedContexts
 
         # and its staged record, without the access type
         StagedContexts(rig.top / "state").put(raw, rig.volume.volume_id, rig.volume.volume_context)
@@ -519,6 +520,10 @@ def test_a_csi_filesystem_stage_sharing_a_flexvolume_staging_is_not_marked_raw(
     try:
         mount_volume(node, backend, pod, volume)  # the FlexVolume pod, first
         rig.stage(stage, MOUNT)  # the CSI stage shares the bare staging mount
+        # as an earlier release recorded it: no access type (else the start never looks)
+        StagedContexts(rig.top / "state").put(
+            stage, rig.volume.volume_id, rig.volume.volume_context
+        )
         journal = Journal(rig.top / "state")
         vid = backend.volume_id(volume)
         bare = staging_dir(node, vid)
@@ -576,6 +581,9 @@ def test_a_010_csi_filesystem_stage_is_not_marked_raw_after_a_reboot(
         journal.put_pod(record.replace(staging=str(bare)))
         volume = journal.get_volume(vid)
         journal.put_volume(volume.replace(staging=str(bare)))
+        StagedContexts(rig.top / "state").put(
+            stage, rig.volume.volume_id, rig.volume.volume_context
+        )
         NodeService(config, "node-1").upgrade_records()  # the upgraded plugin starts
         (after,) = [r for r in journal.pods() if r.target == str(stage)]
         restage = refused(lambda: rig.stage(stage, MOUNT))  # kubelet stages again
@@ -740,3 +748,138 @@ def test_a_backend_that_cannot_tell_hands_out_another_volumes_device_after_a_reb
         b.stages.append(sb)
         b.cleanup()
         a.cleanup()
+
+
+def _failing_reattach(rig: Rig) -> tuple[Any, Any, Any]:
+    """The node code the plugin runs, with a backend that cannot tell whether the journalled
+    device is still the attachment (BlockBackend's default still_attached: None) and whose
+    attach fails transiently after its first progress report (a loopfile: after it reported
+    the file; an iSCSI target: after it reported the target, the login failing)."""
+    from flexhub.config import load_config
+    from flexhub.csi.volumes import flexhub_volume
+
+    config = load_config(rig.top / "flexhub.toml")
+    volume, backend, node = flexhub_volume(rig.volume.volume_context, block(), {}, config)
+    backend.still_attached = lambda attachment: None
+
+    def transient(*_: Any, **__: Any) -> Any:
+        raise VolumeError("transient failure (after the attach's first progress report)")
+
+    backend._ensure_file = transient
+    return volume, backend, node
+
+
+def test_a_failed_reattach_keeps_the_journalled_device(loopfile_plugin: LoopfilePlugin) -> None:
+    """R staged raw, published, its consumer running. kubelet stages R again (same path); the
+    re-attach fails. 'A failed re-attach never releases a device attached before the call':
+    the journal must still name the device (the consumer's), else the raw consumer is no
+    longer known to the node (raw_device None: NodeExpandVolume takes the filesystem path,
+    the staged context is dropped, the release skips its busy check)."""
+    from flexhub.node.rawblock import attach_raw, raw_device
+
+    rig = Rig(loopfile_plugin, "kept-journal")
+    r, dev = rig.top / "stage-r", rig.top / "pod" / "dev"
+    fd = -1
+    try:
+        rig.stage(r, block())
+        rig.publish(r, dev, block())
+        fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+        journal = Journal(rig.top / "state")
+        (vid,) = {x.volume_id for x in journal.pods()}
+        before = journal.get_volume(vid)
+        volume, backend, node = _failing_reattach(rig)
+        with pytest.raises(VolumeError):
+            attach_raw(node, backend, r, volume)  # kubelet's re-stage
+        after = journal.get_volume(vid)
+        assert raw_device(node, r) == before.device, (
+            f"after a failed re-attach of the kept device {before.device}: volume record "
+            f"device={after and after.device!r} pending={after and after.pending} "
+            f"partial={after and after.partial}; raw_device(R)={raw_device(node, r)}"
+        )
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        rig.cleanup()
+
+
+def test_two_failed_reattaches_release_a_live_raw_consumers_device(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """Same, kubelet retrying (it retries a failed NodeStage). The first failure leaves the
+    volume record pending (the attach's progress report overwrote it), so the second is no
+    longer 'kept': its rollback deletes R's own raw pod record and releases the device under
+    the running consumer (the busy check skipped: an intent has no device). The raw guard is
+    gone: a filesystem stage of the same storage formats the consumer's device."""
+    from flexhub.node.rawblock import attach_raw
+
+    rig = Rig(loopfile_plugin, "kept-twice")
+    r, fs, dev = rig.top / "stage-r", rig.top / "stage-fs", rig.top / "pod" / "dev"
+    fd = -1
+    try:
+        rig.stage(r, block())
+        rig.publish(r, dev, block())
+        fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)  # the consumer (a VM)
+        journal = Journal(rig.top / "state")
+        (vid,) = {x.volume_id for x in journal.pods()}
+        volume, backend, node = _failing_reattach(rig)
+        for _ in range(2):
+            with pytest.raises(VolumeError):
+                attach_raw(node, backend, r, volume)
+        records = [x.target for x in journal.pods_of(vid)]
+        error = refused(lambda: rig.stage(fs, MOUNT))
+        ext4 = os.pread(fd, 2, 1080) == b"\x53\xef"
+        assert str(r) in records and error is not None and not ext4, (
+            f"after two failed re-stages of R: pod records of the volume {records}; volume "
+            f"record {journal.get_volume(vid)}; filesystem stage of the same storage: "
+            f"{'refused' if error else 'OK'}; the running consumer's device now holds ext4: "
+            f"{ext4}"
+        )
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        rig.stages.append(fs)
+        rig.cleanup()
+
+
+def test_a_refused_raw_stage_leaves_the_filesystem_stages_context(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """A staged with a filesystem on S. B's raw stage on S is refused (39e4801: 'a raw stage
+    on a mounted path is refused'), but NodeStageVolume wrote B's staged context over A's
+    first (access 'block', B's volume id) and keeps it since S is still mounted: A's
+    NodeExpandVolume (kubelet's resize of A) then answers NOT_FOUND, and A's stage is now
+    recorded as a raw stage of B."""
+    a, b = Rig(loopfile_plugin, "ctx-a"), Rig(loopfile_plugin, "ctx-b")
+    s = a.top / "stage-shared"
+    try:
+        a.stage(s, MOUNT)
+        b.stages.append(s)
+        error = refused(lambda: b.stage(s, block()))
+        assert error is not None
+        entries = [
+            (str(p), v[-16:], acc) for p, v, acc in StagedContexts(a.top / "state").entries()
+        ]
+        expand = refused(
+            lambda: a.node.NodeExpandVolume(
+                pb.NodeExpandVolumeRequest(
+                    volume_id=a.volume.volume_id,
+                    volume_path=str(s),
+                    staging_target_path=str(s),
+                    capacity_range=pb.CapacityRange(required_bytes=96 * MiB),
+                    volume_capability=MOUNT,
+                )
+            )
+        )
+        assert expand is None or expand.code() != grpc.StatusCode.NOT_FOUND, (
+            f"after B's refused raw stage on A's staging path: staged contexts {entries}; "
+            f"A's NodeExpandVolume: {expand.code()} {expand.details()}"
+        )
+    finally:
+        a.cleanup()
+        b.cleanup()
+        for line in reversed(Path("/proc/self/mountinfo").read_text().splitlines()):
+            point = line.split()[4]
+            if point.startswith(f"{a.top}/"):
+                subprocess.run(["umount", point], check=False)
+        for name in loops_backed_under(a.top):
+            subprocess.run(["losetup", "--detach", f"/dev/{name}"], check=False)
