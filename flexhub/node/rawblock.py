@@ -111,24 +111,25 @@ def attach_raw(node: Node, backend: BlockBackend, target: Path, volume: Volume) 
                 f"{volume_id} raw there"
             )
         known = node.journal.get_volume(volume_id)
-        if (
-            record is not None
-            and record.volume_id == volume_id
-            and known is not None
-            and not known.pending
-            and _is_block_device(known.device)
-            # only a device proven to be the attachment still: after a reboot, or the
-            # device's loss, its name may map nothing, or another volume
-            and backend.still_attached(Attachment(known.device, dict(known.details))) is True
-        ):
+        # Whether the journalled device still is the attachment (after a reboot, or the
+        # device's loss, its name may map nothing, or another volume): None, cannot tell.
+        proven: bool | None = None
+        if known is not None and not known.pending:
+            proven = _is_block_device(known.device) and backend.still_attached(
+                Attachment(known.device, dict(known.details))
+            )
+        if record is not None and record.volume_id == volume_id and proven is True:
+            assert known is not None
             _check_access(backend, volume, volume_id, known)
             if not is_raw(record):  # journalled before pod records said raw (an upgrade)
                 node.journal.put_pod(record.replace(details=RAW_DETAILS))
             LOG.info("%s is already attached raw (%s): nothing to do", volume_id, known.device)
             return known.device
-        # Attached before this call (for this consumer, or another), maybe still in use: a
-        # failure here never releases it (the attach is idempotent: a retry converges).
-        kept = known is not None and not known.pending
+        # Attached before this call and maybe still in use (for this consumer, or another):
+        # a failure here never releases it, the journal is put back (the attach is
+        # idempotent: a retry converges). A device proven gone is not kept: a failure
+        # releases what this call attached, as on a first attach.
+        kept = known is not None and not known.pending and proven is not False
         if kept:
             assert known is not None
             _check_access(backend, volume, volume_id, known)

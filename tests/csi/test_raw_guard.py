@@ -883,3 +883,46 @@ def test_a_refused_raw_stage_leaves_the_filesystem_stages_context(
                 subprocess.run(["umount", point], check=False)
         for name in loops_backed_under(a.top):
             subprocess.run(["losetup", "--detach", f"/dev/{name}"], check=False)
+
+
+def test_a_failed_reattach_after_a_reboot_leaves_no_new_device_behind(
+    loopfile_plugin: LoopfilePlugin,
+) -> None:
+    """R staged raw; the node reboots (its loop device unbound); kubelet stages R again, and
+    the attach makes a new loop device, then the call fails. The old device is proven gone,
+    so nothing of the call's is kept: the new device is released with it (putting back the
+    record of the old, stale one would leave the new one attached, and the release then
+    leaves alone a device that is not the attachment's)."""
+    from flexhub.node.rawblock import attach_raw
+
+    rig = Rig(loopfile_plugin, "reboot-fails")
+    r = rig.top / "stage-r"
+    try:
+        rig.stage(r, block())
+        journal = Journal(rig.top / "state")
+        (vid,) = {x.volume_id for x in journal.pods()}
+        subprocess.run(["losetup", "--detach", journal.get_volume(vid).device], check=True)
+        assert loops_backed_under(rig.top) == []
+        _, backend, node = _node(rig)
+        from flexhub.csi.volumes import flexhub_volume
+
+        volume, _, _ = flexhub_volume(rig.volume.volume_context, block(), {}, node.config)
+        real = backend.attach
+
+        def attaches_then_fails(v: Any) -> Any:
+            real(v)
+            assert loops_backed_under(rig.top), "the attach made no device"
+            raise VolumeError("failed after the attach made its device")
+
+        backend.attach = attaches_then_fails
+        with pytest.raises(VolumeError):
+            attach_raw(node, backend, r, volume)  # kubelet's re-stage after the reboot
+        left = loops_backed_under(rig.top)
+        assert left == [], (
+            f"after the failed re-stage: loop devices {left}; volume record "
+            f"{journal.get_volume(vid)}; pod records {[x.target for x in journal.pods()]}"
+        )
+        rig.stage(r, block())  # kubelet's retry converges
+        assert len(loops_backed_under(rig.top)) == 1
+    finally:
+        rig.cleanup()
