@@ -26,6 +26,7 @@ from tests.csi.sanity import (
     start_plugin,
     stop_plugin,
 )
+from tests.csi.test_block import read
 from tests.csi.test_crash import BLOCK, Calls
 
 pytestmark = [needs_root, pytest.mark.root]
@@ -45,14 +46,6 @@ MOUNT = pb.VolumeCapability(
     mount=pb.VolumeCapability.MountVolume(fs_type="ext4"),
     access_mode=pb.VolumeCapability.AccessMode(mode=Mode.SINGLE_NODE_WRITER),
 )
-
-
-def read(path: Path, size: int, offset: int = 0) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.pread(fd, size, offset)
-    finally:
-        os.close(fd)
 
 
 class Rig:
@@ -490,6 +483,16 @@ def test_another_volumes_stage_on_the_raw_path_keeps_the_raw_guard(
         a.cleanup()
 
 
+def _sweep(top: Path) -> None:
+    """Unmount and detach what a failing test leaves under ``top`` (only this test's own)."""
+    for line in reversed(Path("/proc/self/mountinfo").read_text().splitlines()):
+        point = line.split()[4]
+        if point.startswith(f"{top}/"):
+            subprocess.run(["umount", point], check=False)
+    for name in loops_backed_under(top):
+        subprocess.run(["losetup", "--detach", f"/dev/{name}"], check=False)
+
+
 def _umount(path: Path) -> None:
     subprocess.run(["umount", str(path)], check=False)
 
@@ -615,13 +618,7 @@ def test_a_raw_stage_on_another_volumes_filesystem_stage_path_is_refused(
     finally:
         a.cleanup()
         b.cleanup()
-        # what the finding leaks (A's staging mount and device): only this test's own
-        for line in reversed(Path("/proc/self/mountinfo").read_text().splitlines()):
-            point = line.split()[4]
-            if point.startswith(f"{a.top}/"):
-                subprocess.run(["umount", point], check=False)
-        for name in loops_backed_under(a.top):
-            subprocess.run(["losetup", "--detach", f"/dev/{name}"], check=False)
+        _sweep(a.top)
 
 
 @pytest.mark.parametrize(
@@ -877,12 +874,7 @@ def test_a_refused_raw_stage_leaves_the_filesystem_stages_context(
     finally:
         a.cleanup()
         b.cleanup()
-        for line in reversed(Path("/proc/self/mountinfo").read_text().splitlines()):
-            point = line.split()[4]
-            if point.startswith(f"{a.top}/"):
-                subprocess.run(["umount", point], check=False)
-        for name in loops_backed_under(a.top):
-            subprocess.run(["losetup", "--detach", f"/dev/{name}"], check=False)
+        _sweep(a.top)
 
 
 def test_a_failed_reattach_after_a_reboot_leaves_no_new_device_behind(
