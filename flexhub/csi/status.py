@@ -45,6 +45,7 @@ from flexhub.errors import (
     one_line,
     redact,
 )
+from flexhub.volume import has_control_character
 
 __all__ = ["CsiError", "InFlight", "code_of", "control_character_in", "rpc"]
 
@@ -118,13 +119,6 @@ _NAMING_FIELDS = frozenset(
 )  # fmt: skip
 
 
-def _is_control(char: str) -> bool:
-    """C0, DEL, C1 (U+0085 ends a line, U+009B starts a terminal escape) and the Unicode
-    line and paragraph separators (``str.splitlines`` and many log viewers break on them)."""
-    code = ord(char)
-    return code < 0x20 or 0x7F <= code <= 0x9F or code in (0x2028, 0x2029)
-
-
 def control_character_in(message: Any) -> str:
     """The first naming field of ``message`` (or of a message it holds, such as a
     ``volume_content_source``) whose text holds a control character, or ``""``."""
@@ -134,9 +128,7 @@ def control_character_in(message: Any) -> str:
             if found:
                 return f"{field.name}.{found}"
         elif (
-            field.name in _NAMING_FIELDS
-            and isinstance(value, str)
-            and any(_is_control(c) for c in value)
+            field.name in _NAMING_FIELDS and isinstance(value, str) and has_control_character(value)
         ):
             return str(field.name)
     return ""
