@@ -52,10 +52,18 @@ def csi(
     kubeconfig: Annotated[
         Path | None,
         typer.Option(
-            help="kubeconfig of the health Events (default: the pod's service account; "
-            "neither: no Events)"
+            help="kubeconfig of the health Events and of the converted volumes' records "
+            "(default: the pod's service account; neither: no Events, and no converted volume "
+            "is reclaimed)"
         ),
     ] = None,
+    namespace: Annotated[
+        str,
+        typer.Option(
+            help="flexhub's namespace, where flexhub convert leaves the records of converted "
+            "volumes (default: $POD_NAMESPACE, else the service account's, else flexhub-system)"
+        ),
+    ] = "",
 ) -> int:
     """Serve CSI for every installed backend (logs to stderr; runs until SIGTERM)."""
     import logging
@@ -88,6 +96,7 @@ def csi(
         health_port=health_port,
         health_interval=health_interval,
         kubeconfig=kubeconfig,
+        namespace=namespace,
     )
 
 

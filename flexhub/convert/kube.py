@@ -52,6 +52,17 @@ class Kube:
     def config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(self.core.read_namespaced_config_map, name, namespace)
 
+    def sealing_key(self, namespace: str) -> bytes | None:
+        """The FlexVolume provisioner's sealing key in ``namespace`` (``None``: none there,
+        or no usable one)."""
+        from flexhub.errors import FlexhubError
+        from flexhub.provisioner.seal import load_key
+
+        try:
+            return load_key(self.core, namespace, create=False)
+        except FlexhubError:
+            return None
+
     def namespace_exists(self, namespace: str) -> bool:
         return self._get(self.core.read_namespace, namespace) is not None
 

@@ -15,10 +15,12 @@ A FlexVolume PV of driver ``k8s/flexhub`` and its bound claim become a CSI PV of
 * capacity, access modes, volume mode, node affinity, labels and annotations are kept (less
   what the binder and kubectl own); ``pv.kubernetes.io/provisioned-by`` and the claim's
   ``volume.kubernetes.io/storage-provisioner`` name the CSI driver when they were set.
-* the reclaim policy is ``Retain``: the CSI controller holds no record of a converted volume,
-  so its ``DeleteVolume`` would answer success without removing the storage (a silent leak);
-  the original policy is kept in :data:`ANN_RECLAIM_POLICY` (and the FlexVolume reclaim
-  record stays in ``flexhub/reclaim``).
+* the reclaim policy is ``Retain`` when written: the CSI controller reclaims only volumes it
+  holds a record of, and a converted volume has one only once convert wrote it
+  (:mod:`flexhub.convert.adopt`: a PV the FlexVolume provisioner reclaimed gets its ``Delete``
+  back after that, and its ``pv.kubernetes.io/provisioned-by`` names the CSI driver; any other
+  keeps ``Retain``). The original policy is kept in :data:`ANN_RECLAIM_POLICY`, the FlexVolume
+  reclaim record in ``flexhub/reclaim``.
 
 Rollback writes the saved objects back (:func:`flex_pv`, :func:`flex_claim`): the same
 objects less what the API server owns.

@@ -7,8 +7,11 @@ what a rerun and ``--rollback`` work from once the original objects are gone.
 
 Convert: check → save → old PV Retain (and without the FlexVolume provisioner's finalizer) →
 refuse while a pod uses the claim → delete the old claim → delete the old PV → create the new
-claim (``volumeName`` set) → create the CSI PV pre-bound to the new claim's uid → wait bound →
-mark the copy done. Rollback is the same walk back to the saved objects, then drops the copy.
+claim (``volumeName`` set) → write the CSI controller's record of the volume (a reclaimed PV
+only, :mod:`flexhub.convert.adopt`) → create the CSI PV pre-bound to the new claim's uid (still
+``Retain``) → wait bound → give it back ``Delete`` (a reclaimed PV only) → mark the copy done.
+Rollback is the same walk back to the saved objects (the CSI PV ``Retain`` first), then drops
+the record and the copy.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from flexhub.convert import plan
+from flexhub.convert import adopt, plan
 from flexhub.convert.kube import Kube
 from flexhub.errors import ConvertError
 
@@ -181,6 +184,7 @@ def convert_claim(
                 f"backup namespace {bns} not found (pass --backup-namespace: the namespace "
                 "flexhub is installed in)"
             )
+        _check_reclaim(kube, pv, pvc, bns)
         body = _backup_body(pv, pvc, "saved")
         if settings.dry_run:
             written.append(body)
@@ -195,7 +199,22 @@ def convert_claim(
             say(f"claim {ns}/{name}: converted already")
             return []
         validate_options(pv["spec"]["flexVolume"].get("options") or {})
+        _check_reclaim(kube, pv, pvc, bns)
     return written + _forward(kube, pv, pvc, settings, say)
+
+
+def _check_reclaim(kube: Kube, pv: Mapping[str, Any], pvc: Mapping[str, Any], bns: str) -> None:
+    """A PV reclaimed on delete: its seal holds, and its record makes a CSI record."""
+    if adopt.reclaimed(pv):
+        adopt.check_sealed(pv, kube.sealing_key(bns))
+        adopt.record_body(pv, pvc, plan.volume_handle(pv, pvc))
+
+
+def _csi_pv(pv: Mapping[str, Any], pvc: Mapping[str, Any], claim_uid: str, sc: str) -> Any:
+    body = plan.csi_pv(pv, pvc, claim_uid, sc)
+    if adopt.reclaimed(pv):
+        adopt.adopt_into(body, pv)
+    return body
 
 
 def _forward(
@@ -205,9 +224,11 @@ def _forward(
     volume = pv["metadata"]["name"]
     old_claim, old_pv = _uid(pvc), _uid(pv)
     handle = plan.volume_handle(pv, pvc)
+    reclaimed = adopt.reclaimed(pv)
     if settings.dry_run:
         new = plan.csi_claim(pvc, pv, settings.storage_class)
-        return [new, plan.csi_pv(pv, pvc, NEW_UID, new["spec"].get("storageClassName", ""))]
+        record = [adopt.record_body(pv, pvc, handle)] if reclaimed else []
+        return [new, *record, _csi_pv(pv, pvc, NEW_UID, new["spec"].get("storageClassName", ""))]
     now = kube.pv(volume)
     if now is not None and _uid(now) == old_pv:
         finalizers = now["metadata"].get("finalizers") or []
@@ -247,17 +268,30 @@ def _forward(
             "convert again"
         )
     _killed_after("claim-created")
+    if reclaimed:  # before the PV, and checked on every run: Delete without it would leak
+        _write_record(kube, settings.backup_namespace, pv, pvc, say)
+        _killed_after("record-written")
     now = kube.pv(volume)
     if now is None:
         sc = str((claim.get("spec") or {}).get("storageClassName") or "")
-        now = kube.create_pv(plan.csi_pv(pv, pvc, _uid(claim), sc))
+        now = kube.create_pv(_csi_pv(pv, pvc, _uid(claim), sc))
         say(f"PV {volume}: created on CSI driver {plan.CSI_DRIVER}, volumeHandle {handle}")
     if ((now.get("spec") or {}).get("csi") or {}).get("volumeHandle") != handle:
         raise ConvertError(f"PV {volume} was made again meanwhile (not by flexhub convert)")
     _killed_after("pv-created")
     _wait_bound(kube, ns, name, volume, settings)
+    policy = "Retain"
+    if reclaimed:
+        policy = "Delete"
+        now = kube.pv(volume)
+        if now is None or ((now.get("spec") or {}).get("csi") or {}).get("volumeHandle") != handle:
+            raise ConvertError(f"PV {volume} was made again meanwhile (not by flexhub convert)")
+        if now["spec"].get("persistentVolumeReclaimPolicy") != policy:
+            kube.set_pv(now, policy)
+            say(f"PV {volume}: reclaim policy Delete again (the CSI driver reclaims its storage)")
+        _killed_after("policy-restored")
     kube.patch_config_map(settings.backup_namespace, plan.backup_name(ns, name), {"step": "done"})
-    say(f"claim {ns}/{name}: converted (PV {volume} bound, reclaim policy Retain)")
+    say(f"claim {ns}/{name}: converted (PV {volume} bound, reclaim policy {policy})")
     return []
 
 
@@ -271,6 +305,23 @@ def _check_restored(claim: Mapping[str, Any], ns: str, name: str, volume: str,
         )
     if (claim.get("spec") or {}).get("volumeName") not in ("", None, volume):
         raise ConvertError(f"claim {ns}/{name} names another PV than {volume}: not restored")
+
+
+def _write_record(kube: Kube, bns: str, pv: Mapping[str, Any], pvc: Mapping[str, Any],
+                  say: Say) -> None:  # fmt: skip
+    """The CSI controller's record of the volume (:mod:`flexhub.convert.adopt`), written
+    when missing or not what the saved PV makes."""
+    handle = plan.volume_handle(pv, pvc)
+    body = adopt.record_body(pv, pvc, handle)
+    name = body["metadata"]["name"]
+    found = kube.config_map(bns, name)
+    if found is not None and found.get("data") == body["data"]:
+        return
+    found = kube.create_config_map(bns, body)
+    if found.get("data") != body["data"]:  # there, with other data: ours again
+        kube.patch_config_map(bns, name, body["data"])
+    say(f"PV {pv['metadata']['name']}: the CSI controller's record of {handle} written to "
+        f"ConfigMap {bns}/{name}")  # fmt: skip
 
 
 def _check_rollback(kube: Kube, ns: str, name: str, volume: str, old_claim: str,
@@ -326,6 +377,7 @@ def rollback_claim(
         policy = pv["spec"].get("persistentVolumeReclaimPolicy") or "Retain"
         kube.set_pv(now, policy, [*finalizers, *(f for f in restore if f not in finalizers)])
         say(f"PV {volume}: reclaim policy {policy} again")
+        _drop_record(kube, bns, handle)
         kube.delete_config_map(bns, backup_name)
         return []
     ours = original_pv or (
@@ -367,9 +419,18 @@ def rollback_claim(
         raise ConvertError(f"PV {volume} was made again meanwhile (not by flexhub convert)")
     _killed_after("rollback-pv-created")
     _wait_bound(kube, ns, name, volume, settings)
+    _drop_record(kube, bns, handle)
     kube.delete_config_map(bns, backup_name)
     say(f"claim {ns}/{name}: rolled back (FlexVolume PV {volume} bound)")
     return []
+
+
+def _drop_record(kube: Kube, bns: str, handle: str) -> None:
+    """Remove the CSI controller's record of ``handle`` (none is fine): the FlexVolume PV
+    is back, and the FlexVolume provisioner reclaims it."""
+    from flexhub.csi.records import adoption_name, uid_of_volume
+
+    kube.delete_config_map(bns, adoption_name(uid_of_volume(handle)))
 
 
 def claims_to_convert(kube: Kube, ns: str, settings: Settings, rollback: bool) -> list[str]:

@@ -8,7 +8,8 @@ the volume id (``<backend>:<uid>``) is stable and a retried create finds what th
 and calls the backend's ``provision``. ``DeleteVolume`` calls its ``reclaim`` with what
 ``provision`` returned (:mod:`flexhub.csi.records`). A volume kept on one node (loopfile,
 ``reclaim_on = "node"``) is made on the node the request's topology prefers (else this
-plugin's own node) and is reclaimed only by the plugin of that node.
+plugin's own node) and is reclaimed only by the plugin of that node. A volume ``flexhub
+convert`` moved from FlexVolume has its record in the API instead (:mod:`flexhub.csi.adopted`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from google.protobuf.wrappers_pb2 import Int64Value
 
 from flexhub.config import NodeConfig
 from flexhub.csi import TOPOLOGY_NODE_KEY
+from flexhub.csi.adopted import Adoptions
 from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
 from flexhub.csi.records import UID, VolumeRecord, VolumeRecords, uid_of_volume
 from flexhub.csi.snapshotrpcs import SnapshotRpcs
@@ -128,10 +130,14 @@ class _Source:
 class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
     """Controller RPCs for every backend that provisions (mixes in ``Provisioning``)."""
 
-    def __init__(self, config: NodeConfig, node_id: str) -> None:
+    def __init__(
+        self, config: NodeConfig, node_id: str, adoptions: Adoptions | None = None
+    ) -> None:
         self.config = config
         self.node_id = node_id
         self.records = VolumeRecords(config.state_dir)
+        #: the records of converted volumes (``None``: no API client, none adopted)
+        self.adoptions = adoptions
         self.snapshots = SnapshotRecords(config.state_dir)
         self.intents = SnapshotIntents(config.state_dir)
         self.in_flight = InFlight()
@@ -153,6 +159,30 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
             if node:
                 return str(node)
         return self.node_id
+
+    def _record(self, uid: str, volume_id: str) -> tuple[VolumeRecord | None, bool]:
+        """``(record of volume_id, whether it is a converted volume's)``: this controller's
+        own, else the one ``flexhub convert`` left (:mod:`flexhub.csi.adopted`), its options
+        checked against its backend's schema; ``(None, False)``: neither."""
+        record = self.records.get(uid) if uid else None
+        if record is not None:
+            return (record, False) if record.volume_id == volume_id else (None, False)
+        if self.adoptions is None:
+            return None, False
+        record = self.adoptions.get(volume_id)
+        if record is None:
+            return None, False
+        from flexhub.driver.loader import load_backend
+        from flexhub.driver.validation import validate_options
+
+        try:
+            validate_options(load_backend(record.backend, self.config), record.options)
+        except FlexhubError as exc:
+            raise CsiError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"volume {volume_id}: the converted volume's record is refused: {exc.message}",
+            ) from None
+        return record, True
 
     @rpc
     def ControllerGetCapabilities(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -379,8 +409,8 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
             LOG.info("%s was never made here: nothing to delete", request.volume_id[:200])
             return csi_pb2.DeleteVolumeResponse()
         with self.in_flight.hold(uid):
-            record = self.records.get(uid)
-            if record is None or record.volume_id != request.volume_id:
+            record, converted = self._record(uid, request.volume_id)
+            if record is None:
                 LOG.info("%s is gone already", request.volume_id)
                 return csi_pb2.DeleteVolumeResponse()
             backend = self._backend(record.backend)
@@ -396,7 +426,9 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
             if type(backend).snapshots:
                 self._forget_intents(record)
             self.records.delete(uid)
-            LOG.info("deleted %s", record.volume_id)
+            if self.adoptions is not None:  # a converted volume grown here has both
+                self.adoptions.forget(record.volume_id)
+            LOG.info("deleted %s%s", record.volume_id, " (converted)" if converted else "")
         return csi_pb2.DeleteVolumeResponse()
 
     @rpc
@@ -406,8 +438,8 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
         if not request.volume_capabilities:
             raise invalid("volume_capabilities is required")
         uid = uid_of_volume(request.volume_id)
-        record = self.records.get(uid) if uid else None
-        if record is None or record.volume_id != request.volume_id:
+        record, _ = self._record(uid, request.volume_id)
+        if record is None:
             raise CsiError(grpc.StatusCode.NOT_FOUND, f"no volume {request.volume_id[:200]!r}")
         try:
             cls = type(self._backend(record.backend))
@@ -455,8 +487,8 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
             raise invalid("capacity_range: the new size is required")
         uid = uid_of_volume(request.volume_id)
         with self.in_flight.hold(uid or request.volume_id):
-            record = self.records.get(uid) if uid else None
-            if record is None or record.volume_id != request.volume_id:
+            record, _ = self._record(uid, request.volume_id)
+            if record is None:
                 raise CsiError(grpc.StatusCode.NOT_FOUND, f"no volume {request.volume_id!r}")
             backend = self._backend(record.backend)
             from flexhub.backend import BlockBackend

@@ -40,7 +40,6 @@ imported here only, and only when the watcher starts.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -62,7 +61,6 @@ REPEAT = 600.0
 API_TIMEOUT = 10
 #: The longest Event message written.
 MESSAGE_LIMIT = 1024
-_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 
 class _Node(Protocol):
@@ -179,25 +177,9 @@ class HealthWatcher:
 def events_api(kubeconfig: Path | None) -> Any:
     """A ``CoreV1Api`` from ``kubeconfig``, else the pod's service account; ``None`` (and one
     line logged, never the file's content) when there is neither or it cannot be loaded."""
-    if kubeconfig is None and not (os.environ.get("KUBERNETES_SERVICE_HOST") and _TOKEN.is_file()):
-        LOG.warning(
-            "health events off: no service account token and no --kubeconfig "
-            "(NodeGetVolumeHealth still answers)"
-        )
-        return None
-    try:
-        from kubernetes import client, config
+    from flexhub.csi.kubeapi import core_api
 
-        configuration = client.Configuration()
-        if kubeconfig is not None:
-            config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-        else:
-            config.load_incluster_config(client_configuration=configuration)
-    except Exception as exc:  # the message may quote the file: its type alone
-        where = f"--kubeconfig {kubeconfig}" if kubeconfig else "the service account"
-        LOG.warning("health events off: cannot load %s (%s)", where, type(exc).__name__)
-        return None
-    return client.CoreV1Api(client.ApiClient(configuration))
+    return core_api(kubeconfig, "health events off")
 
 
 def start(node: _Node, node_id: str, interval: float, kubeconfig: Path | None) -> Any:

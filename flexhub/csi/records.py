@@ -25,11 +25,15 @@ from flexhub.errors import StateError
 from flexhub.node.frozen import Frozen
 
 __all__ = [
+    "ADOPTION_LABELS",
+    "ADOPTION_RECORD_KEY",
     "UID",
     "StagedContexts",
     "UidRecords",
     "VolumeRecord",
     "VolumeRecords",
+    "adoption_name",
+    "record_of",
     "remove_record",
     "uid_of_volume",
 ]
@@ -37,6 +41,21 @@ __all__ = [
 _R = TypeVar("_R")
 #: A volume or snapshot uid (uuid5 of its CreateVolume or CreateSnapshot name).
 UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+#: The ConfigMap key of a converted volume's record, and the labels ``flexhub convert`` puts
+#: on it (:mod:`flexhub.csi.adopted`, :mod:`flexhub.convert.adopt`).
+ADOPTION_RECORD_KEY = "record.json"
+ADOPTION_LABELS = {
+    "app.kubernetes.io/managed-by": "flexhub-convert",
+    "app.kubernetes.io/component": "volume-record",
+}
+
+
+def adoption_name(uid: str) -> str:
+    """The ConfigMap, in flexhub's namespace, holding the record of the converted volume
+    ``<backend>:<uid>``."""
+    return f"flexhub-volume-{uid}"
 
 
 def uid_of_volume(volume_id: str) -> str:
@@ -116,6 +135,15 @@ class VolumeRecord(Frozen):
         return {**self.reclaim, "size": str(self.size)}
 
 
+def record_of(data: Mapping[str, Any]) -> VolumeRecord:
+    """The :class:`VolumeRecord` of a record's JSON object (``source`` may be missing).
+
+    :raises KeyError: a field is missing.
+    """
+    fields = {k: data[k] for k in VolumeRecord.__slots__ if k != "source"}
+    return VolumeRecord(**fields, source=data.get("source"))
+
+
 class UidRecords(Generic[_R]):
     """JSON records named by a uid in one private directory (:attr:`kind` names them in
     errors; :meth:`_decode` makes a record of a file's object)."""
@@ -165,8 +193,7 @@ class VolumeRecords(UidRecords[VolumeRecord]):
         super().__init__(state_dir / "csi" / "volumes")
 
     def _decode(self, data: dict[str, Any]) -> VolumeRecord:
-        fields = {k: data[k] for k in VolumeRecord.__slots__ if k != "source"}
-        return VolumeRecord(**fields, source=data.get("source"))
+        return record_of(data)
 
     def put(self, uid: str, record: VolumeRecord) -> None:
         self._put(uid, record.to_json())

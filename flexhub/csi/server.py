@@ -23,6 +23,8 @@ LOG = logging.getLogger(__name__)
 MODES = ("controller", "node", "both")
 #: Calls served at once (the node's locks and :class:`~flexhub.csi.status.InFlight` order them).
 WORKERS = 8
+#: flexhub's namespace when neither --namespace nor the pod's service account names one.
+DEFAULT_NAMESPACE = "flexhub-system"
 
 
 def socket_path(endpoint: str) -> Path:
@@ -39,10 +41,16 @@ def socket_path(endpoint: str) -> Path:
 
 
 def build_server(
-    config: NodeConfig, endpoint: str, mode: str, node_id: str, node_service: Any = None
+    config: NodeConfig,
+    endpoint: str,
+    mode: str,
+    node_id: str,
+    node_service: Any = None,
+    adoptions: Any = None,
 ) -> Any:
     """A started gRPC server serving ``mode``'s services on ``endpoint`` (the Node service
-    ``node_service`` when given, else a new one)."""
+    ``node_service`` when given, else a new one; the controller reads converted volumes'
+    records through ``adoptions``, :class:`flexhub.csi.adopted.Adoptions`, when given)."""
     from flexhub.csi.identity import IdentityService
     from flexhub.csi.proto import csi_pb2_grpc
 
@@ -59,7 +67,8 @@ def build_server(
     if controller:
         from flexhub.csi.controller import ControllerService
 
-        csi_pb2_grpc.add_ControllerServicer_to_server(ControllerService(config, node_id), server)  # type: ignore[no-untyped-call]
+        service = ControllerService(config, node_id, adoptions)
+        csi_pb2_grpc.add_ControllerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     if mode in ("node", "both"):
         from flexhub.csi.node import NodeService
 
@@ -81,6 +90,7 @@ def serve(
     health_port: int = 0,
     health_interval: float = 0,
     kubeconfig: Path | None = None,
+    namespace: str = "",
 ) -> int:
     """Serve until SIGTERM or SIGINT, then stop (calls in flight get 10 s).
 
@@ -89,7 +99,8 @@ def serve(
     the ``endpoint``'s path); with ``health_port`` an HTTP ``/healthz``
     (:mod:`flexhub.csi.liveness`); with ``health_interval`` (node or both mode) the health
     watcher's Events (:mod:`flexhub.csi.healthevents`, API client from ``kubeconfig`` or the
-    pod's service account)."""
+    pod's service account). The controller (controller or both mode) reads the records of
+    converted volumes in ``namespace`` (default: the pod's) with the same client."""
     from flexhub.node.statedir import secure_state_dir
 
     if registration_dir is not None and mode not in ("node", "both"):
@@ -117,7 +128,15 @@ def serve(
 
         node = NodeService(config, node_id)
         node.upgrade_records()
-    server = build_server(config, endpoint, mode, node_id, node)
+    adoptions = None
+    if mode in ("controller", "both"):
+        from flexhub.csi.adopted import Adoptions
+        from flexhub.csi.kubeapi import core_api, own_namespace
+
+        core = core_api(kubeconfig, "converted volumes are not reclaimed")
+        if core is not None:
+            adoptions = Adoptions(core, namespace or own_namespace(DEFAULT_NAMESPACE))
+    server = build_server(config, endpoint, mode, node_id, node, adoptions)
     registrar = liveness = watcher = None
     try:
         if node is not None:

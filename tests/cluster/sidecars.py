@@ -123,14 +123,18 @@ def controller_config(cluster: Cluster) -> tuple[Path, Path, Path]:
     return config, top / "state", top / "loopfiles"
 
 
-def flexhub_controller(cluster: Cluster, config: Path, socket: Path) -> Process:
+def flexhub_controller(
+    cluster: Cluster, config: Path, socket: Path, kubeconfig: Path | None = None
+) -> Process:
     """``flexhub csi --mode controller`` on ``socket`` as the node ``flexhub-node``, returned
-    once it answers Probe."""
+    once it answers Probe; with ``kubeconfig`` (the chart's controller account, as the
+    chart's pod has its token) it reads converted volumes' records in flexhub's namespace."""
     if socket.exists():
         socket.unlink()
     argv = flexhub_argv("csi", "--mode", "controller",
             "--endpoint", f"unix://{socket}", "--node-id", NODE, "--config", str(config),
-            "--log-level", "debug")  # fmt: skip
+            "--log-level", "debug", "--namespace", NAMESPACE,
+            *(["--kubeconfig", str(kubeconfig)] if kubeconfig else []))  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = Process("flexhub-csi-controller", argv, cluster.logs / "flexhub-csi-controller.log",
                    env=env)  # fmt: skip
@@ -218,7 +222,7 @@ def start(cluster: Cluster, bin_dir: Path, controller: Path, on_node: bool = Fal
     socket.parent.mkdir(mode=0o700, exist_ok=True)
     csi = Csi(socket, config, state_dir, root, kubeconfigs, {}, accounts.audit_offset(cluster))
     try:
-        csi.processes["flexhub"] = flexhub_controller(cluster, config, socket)
+        csi.processes["flexhub"] = flexhub_controller(cluster, config, socket, controller)
         csi.processes["csi-provisioner"] = provisioner(cluster, bin_dir, socket, controller)
         csi.processes["csi-resizer"] = resizer(cluster, bin_dir, socket, controller)
         csi.processes["csi-snapshotter"] = snapshotter(cluster, bin_dir, socket, controller)

@@ -261,3 +261,28 @@ def test_the_csi_tokens_on_real_requests(cluster: Cluster, csi_apis: dict[str, A
         except ApiException as exc:
             refused[what] = exc.status
     assert refused == dict.fromkeys(refused, 403)
+
+
+def test_no_account_of_the_chart_may_write_a_configmap_in_its_namespace(
+    cluster: Cluster, accounts: Accounts, csi_apis: dict[str, Any]
+) -> None:
+    """The CSI controller trusts the records of converted volumes (ConfigMaps of flexhub's
+    namespace, flexhub/csi/adopted.py) because only administrators may write them there: no
+    account of the chart, FlexVolume's or CSI's, may create, update or patch one; the CSI
+    controller's may get and delete them, nothing else (no list, no other namespace)."""
+    apis = {
+        **csi_apis,
+        "node-agent": client_of(cluster, mint_token(cluster, "flexhub", 600)),
+        "provisioner": client_of(cluster, mint_token(cluster, "flexhub-provisioner", 600)),
+    }
+    found = {}
+    try:
+        for component, api in apis.items():
+            for verb in ("create", "update", "patch", "get", "delete", "list"):
+                for ns in (NAMESPACE, "default"):
+                    if allowed(api, "", "configmaps", verb, ns, "flexhub-volume-x"):
+                        found.setdefault(component, []).append(f"{verb} in {ns}")
+    finally:
+        for component in ("node-agent", "provisioner"):
+            apis[component].close()
+    assert found == {"csi-controller": [f"get in {NAMESPACE}", f"delete in {NAMESPACE}"]}

@@ -112,6 +112,8 @@ def test_the_chart_rbac_is_applied_and_each_token_is_its_account(
             "ClusterRoleBinding//flexhub-csi-controller-snapshotter",
             f"Role/{NAMESPACE}/flexhub-csi-controller-leader-election",
             f"RoleBinding/{NAMESPACE}/flexhub-csi-controller-leader-election",
+            f"Role/{NAMESPACE}/flexhub-csi-controller-converted-volumes",
+            f"RoleBinding/{NAMESPACE}/flexhub-csi-controller-converted-volumes",
             "CSIDriver//flexhub.csi.k8s.io",
         ]
     )

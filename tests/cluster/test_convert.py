@@ -1,10 +1,14 @@
 """``flexhub convert`` against the tier's real API server and controller-manager: a FlexVolume
-PV of flexhub (as its provisioner writes one: Delete, its finalizer and reclaim record) and
-its bound claim are moved onto the CSI driver and back, refused while a pod uses the claim,
-and a kill after every step followed by a rerun ends converted (or rolled back)."""
+PV of flexhub (as its provisioner writes one: Delete, its finalizer, reclaim record and seal)
+and its bound claim are moved onto the CSI driver (Delete again, with the CSI controller's
+record of it) and back, refused while a pod uses the claim, and a kill after every step
+followed by a rerun ends converted (or rolled back). End to end, a claim the real FlexVolume
+provisioner made is converted and then deleted: the CSI sidecars and flexhub's CSI controller
+reclaim its storage."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -17,12 +21,24 @@ import pytest
 import yaml
 from kubernetes.client.rest import ApiException
 
+from flexhub.convert.plan import backup_name
+from flexhub.csi.records import adoption_name
+from flexhub.provisioner.seal import ANN_SEAL, KEY_SECRET, Sealer
 from tests.cluster.cluster import Cluster
 from tests.cluster.kube import delete_pod, eventually, flex, loopfile, namespace, pod, run_pod
 
 pytestmark = [pytest.mark.cluster, pytest.mark.root]
 
 CLAIM = "data"
+#: The sealing key the tests' PVs are sealed with, in each test's namespace (the backup
+#: namespace the tests pass convert: where it looks for the provisioner's key).
+KEY = os.urandom(32)
+
+
+def _seal_key(cluster: Cluster, ns: str) -> None:
+    body = {"metadata": {"name": KEY_SECRET}, "data": {"key": base64.b64encode(KEY).decode()}}
+    with contextlib.suppress(ApiException):  # made for an earlier claim of the namespace
+        cluster.core.create_namespaced_secret(ns, body)
 
 
 def _flexhub(
@@ -50,29 +66,30 @@ def _pair(
         options = loopfile(f"conv-{ns}.img", mountOptions="noatime")
     record = {"backend": "loopfile", "node": "flexhub-node", "onDelete": "delete",
               "reclaimOn": "node", "size": str(64 << 20)}  # fmt: skip
-    cluster.core.create_persistent_volume(
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {
-                "name": name,
-                "labels": {"team": "a"},
-                "annotations": {
-                    "pv.kubernetes.io/provisioned-by": "flexhub",
-                    "flexhub/reclaim": json.dumps(record, sort_keys=True),
-                },
-                "finalizers": ["flexhub/reclaim"],
+    _seal_key(cluster, ns)
+    body = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {
+            "name": name,
+            "labels": {"team": "a"},
+            "annotations": {
+                "pv.kubernetes.io/provisioned-by": "flexhub",
+                "flexhub/reclaim": json.dumps(record, sort_keys=True),
             },
-            "spec": {
-                "capacity": {"storage": "64Mi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Delete",
-                "storageClassName": "",
-                "claimRef": {"namespace": ns, "name": claim},
-                "flexVolume": flex(options, fs_type="ext4"),
-            },
-        }
-    )
+            "finalizers": ["flexhub/reclaim"],
+        },
+        "spec": {
+            "capacity": {"storage": "64Mi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": "",
+            "claimRef": {"namespace": ns, "name": claim},
+            "flexVolume": flex(options, fs_type="ext4"),
+        },
+    }
+    body["metadata"]["annotations"][ANN_SEAL] = Sealer(KEY).seal(body)
+    cluster.core.create_persistent_volume(body)
     cluster.core.create_namespaced_persistent_volume_claim(
         ns,
         {
@@ -139,7 +156,9 @@ def _assert_converted(cluster: Cluster, ns: str, old_claim: Any, old_pv: Any) ->
     assert pv.spec.mount_options == ["noatime"]
     assert pv.spec.capacity == old_pv.spec.capacity
     assert pv.spec.access_modes == old_pv.spec.access_modes
-    assert pv.spec.persistent_volume_reclaim_policy == "Retain"
+    assert pv.spec.persistent_volume_reclaim_policy == "Delete"  # its record written first
+    record = cluster.core.read_namespaced_config_map(adoption_name(old_claim.metadata.uid), ns)
+    assert json.loads(record.data["record.json"])["volume_id"] == csi.volume_handle
     assert pv.spec.claim_ref.uid == claim.metadata.uid
     assert pv.metadata.labels == {"team": "a"}
     assert pv.metadata.annotations["pv.kubernetes.io/provisioned-by"] == "flexhub.csi.k8s.io"
@@ -163,6 +182,8 @@ def _assert_rolled_back(cluster: Cluster, ns: str, old_claim: Any, old_pv: Any) 
     assert pv.metadata.annotations["pv.kubernetes.io/provisioned-by"] == "flexhub"
     assert claim.metadata.labels == {"app": "db"}
     assert _backups(cluster, ns) == []
+    names = [c.metadata.name for c in cluster.core.list_namespaced_config_map(ns).items]
+    assert adoption_name(old_claim.metadata.uid) not in names, "the CSI record stays"
 
 
 def _cleanup(cluster: Cluster, ns: str, pv: str, claim: str = CLAIM) -> None:
@@ -187,8 +208,11 @@ def test_dry_run_writes_nothing_and_prints_the_objects(cluster: Cluster) -> None
         assert done.returncode == 0, done.stderr
         docs = list(yaml.safe_load_all(done.stdout))
         kinds = [d["kind"] for d in docs]
-        assert kinds == ["ConfigMap", "PersistentVolumeClaim", "PersistentVolume"], kinds
-        assert docs[2]["spec"]["csi"]["volumeHandle"] == f"loopfile:{claim.metadata.uid}"
+        assert kinds == ["ConfigMap", "PersistentVolumeClaim", "ConfigMap", "PersistentVolume"], (
+            kinds
+        )
+        assert docs[2]["metadata"]["name"] == adoption_name(claim.metadata.uid)
+        assert docs[3]["spec"]["csi"]["volumeHandle"] == f"loopfile:{claim.metadata.uid}"
         assert docs[1]["spec"]["volumeName"] == pv.metadata.name
         assert _backups(cluster, ns) == []
         after = cluster.core.read_persistent_volume(pv.metadata.name)
@@ -259,7 +283,17 @@ def test_bad_input_is_one_line_and_changes_nothing(cluster: Cluster) -> None:
 
 
 @pytest.mark.parametrize(
-    "step", ["saved", "retained", "claim-deleted", "pv-deleted", "claim-created", "pv-created"]
+    "step",
+    [
+        "saved",
+        "retained",
+        "claim-deleted",
+        "pv-deleted",
+        "claim-created",
+        "record-written",
+        "pv-created",
+        "policy-restored",
+    ],
 )
 def test_a_kill_after_a_step_and_a_rerun_ends_converted(cluster: Cluster, step: str) -> None:
     ns = namespace(cluster, "conv")
@@ -428,3 +462,64 @@ def test_a_converted_claim_keeps_its_data_under_csi(cluster: Cluster) -> None:
             if created:
                 cluster.storage.delete_csi_driver(csi_node.DRIVER)
             _cleanup(cluster, ns, pv.metadata.name)
+
+
+def test_a_provisioned_claim_converted_is_reclaimed_by_the_csi_driver(
+    cluster: Cluster, accounts: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The reclaim policy across the move, end to end: the real FlexVolume provisioner makes a
+    loopfile claim (Delete, sealed), a pod writes it through the FlexVolume driver and stops,
+    convert moves it (its record to flexhub's namespace, the CSI PV Delete again), and when
+    the claim is deleted the CSI sidecars and flexhub's CSI controller, with the chart's
+    account, reclaim it: the loop file goes, then the PV, then the record. Before convert
+    wrote the record (and the policy stayed Retain), the PV stayed Released and the file
+    stayed."""
+    from tests.cluster import sidecars
+    from tests.cluster.accounts import NAMESPACE
+    from tests.cluster.kube import claim_pod
+    from tests.cluster.processes import provisioner
+    from tests.cluster.test_provisioner import _claim, _class
+
+    ns = namespace(cluster, "conv")
+    _class(cluster, "conv-loop", {"backend": "loopfile", "fsType": "ext4"})
+    leader = provisioner(cluster, "provisioner-convert")
+    try:
+        uid = _claim(cluster, ns, CLAIM, "conv-loop").metadata.uid
+        run_pod(cluster, ns, claim_pod("writer", CLAIM), timeout=180)
+        delete_pod(cluster, ns, "writer")
+    finally:
+        leader.stop()
+    name = f"pvc-{uid}"
+    backing = cluster.loopfile_root / "namespaces" / ns / "provisioned" / f"{name}.img"
+    record = adoption_name(uid)
+    try:
+        assert backing.is_file()
+        done = _flexhub(cluster, CLAIM, "-n", ns, "--backup-namespace", NAMESPACE)
+        assert done.returncode == 0, done.stderr
+        assert f"ConfigMap {NAMESPACE}/{record}" in done.stdout
+        pv = cluster.core.read_persistent_volume(name)
+        assert pv.spec.csi.volume_handle == f"loopfile:{uid}"
+        assert pv.spec.persistent_volume_reclaim_policy == "Delete"
+        assert pv.metadata.annotations["pv.kubernetes.io/provisioned-by"] == sidecars.DRIVER
+        cluster.core.read_namespaced_config_map(record, NAMESPACE)
+        controller = accounts.kubeconfig("csi-controller")
+        with sidecars.running(cluster, controller, tmp_path_factory, on_node=True):
+            cluster.core.delete_namespaced_persistent_volume_claim(CLAIM, ns)
+
+            def gone() -> bool:
+                try:
+                    cluster.core.read_persistent_volume(name)
+                except ApiException as exc:
+                    return exc.status == 404
+                return False
+
+            eventually(f"PV {name} reclaimed by the CSI driver and gone", gone, timeout=120)
+            assert not backing.exists()
+            with pytest.raises(ApiException) as missing:
+                cluster.core.read_namespaced_config_map(record, NAMESPACE)
+            assert missing.value.status == 404
+    finally:
+        for cm in (record, backup_name(ns, CLAIM)):
+            with contextlib.suppress(ApiException):
+                cluster.core.delete_namespaced_config_map(cm, NAMESPACE)
+        _cleanup(cluster, ns, name)

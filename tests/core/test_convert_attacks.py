@@ -13,7 +13,19 @@ import pytest
 
 from flexhub.convert import plan, steps
 from flexhub.errors import ConvertError
+from flexhub.provisioner.seal import ANN_SEAL, Sealer
 from tests.core.test_convert_plan import CLAIM_UID, _provisioned
+
+#: The FlexVolume provisioner's sealing key in flexhub's namespace (FakeKube.sealing_key).
+KEY = b"k" * 32
+
+
+def _sealed() -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`_provisioned`, under the provisioner's seal (as it writes its PVs)."""
+    pv, pvc = _provisioned()
+    pv["metadata"]["annotations"][ANN_SEAL] = Sealer(KEY).seal(pv)
+    return pv, pvc
+
 
 _uids = (f"uid-{i}" for i in itertools.count())
 
@@ -27,6 +39,10 @@ class FakeKube:
         self.pvs: dict[str, dict[str, Any]] = {}
         self.cms: dict[tuple[str, str], dict[str, Any]] = {}
         self.log: list[str] = []
+        self.key: bytes | None = KEY
+
+    def sealing_key(self, ns: str) -> bytes | None:
+        return self.key
 
     def _bind(self) -> None:
         for c in self.claims.values():
@@ -68,14 +84,18 @@ class FakeKube:
         return copy.deepcopy(body)
 
     def create_config_map(self, ns: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.cms[(ns, body["metadata"]["name"])] = copy.deepcopy(body)
-        return copy.deepcopy(body)
+        key = (ns, body["metadata"]["name"])
+        if key not in self.cms:  # the real one: 409, then the one there is read
+            self.cms[key] = copy.deepcopy(body)
+            self.log.append(f"create configmap {body['metadata']['name']}")
+        return copy.deepcopy(self.cms[key])
 
     def patch_config_map(self, ns: str, name: str, data: dict[str, str]) -> None:
         self.cms[(ns, name)]["data"].update(data)
 
     def delete_config_map(self, ns: str, name: str) -> None:
-        self.cms.pop((ns, name), None)
+        if self.cms.pop((ns, name), None) is not None:
+            self.log.append(f"delete configmap {name}")
 
     def set_pv(self, pv: dict[str, Any], policy: str, finalizers: list[str] | None = None) -> None:
         now = self.pvs[pv["metadata"]["name"]]
@@ -109,7 +129,7 @@ S = steps.Settings(backup_namespace="flexhub-system", timeout=1)
 def converted(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeKube, dict[str, Any]]:
     monkeypatch.setattr(steps, "validate_options", lambda options: None)
     kube = FakeKube()
-    pv, pvc = _provisioned()
+    pv, pvc = _sealed()
     kube.pvs[pv["metadata"]["name"]] = pv
     kube.claims[("team", "data")] = pvc
     steps.run(kube, "team", ["data"], S, False, lambda line: None)  # type: ignore[arg-type]
@@ -252,7 +272,7 @@ def test_a_rerun_refuses_a_forged_claim_that_names_another_pv(
     another PV. The rerun refuses before it writes the CSI PV (it pre-binds to that claim)."""
     monkeypatch.setattr(steps, "validate_options", lambda options: None)
     kube = FakeKube()
-    pv, pvc = _provisioned()
+    pv, pvc = _sealed()
     name = pv["metadata"]["name"]
     kube.pvs[name] = pv
     kube.claims[("team", "data")] = pvc

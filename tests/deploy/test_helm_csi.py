@@ -107,6 +107,8 @@ CSI_OBJECTS = {
     "ClusterRoleBinding/flexhub-csi-controller-snapshotter",
     "Role/flexhub-csi-controller-leader-election",
     "RoleBinding/flexhub-csi-controller-leader-election",
+    "Role/flexhub-csi-controller-converted-volumes",
+    "RoleBinding/flexhub-csi-controller-converted-volumes",
     "ClusterRole/flexhub-csi-node-events",  # the node plugin's health Events
     "ClusterRoleBinding/flexhub-csi-node-events",
 }
@@ -392,13 +394,17 @@ def test_the_controller_runs_flexhub_with_the_pinned_sidecars_on_one_socket(helm
     assert state == {"path": "/var/lib/flexhub", "type": "DirectoryOrCreate"}
     # one pid space with the node's other writers of that state (pid-named temporaries)
     assert pod["hostPID"] is True
-    # the API token reaches the sidecars only, never the privileged flexhub container
+    # the API token is projected, read-only, into each container that calls the API: the
+    # sidecars and flexhub (the records of converted volumes, in the release's namespace;
+    # privileged with hostPID, flexhub could read the sidecars' token anyway)
     assert pod["automountServiceAccountToken"] is False
     token = "/var/run/secrets/kubernetes.io/serviceaccount"
-    assert token not in mounts(pod, "flexhub")
-    for name in ("csi-provisioner", "csi-resizer", "csi-snapshotter"):
+    for name in ("flexhub", "csi-provisioner", "csi-resizer", "csi-snapshotter"):
+        assert mounts(pod, name)[token]["readOnly"] is True, name
         projected = mounts(pod, name)[token]["volume"]["projected"]["sources"]
         assert projected[0]["serviceAccountToken"]["path"] == "token", name
+    args = flexhub["args"]
+    assert args[args.index("--namespace") + 1] == NS
     text = one(docs, "ConfigMap", "flexhub-node-config")["data"]["flexhub.toml"]
     assert 'state_dir = "/var/lib/flexhub"' in text
 

@@ -1,0 +1,229 @@
+"""flexhub convert and the reclaim policy (flexhub/convert/adopt.py), with the in-memory API of
+test_convert_attacks: a PV the FlexVolume provisioner reclaimed on delete gets its ``Delete``
+back under CSI, only after the CSI controller's record of it is written and the CSI PV is
+bound, and only when the provisioner's seal still covers it; any other stays ``Retain``. A
+kill after any step and a rerun ends the same; a rollback removes the record."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from flexhub.convert import adopt, plan, steps
+from flexhub.csi.adopted import check_record
+from flexhub.csi.records import adoption_name
+from flexhub.errors import ConvertError
+from flexhub.provisioner.seal import ANN_SEAL, Sealer
+from tests.core.test_convert_attacks import KEY, FakeKube, _Killed, _sealed, _stop_after
+from tests.core.test_convert_plan import CLAIM_UID
+
+NAME = f"pvc-{CLAIM_UID}"
+HANDLE = f"loopfile:{CLAIM_UID}"
+RECORD = ("flexhub-system", adoption_name(CLAIM_UID))
+
+
+@pytest.fixture(autouse=True)
+def _no_schema(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(steps, "validate_options", lambda options: None)
+
+
+def _kube(pv: dict[str, Any], pvc: dict[str, Any]) -> FakeKube:
+    kube = FakeKube()
+    kube.pvs[pv["metadata"]["name"]] = pv
+    kube.claims[("team", "data")] = pvc
+    return kube
+
+
+def _run(kube: FakeKube, rollback: bool = False, dry_run: bool = False) -> list[dict[str, Any]]:
+    settings = steps.Settings(backup_namespace="flexhub-system", timeout=1, dry_run=dry_run)
+    return steps.run(kube, "team", ["data"], settings, rollback, lambda line: None)  # type: ignore[arg-type]
+
+
+def _reseal(pv: dict[str, Any]) -> None:
+    pv["metadata"]["annotations"][ANN_SEAL] = Sealer(KEY).seal(pv)
+
+
+def test_a_reclaimed_pv_gets_delete_back_after_its_record_and_its_binding() -> None:
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    _run(kube)
+    csi = kube.pvs[NAME]
+    assert csi["spec"]["persistentVolumeReclaimPolicy"] == "Delete"
+    assert csi["metadata"]["annotations"][plan.ANN_PROVISIONED_BY] == plan.CSI_DRIVER
+    # the record first, the PV made Retain, Delete only at the end
+    assert kube.log.index(f"create configmap {RECORD[1]}") < kube.log.index(f"create pv {NAME}")
+    assert kube.log[-1] == f"set pv {NAME} Delete"
+    record = check_record(json.loads(kube.cms[RECORD]["data"]["record.json"]), HANDLE)
+    assert record.options == pv["spec"]["flexVolume"]["options"]
+    assert record.node == "n1" and record.namespace == "team"
+    assert record.reclaim == {"onDelete": "delete"} | {
+        "claimUid": CLAIM_UID
+    }  # the backend's own keys, the claim's uid from the PV's name
+    assert record.size == 320 << 20 and record.fs_type == "xfs"
+    assert kube.cms[("flexhub-system", plan.backup_name("team", "data"))]["data"]["step"] == "done"
+
+
+def test_the_class_secret_becomes_the_deletion_and_expansion_secret() -> None:
+    pv, pvc = _sealed()
+    record = json.loads(pv["metadata"]["annotations"]["flexhub/reclaim"])
+    record["classSecret"] = "storage/iscsi-host"
+    pv["metadata"]["annotations"]["flexhub/reclaim"] = json.dumps(record)
+    _reseal(pv)
+    kube = _kube(pv, pvc)
+    _run(kube)
+    csi = kube.pvs[NAME]
+    annotations = csi["metadata"]["annotations"]
+    assert annotations[adopt.ANN_DELETION_SECRET_NAMESPACE] == "storage"
+    assert annotations[adopt.ANN_DELETION_SECRET_NAME] == "iscsi-host"
+    assert csi["spec"]["csi"]["controllerExpandSecretRef"] == {
+        "namespace": "storage",
+        "name": "iscsi-host",
+    }
+    stored = json.loads(kube.cms[RECORD]["data"]["record.json"])
+    assert "classSecret" not in stored["reclaim"]
+
+
+@pytest.mark.parametrize("edit", ["options", "record", "unsealed", "no-key", "other-key"])
+def test_a_reclaimed_pv_not_under_the_seal_is_refused_and_nothing_changes(edit: str) -> None:
+    """Whoever may edit PVs (every node agent's token) pointed the PV at another claim's
+    file: written as a CSI record, the CSI controller would remove that file with its own
+    rights. Refused before anything is written, as the provisioner itself refuses it."""
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    if edit == "options":
+        pv["spec"]["flexVolume"]["options"]["file"] = "provisioned/pvc-other.img"
+    elif edit == "record":
+        pv["metadata"]["annotations"]["flexhub/reclaim"] = json.dumps(
+            {"backend": "loopfile", "node": "n1", "onDelete": "delete", "namespace": "other"}
+        )
+    elif edit == "unsealed":
+        del pv["metadata"]["annotations"][ANN_SEAL]
+    elif edit == "no-key":
+        kube.key = None
+    else:
+        kube.key = b"x" * 32
+    before = copy.deepcopy((kube.pvs, kube.claims))
+    with pytest.raises(ConvertError, match="PV pvc-") as refused:
+        _run(kube)
+    assert "\n" not in str(refused.value)
+    assert "provisioner-seal" in str(refused.value)
+    assert (kube.pvs, kube.claims) == before and kube.cms == {}
+
+
+@pytest.mark.parametrize("kind", ["retain", "hand-written"])
+def test_a_pv_without_a_reclaim_stays_retain_with_no_record(kind: str) -> None:
+    pv, pvc = _sealed()
+    if kind == "retain":
+        pv["spec"]["persistentVolumeReclaimPolicy"] = "Retain"
+    else:  # written by hand: no reclaim record, no seal (no FlexVolume reclaimer either)
+        del pv["metadata"]["annotations"]["flexhub/reclaim"]
+        del pv["metadata"]["annotations"][ANN_SEAL]
+    kube = _kube(pv, pvc)
+    kube.key = None
+    _run(kube)
+    assert kube.pvs[NAME]["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+    assert RECORD not in kube.cms
+
+
+STEPS = [
+    "saved",
+    "retained",
+    "claim-deleted",
+    "pv-deleted",
+    "claim-created",
+    "record-written",
+    "pv-created",
+    "policy-restored",
+]
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_kill_after_any_step_and_a_rerun_ends_delete_with_its_record(
+    monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    monkeypatch.setattr(steps, "_killed_after", _stop_after(step))
+    with pytest.raises(_Killed):
+        _run(kube)
+    if step in ("record-written", "pv-created"):  # not yet Delete: nothing can reclaim it
+        assert NAME not in kube.pvs or (
+            kube.pvs[NAME]["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+        )
+    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
+    _run(kube)
+    assert kube.pvs[NAME]["spec"]["persistentVolumeReclaimPolicy"] == "Delete"
+    assert RECORD in kube.cms
+    check_record(json.loads(kube.cms[RECORD]["data"]["record.json"]), HANDLE)
+
+
+def test_a_record_edited_before_the_rerun_is_written_again() -> None:
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    body = adopt.record_body(pv, pvc, HANDLE)
+    forged = copy.deepcopy(body)
+    forged["data"]["record.json"] = json.dumps({"forged": True})
+    kube.cms[RECORD] = forged
+    _run(kube)
+    assert kube.cms[RECORD]["data"] == body["data"]
+
+
+def test_the_dry_run_shows_the_record_and_writes_nothing() -> None:
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    shown = _run(kube, dry_run=True)
+    kinds = [(o["kind"], o["metadata"]["name"]) for o in shown]
+    assert ("ConfigMap", RECORD[1]) in kinds
+    (csi,) = [o for o in shown if o["kind"] == "PersistentVolume"]
+    assert csi["spec"]["persistentVolumeReclaimPolicy"] == "Retain"  # as it is created
+    assert kube.cms == {} and kube.log == []
+
+
+def test_a_rollback_makes_the_csi_pv_retain_first_and_drops_the_record() -> None:
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    _run(kube)
+    kube.log.clear()
+    _run(kube, rollback=True)
+    assert kube.log[0] == f"set pv {NAME} Retain"
+    assert RECORD not in kube.cms
+    back = kube.pvs[NAME]
+    assert back["spec"].get("flexVolume")
+    assert back["spec"]["persistentVolumeReclaimPolicy"] == "Delete"
+    assert Sealer(KEY).sealed(back), "the FlexVolume PV comes back under its seal"
+
+
+def test_a_rollback_of_a_convert_killed_before_the_pv_drops_the_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    monkeypatch.setattr(steps, "_killed_after", _stop_after("record-written"))
+    with pytest.raises(_Killed):
+        _run(kube)
+    assert RECORD in kube.cms
+    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
+    _run(kube, rollback=True)
+    assert RECORD not in kube.cms
+    assert kube.pvs[NAME]["spec"].get("flexVolume")
+
+
+def test_a_record_deleted_before_the_rerun_is_written_before_delete_comes_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Killed once the CSI PV exists (Retain); the record is deleted meanwhile. The rerun
+    writes it again before the policy is Delete: without it DeleteVolume would answer that
+    the volume is gone and leave its storage behind."""
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    monkeypatch.setattr(steps, "_killed_after", _stop_after("pv-created"))
+    with pytest.raises(_Killed):
+        _run(kube)
+    del kube.cms[RECORD]
+    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
+    kube.log.clear()
+    _run(kube)
+    assert kube.log.index(f"create configmap {RECORD[1]}") < kube.log.index(f"set pv {NAME} Delete")
