@@ -254,3 +254,17 @@ def pytest_configure(config: pytest.Config) -> None:
     paths = os.environ.get(PATHS_ENV)
     node_paths = tuple(Path(p) for p in paths.split(":")) if paths else NODE_PATHS
     config.pluginmanager.register(CiGuard(config, node_paths), "flexhub-ci-guard")
+
+
+#: The order the tiers run in within one session (stable within a tier: file order).
+TIER_ORDER = {"host": 0, "vm": 0, "cluster": 1, "go": 2}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The host tier first, then the control plane's, then the Go harness's: in one session
+    (.ci/run's host session, or the README's one run) the tests that need nothing built run
+    while the control plane and then the harness build in the background. With the cluster's
+    files first (tests/cluster sorts before tests/core), a fresh machine's host session waited
+    for the control plane's first build (2,537 s on 2026-12-06) doing nothing, and ran its
+    host tests only after it: the critical path of the whole run."""
+    items.sort(key=lambda item: TIER_ORDER[tier_of(item)])

@@ -25,7 +25,9 @@ from flexhub.errors import ConvertError, FlexhubError
 __all__ = [
     "ANN_DELETION_SECRET_NAME",
     "ANN_DELETION_SECRET_NAMESPACE",
+    "CONTROLLER_LEASE",
     "adopt_into",
+    "check_controller",
     "check_sealed",
     "reclaimed",
     "record_body",
@@ -75,6 +77,26 @@ def check_sealed(pv: Mapping[str, Any], key: bytes | None) -> None:
         )
 
 
+#: The Lease csi-provisioner holds in the CSI controller's namespace (its leader election,
+#: named from the driver: ``flexhub.csi.k8s.io`` with dashes).
+CONTROLLER_LEASE = "flexhub-csi-k8s-io"
+
+
+def check_controller(pv: Mapping[str, Any], namespace: str, found: bool) -> None:
+    """Refuse (one line) to hand a :func:`reclaimed` PV to CSI when no CSI controller runs
+    in ``namespace`` (``found``: its csi-provisioner's Lease :data:`CONTROLLER_LEASE` is
+    there): the record would be read by none, and Delete would leave the storage behind."""
+    if not found:
+        name = (pv.get("metadata") or {}).get("name", "")
+        raise ConvertError(
+            f"PV {name} is reclaimed on delete, and no CSI controller of flexhub runs in "
+            f"namespace {namespace} (no Lease {CONTROLLER_LEASE} of its csi-provisioner) to "
+            "read its record: install CSI mode there, or pass --backup-namespace with the "
+            "namespace it runs in, or set the PV's reclaim policy to Retain; then run "
+            "flexhub convert again"
+        )
+
+
 def _record(pv: Mapping[str, Any], pvc: Mapping[str, Any], handle: str) -> dict[str, Any]:
     """The CSI controller's record of the converted volume (:mod:`flexhub.csi.records`)."""
     from flexhub.provisioner.pvapi import backend_record
@@ -89,6 +111,12 @@ def _record(pv: Mapping[str, Any], pvc: Mapping[str, Any], handle: str) -> dict[
     if found.get("backend") != options.get("backend"):
         raise ConvertError(
             f"PV {pv['metadata']['name']}: its reclaim record's backend is not its options'"
+        )
+    if found.get("reclaimOn", "") not in ("node", "provisioner"):
+        # as the FlexVolume provisioner refuses it: a writer it does not know meant another way
+        raise ConvertError(
+            f"PV {pv['metadata']['name']}: its reclaim record's reclaimOn "
+            f"{found.get('reclaimOn', '')[:40]!r} is not node or provisioner: not handed to CSI"
         )
     try:
         size = int(found.get("size") or parse_quantity(str(pv["spec"]["capacity"]["storage"])))
@@ -137,8 +165,9 @@ def record_body(pv: Mapping[str, Any], pvc: Mapping[str, Any], handle: str) -> d
 
 def adopt_into(csi_pv: dict[str, Any], pv: Mapping[str, Any]) -> None:
     """Make the CSI PV ``csi_pv`` external-provisioner's to delete: its ``provisioned-by``,
-    and, when the FlexVolume reclaim record names the class Secret, the Secret of
-    ``DeleteVolume`` (annotations) and of ``ControllerExpandVolume`` (``spec.csi``)."""
+    and the Secret of ``DeleteVolume`` (annotations) and of ``ControllerExpandVolume``
+    (``spec.csi``): the one the FlexVolume provisioner reclaims and grows with, the class
+    Secret its reclaim record names, else the PV's ``secretRef`` (both under the seal)."""
     from flexhub.convert.plan import ANN_PROVISIONED_BY, CSI_DRIVER
     from flexhub.provisioner.pvapi import read_record
 
@@ -148,6 +177,9 @@ def adopt_into(csi_pv: dict[str, Any], pv: Mapping[str, Any]) -> None:
         secret = read_record(pv).get("classSecret", "")
     except FlexhubError as exc:
         raise ConvertError(exc.message) from None
+    ref = pv["spec"]["flexVolume"].get("secretRef") or {}
+    if not secret and ref.get("name"):  # the provisioner's own default namespace
+        secret = f"{ref.get('namespace') or 'default'}/{ref['name']}"
     namespace, _, name = secret.partition("/")
     if namespace and name:
         annotations[ANN_DELETION_SECRET_NAMESPACE] = namespace

@@ -63,6 +63,12 @@ class Kube:
         except FlexhubError:
             return None
 
+    def lease_exists(self, namespace: str, name: str) -> bool:
+        from kubernetes import client
+
+        read = client.CoordinationV1Api(self.api).read_namespaced_lease
+        return self._get(read, name, namespace) is not None
+
     def namespace_exists(self, namespace: str) -> bool:
         return self._get(self.core.read_namespace, namespace) is not None
 
@@ -162,26 +168,56 @@ class Kube:
             raise ConvertError("an object that was there a moment ago is gone: run again")
         return found
 
-    def patch_config_map(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
-        self.core.patch_namespaced_config_map(
-            name, namespace, {"data": dict(data)}, _request_timeout=_REQUEST
-        )
+    def patch_config_map(
+        self,
+        namespace: str,
+        name: str,
+        data: Mapping[str, str],
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        body: dict[str, Any] = {"data": dict(data)}
+        if labels:
+            body["metadata"] = {"labels": dict(labels)}
+        self.core.patch_namespaced_config_map(name, namespace, body, _request_timeout=_REQUEST)
 
     def delete_config_map(self, namespace: str, name: str) -> None:
         self._delete(lambda: self.core.delete_namespaced_config_map(name, namespace))
 
     def set_pv(
-        self, pv: Mapping[str, Any], policy: str, finalizers: list[str] | None = None
+        self,
+        pv: Mapping[str, Any],
+        policy: str,
+        finalizers: list[str] | None = None,
+        unchanged: bool = False,
     ) -> None:
         """Set the reclaim policy (and, when given, the finalizers) of the PV as read: a JSON
-        patch tested against its uid, so it never lands on another PV of that name."""
+        patch tested against its uid, so it never lands on another PV of that name; with
+        ``unchanged``, against its resourceVersion too (a PV changed since it was read, by
+        a rollback running beside, is left alone: the API server answers 422)."""
         patch: list[dict[str, Any]] = [
             {"op": "test", "path": "/metadata/uid", "value": pv["metadata"]["uid"]},
-            {"op": "replace", "path": "/spec/persistentVolumeReclaimPolicy", "value": policy},
         ]
+        if unchanged:
+            version = pv["metadata"]["resourceVersion"]
+            patch.append({"op": "test", "path": "/metadata/resourceVersion", "value": version})
+        patch.append(
+            {"op": "replace", "path": "/spec/persistentVolumeReclaimPolicy", "value": policy}
+        )
         if finalizers is not None:
             patch.append({"op": "add", "path": "/metadata/finalizers", "value": finalizers})
-        self.core.patch_persistent_volume(pv["metadata"]["name"], patch, _request_timeout=_REQUEST)
+        from kubernetes.client.rest import ApiException
+
+        name = pv["metadata"]["name"]
+        try:
+            self.core.patch_persistent_volume(name, patch, _request_timeout=_REQUEST)
+        except ApiException as exc:
+            if exc.status not in (409, 422) or not unchanged:
+                raise
+            raise ConvertError(
+                f"PV {name} changed while its reclaim policy was set (another flexhub convert "
+                "or rollback beside this run?): its policy is unchanged; run flexhub convert "
+                "again"
+            ) from None
 
     def delete_claim(self, namespace: str, name: str, uid: str) -> None:
         body = {"preconditions": {"uid": uid}}

@@ -45,6 +45,10 @@ KILL_AFTER_ENV = "FLEXHUB_TEST_CONVERT_KILL_AFTER"
 #: What a dry run shows in place of the uid the API server gives the new claim.
 NEW_UID = "<uid of the new claim>"
 _MANAGED = {"app.kubernetes.io/managed-by": "flexhub-convert"}
+#: The saved copy's step once the CSI PV is bound and its Delete is being given back.
+BOUND = "bound"
+#: The saved copy's step while a rollback runs.
+ROLLING_BACK = "rolling-back"
 _ANN_RESTORED = "flexhub/convert-restored-from"
 
 
@@ -195,7 +199,12 @@ def convert_claim(
             _killed_after("saved")
     else:
         pv, pvc = _saved(backup, ns, name)
-        if (backup.get("data") or {}).get("step") == "done":
+        step = (backup.get("data") or {}).get("step")
+        if step in ("done", BOUND) and adopt.reclaimed(pv):
+            _refuse_reclaimed(kube, pv, pvc, bns, "convert")
+        if step == "done":
+            if adopt.reclaimed(pv) and not settings.dry_run:  # a record lost since: again
+                _write_record(kube, bns, pv, pvc, say)
             say(f"claim {ns}/{name}: converted already")
             return []
         validate_options(pv["spec"]["flexVolume"].get("options") or {})
@@ -204,10 +213,29 @@ def convert_claim(
 
 
 def _check_reclaim(kube: Kube, pv: Mapping[str, Any], pvc: Mapping[str, Any], bns: str) -> None:
-    """A PV reclaimed on delete: its seal holds, and its record makes a CSI record."""
+    """A PV reclaimed on delete: its seal holds, its record makes a CSI record, and a CSI
+    controller runs in ``bns`` to read it (:mod:`flexhub.convert.adopt`)."""
     if adopt.reclaimed(pv):
         adopt.check_sealed(pv, kube.sealing_key(bns))
         adopt.record_body(pv, pvc, plan.volume_handle(pv, pvc))
+        adopt.check_controller(pv, bns, kube.lease_exists(bns, adopt.CONTROLLER_LEASE))
+
+
+def _refuse_reclaimed(kube: Kube, pv: Mapping[str, Any], pvc: Mapping[str, Any], bns: str,
+                      what: str) -> None:  # fmt: skip
+    """Refuse ``what`` once the converted PV, given Delete, is gone: deleted with its claim,
+    its storage reclaimed by the CSI driver. Writing the claim and a PV (CSI's or the
+    FlexVolume one) again would name storage that is no more."""
+    volume, handle = pv["metadata"]["name"], plan.volume_handle(pv, pvc)
+    now = kube.pv(volume)
+    if now is None or ((now.get("spec") or {}).get("csi") or {}).get("volumeHandle") != handle:
+        meta = pvc["metadata"]
+        raise ConvertError(
+            f"claim {meta['namespace']}/{meta['name']}: its converted PV {volume} is gone "
+            "(deleted with its claim under Delete: the CSI driver reclaimed its storage): "
+            f"nothing to {what}; delete ConfigMap "
+            f"{bns}/{plan.backup_name(meta['namespace'], meta['name'])} once you have checked"
+        )
 
 
 def _csi_pv(pv: Mapping[str, Any], pvc: Mapping[str, Any], claim_uid: str, sc: str) -> Any:
@@ -283,12 +311,7 @@ def _forward(
     policy = "Retain"
     if reclaimed:
         policy = "Delete"
-        now = kube.pv(volume)
-        if now is None or ((now.get("spec") or {}).get("csi") or {}).get("volumeHandle") != handle:
-            raise ConvertError(f"PV {volume} was made again meanwhile (not by flexhub convert)")
-        if now["spec"].get("persistentVolumeReclaimPolicy") != policy:
-            kube.set_pv(now, policy)
-            say(f"PV {volume}: reclaim policy Delete again (the CSI driver reclaims its storage)")
+        _restore_delete(kube, pv, pvc, settings, say)
         _killed_after("policy-restored")
     kube.patch_config_map(settings.backup_namespace, plan.backup_name(ns, name), {"step": "done"})
     say(f"claim {ns}/{name}: converted (PV {volume} bound, reclaim policy {policy})")
@@ -307,19 +330,52 @@ def _check_restored(claim: Mapping[str, Any], ns: str, name: str, volume: str,
         raise ConvertError(f"claim {ns}/{name} names another PV than {volume}: not restored")
 
 
+def _restore_delete(kube: Kube, pv: Mapping[str, Any], pvc: Mapping[str, Any],
+                    settings: Settings, say: Say) -> None:  # fmt: skip
+    """Give the bound CSI PV its Delete back: the copy marked first (a rerun or rollback
+    that then finds the PV gone knows its storage was reclaimed), the PV and claim read
+    again and still bound to each other, the policy set only on the PV as read (a rollback
+    beside that changed it meanwhile wins)."""
+    ns, name = pvc["metadata"]["namespace"], pvc["metadata"]["name"]
+    volume, handle = pv["metadata"]["name"], plan.volume_handle(pv, pvc)
+    kube.patch_config_map(settings.backup_namespace, plan.backup_name(ns, name), {"step": BOUND})
+    now, claim = kube.pv(volume), kube.claim(ns, name) or {}
+    if now is None or ((now.get("spec") or {}).get("csi") or {}).get("volumeHandle") != handle:
+        raise ConvertError(f"PV {volume} was made again meanwhile (not by flexhub convert)")
+    bound = (claim.get("status") or {}).get("phase") == "Bound" and (
+        (claim.get("spec") or {}).get("volumeName") == volume
+        and ((now.get("spec") or {}).get("claimRef") or {}).get("uid") == _uid(claim)
+    )
+    if not bound or _annotation(claim, plan.ANN_CONVERTED_FROM) != _uid(pvc):
+        raise ConvertError(
+            f"claim {ns}/{name} and PV {volume} are not bound to each other any more (a "
+            "rollback beside this run?): the policy stays Retain; run flexhub convert again"
+        )
+    if now["spec"].get("persistentVolumeReclaimPolicy") != "Delete":
+        kube.set_pv(now, "Delete", unchanged=True)
+        say(f"PV {volume}: reclaim policy Delete again (the CSI driver reclaims its storage)")
+
+
 def _write_record(kube: Kube, bns: str, pv: Mapping[str, Any], pvc: Mapping[str, Any],
                   say: Say) -> None:  # fmt: skip
     """The CSI controller's record of the volume (:mod:`flexhub.convert.adopt`), written
-    when missing or not what the saved PV makes."""
+    when missing or not what the saved PV makes (its data or labels)."""
     handle = plan.volume_handle(pv, pvc)
     body = adopt.record_body(pv, pvc, handle)
-    name = body["metadata"]["name"]
+    name, labels = body["metadata"]["name"], body["metadata"]["labels"]
+
+    def same(found: Mapping[str, Any]) -> bool:
+        have = (found.get("metadata") or {}).get("labels") or {}
+        return found.get("data") == body["data"] and all(
+            have.get(k) == v for k, v in labels.items()
+        )
+
     found = kube.config_map(bns, name)
-    if found is not None and found.get("data") == body["data"]:
+    if found is not None and same(found):
         return
     found = kube.create_config_map(bns, body)
-    if found.get("data") != body["data"]:  # there, with other data: ours again
-        kube.patch_config_map(bns, name, body["data"])
+    if not same(found):  # there, with other data or labels: ours again
+        kube.patch_config_map(bns, name, body["data"], labels)
     say(f"PV {pv['metadata']['name']}: the CSI controller's record of {handle} written to "
         f"ConfigMap {bns}/{name}")  # fmt: skip
 
@@ -366,8 +422,12 @@ def rollback_claim(
     old_claim, old_pv = _uid(pvc), _uid(pv)
     handle = plan.volume_handle(pv, pvc)
     _check_rollback(kube, ns, name, volume, old_claim, handle)
+    if (backup.get("data") or {}).get("step") in ("done", BOUND) and adopt.reclaimed(pv):
+        _refuse_reclaimed(kube, pv, pvc, bns, "roll back")
     if settings.dry_run:
         return [plan.flex_claim(pvc, pv), plan.flex_pv(pv, NEW_UID)]
+    if (backup.get("data") or {}).get("step") != ROLLING_BACK:
+        kube.patch_config_map(bns, backup_name, {"step": ROLLING_BACK})
     claim, now = kube.claim(ns, name), kube.pv(volume)
     original_pv = now is not None and _uid(now) == old_pv
     if claim is not None and _uid(claim) == old_claim and original_pv:

@@ -26,7 +26,7 @@ from flexhub.config import NodeConfig
 from flexhub.csi import TOPOLOGY_NODE_KEY
 from flexhub.csi.adopted import Adoptions
 from flexhub.csi.proto import csi_pb2, csi_pb2_grpc
-from flexhub.csi.records import UID, VolumeRecord, VolumeRecords, uid_of_volume
+from flexhub.csi.records import CONVERTED, UID, VolumeRecord, VolumeRecords, uid_of_volume
 from flexhub.csi.snapshotrpcs import SnapshotRpcs
 from flexhub.csi.snapshots import (
     SnapshotIntents,
@@ -100,9 +100,12 @@ def _source_of(request: Any) -> str:
     return "unknown:"
 
 
-def _resized(record: VolumeRecord, size: int) -> VolumeRecord:
+def _resized(record: VolumeRecord, size: int, source: str | None = None) -> VolumeRecord:
+    """``record`` at ``size`` (and, given, of ``source``: a converted volume's)."""
     fields = record.to_json()
     fields["size"] = size
+    if source is not None:
+        fields["source"] = source
     return VolumeRecord(**fields)
 
 
@@ -163,15 +166,23 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
     def _record(self, uid: str, volume_id: str) -> tuple[VolumeRecord | None, bool]:
         """``(record of volume_id, whether it is a converted volume's)``: this controller's
         own, else the one ``flexhub convert`` left (:mod:`flexhub.csi.adopted`), its options
-        checked against its backend's schema; ``(None, False)``: neither."""
+        checked against its backend's schema; ``(None, False)``: neither. A converted
+        volume's record kept here (grown since: source :data:`CONVERTED`) counts only while
+        convert's is there too (a rollback removes that, and the storage is the FlexVolume
+        PV's again)."""
         record = self.records.get(uid) if uid else None
-        if record is not None:
-            return (record, False) if record.volume_id == volume_id else (None, False)
+        if record is not None and record.volume_id != volume_id:
+            return None, False
+        if record is not None and (record.source != CONVERTED or self.adoptions is None):
+            return record, record.source == CONVERTED
         if self.adoptions is None:
             return None, False
-        record = self.adoptions.get(volume_id)
-        if record is None:
-            return None, False
+        adopted = self.adoptions.get(volume_id)
+        if adopted is None:  # a converted volume kept here stands only with its ConfigMap
+            return None, False  # (a rollback removed it: the FlexVolume PV's again)
+        if record is not None:
+            return record, True
+        record = adopted
         from flexhub.driver.loader import load_backend
         from flexhub.driver.validation import validate_options
 
@@ -320,8 +331,8 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
         if kind == "volume":
             wanted = given.volume.volume_id
             uid = uid_of_volume(wanted)
-            volume = self.records.get(uid) if uid else None
-            if volume is None or volume.volume_id != wanted:
+            volume, _ = self._record(uid, wanted)  # a converted one too
+            if volume is None:
                 raise CsiError(grpc.StatusCode.NOT_FOUND, f"no volume {wanted[:200]!r}")
             return _Source(volume.backend, volume.node, volume.size, volume=volume)
         raise invalid("volume_content_source names neither a snapshot nor a volume")
@@ -471,7 +482,9 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
         entries = []
         for uid in page:
             record = self.records.get(uid)
-            if record is not None:  # deleted meanwhile
+            if record is not None and record.source == CONVERTED:
+                record, _ = self._record(uid, record.volume_id)
+            if record is not None:  # deleted meanwhile (or rolled back)
                 entries.append(csi_pb2.ListVolumesResponse.Entry(volume=self._volume(record)))
         more = request.max_entries and len(uids) > len(page)
         return csi_pb2.ListVolumesResponse(entries=entries, next_token=page[-1] if more else "")
@@ -487,7 +500,7 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
             raise invalid("capacity_range: the new size is required")
         uid = uid_of_volume(request.volume_id)
         with self.in_flight.hold(uid or request.volume_id):
-            record, _ = self._record(uid, request.volume_id)
+            record, converted = self._record(uid, request.volume_id)
             if record is None:
                 raise CsiError(grpc.StatusCode.NOT_FOUND, f"no volume {request.volume_id!r}")
             backend = self._backend(record.backend)
@@ -510,7 +523,7 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
                     )
                 else:
                     size = new_size
-                self.records.put(uid, _resized(record, size))
+                self.records.put(uid, _resized(record, size, CONVERTED if converted else None))
                 LOG.info("expanded %s to %d bytes", record.volume_id, size)
         return csi_pb2.ControllerExpandVolumeResponse(
             capacity_bytes=size, node_expansion_required=isinstance(backend, BlockBackend)

@@ -12,12 +12,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SERVICE_ACCOUNT", "core_api", "own_namespace"]
+__all__ = ["SERVICE_ACCOUNT", "core_api", "in_cluster", "own_namespace"]
 
 LOG = logging.getLogger(__name__)
 
 #: Where a pod's service account token, CA and namespace are mounted.
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def in_cluster() -> bool:
+    """Whether this runs in a pod: the API server's address in the environment."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
 
 def core_api(kubeconfig: Path | None, off: str) -> Any:

@@ -27,6 +27,7 @@ from flexhub.node.frozen import Frozen
 __all__ = [
     "ADOPTION_LABELS",
     "ADOPTION_RECORD_KEY",
+    "CONVERTED",
     "UID",
     "StagedContexts",
     "UidRecords",
@@ -44,12 +45,16 @@ UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
 
 #: The ConfigMap key of a converted volume's record, and the labels ``flexhub convert`` puts
-#: on it (:mod:`flexhub.csi.adopted`, :mod:`flexhub.convert.adopt`).
+#: on it (:mod:`flexhub.csi.adopted`, :mod:`flexhub.convert.adopt`): not convert's backup
+#: label (``managed-by=flexhub-convert``), so that removing the saved copies leaves them.
 ADOPTION_RECORD_KEY = "record.json"
 ADOPTION_LABELS = {
-    "app.kubernetes.io/managed-by": "flexhub-convert",
-    "app.kubernetes.io/component": "volume-record",
+    "app.kubernetes.io/managed-by": "flexhub",
+    "app.kubernetes.io/component": "converted-volume-record",
 }
+#: The source of a converted volume's record once the controller keeps it locally (grown):
+#: it stands only while the ConfigMap does (a rollback removes that).
+CONVERTED = "converted"
 
 
 def adoption_name(uid: str) -> str:

@@ -114,6 +114,21 @@ def serve(
     path = socket_path(endpoint)
     seen_by_kubelet = _kubelet_path(kubelet_endpoint) if kubelet_endpoint else path
     secure_state_dir(config.state_dir)
+    adoptions = None
+    if mode in ("controller", "both"):
+        from flexhub.csi.adopted import Adoptions
+        from flexhub.csi.kubeapi import core_api, in_cluster, own_namespace
+
+        core = core_api(kubeconfig, "converted volumes are not reclaimed")
+        if core is None and (kubeconfig is not None or in_cluster()):
+            # in a pod (or told a kubeconfig) and no client: a converted volume given Delete
+            # would be answered "gone" and its storage left behind; better not to start
+            raise UsageError(
+                "the controller cannot load its API client (--kubeconfig, or the pod's service "
+                "account token): it reads the records of converted volumes with it"
+            )
+        if core is not None:
+            adoptions = Adoptions(core, namespace or own_namespace(DEFAULT_NAMESPACE))
     stop = threading.Event()
 
     def handler(signum: int, _frame: object) -> None:
@@ -128,14 +143,6 @@ def serve(
 
         node = NodeService(config, node_id)
         node.upgrade_records()
-    adoptions = None
-    if mode in ("controller", "both"):
-        from flexhub.csi.adopted import Adoptions
-        from flexhub.csi.kubeapi import core_api, own_namespace
-
-        core = core_api(kubeconfig, "converted volumes are not reclaimed")
-        if core is not None:
-            adoptions = Adoptions(core, namespace or own_namespace(DEFAULT_NAMESPACE))
     server = build_server(config, endpoint, mode, node_id, node, adoptions)
     registrar = liveness = watcher = None
     try:

@@ -23,7 +23,7 @@ LOG = logging.getLogger(__name__)
 
 class SnapshotRpcs:
     """The snapshot RPCs; the controller gives them ``records``, ``snapshots``, ``in_flight``,
-    ``_backend`` and ``_on_its_node``."""
+    ``_backend``, ``_on_its_node`` and ``_record``."""
 
     records: Any
     snapshots: Any
@@ -34,6 +34,9 @@ class SnapshotRpcs:
         raise NotImplementedError
 
     def _on_its_node(self, backend: Any, node: str, what: str) -> None:
+        raise NotImplementedError
+
+    def _record(self, uid: str, volume_id: str) -> tuple[Any, bool]:
         raise NotImplementedError
 
     @rpc
@@ -60,8 +63,8 @@ class SnapshotRpcs:
                     f"snapshot {request.name[:200]!r} was begun of another volume",
                 )
             vuid = uid_of_volume(request.source_volume_id)
-            source = self.records.get(vuid) if vuid else None
-            if source is None or source.volume_id != request.source_volume_id:
+            source, _ = self._record(vuid, request.source_volume_id)  # a converted one too
+            if source is None:
                 raise CsiError(
                     grpc.StatusCode.NOT_FOUND, f"no volume {request.source_volume_id[:200]!r}"
                 )

@@ -40,9 +40,15 @@ class FakeKube:
         self.cms: dict[tuple[str, str], dict[str, Any]] = {}
         self.log: list[str] = []
         self.key: bytes | None = KEY
+        #: the Leases there are: csi-provisioner's of a CSI controller in flexhub's namespace
+        self.leases = {("flexhub-system", "flexhub-csi-k8s-io")}
+        self._versions = itertools.count(100)
 
     def sealing_key(self, ns: str) -> bytes | None:
         return self.key
+
+    def lease_exists(self, ns: str, name: str) -> bool:
+        return (ns, name) in self.leases
 
     def _bind(self) -> None:
         for c in self.claims.values():
@@ -79,6 +85,7 @@ class FakeKube:
     def create_pv(self, body: dict[str, Any]) -> dict[str, Any]:
         body = copy.deepcopy(body)
         body["metadata"]["uid"] = next(_uids)
+        body["metadata"]["resourceVersion"] = str(next(self._versions))
         self.pvs[body["metadata"]["name"]] = body
         self.log.append(f"create pv {body['metadata']['name']}")
         return copy.deepcopy(body)
@@ -90,16 +97,31 @@ class FakeKube:
             self.log.append(f"create configmap {body['metadata']['name']}")
         return copy.deepcopy(self.cms[key])
 
-    def patch_config_map(self, ns: str, name: str, data: dict[str, str]) -> None:
+    def patch_config_map(
+        self, ns: str, name: str, data: dict[str, str], labels: dict[str, str] | None = None
+    ) -> None:
         self.cms[(ns, name)]["data"].update(data)
+        if labels:
+            self.cms[(ns, name)]["metadata"].setdefault("labels", {}).update(labels)
 
     def delete_config_map(self, ns: str, name: str) -> None:
         if self.cms.pop((ns, name), None) is not None:
             self.log.append(f"delete configmap {name}")
 
-    def set_pv(self, pv: dict[str, Any], policy: str, finalizers: list[str] | None = None) -> None:
+    def set_pv(
+        self,
+        pv: dict[str, Any],
+        policy: str,
+        finalizers: list[str] | None = None,
+        unchanged: bool = False,
+    ) -> None:
         now = self.pvs[pv["metadata"]["name"]]
         assert now["metadata"]["uid"] == pv["metadata"]["uid"]
+        if unchanged and now["metadata"].get("resourceVersion") != pv["metadata"].get(
+            "resourceVersion"
+        ):
+            raise ConvertError(f"PV {pv['metadata']['name']} changed while ...")
+        now["metadata"]["resourceVersion"] = str(next(self._versions))
         now["spec"]["persistentVolumeReclaimPolicy"] = policy
         if finalizers is not None:
             now["metadata"]["finalizers"] = finalizers

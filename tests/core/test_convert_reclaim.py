@@ -17,7 +17,7 @@ from flexhub.csi.adopted import check_record
 from flexhub.csi.records import adoption_name
 from flexhub.errors import ConvertError
 from flexhub.provisioner.seal import ANN_SEAL, Sealer
-from tests.core.test_convert_attacks import KEY, FakeKube, _Killed, _sealed, _stop_after
+from tests.core.test_convert_attacks import KEY, FakeKube, S, _Killed, _sealed, _stop_after
 from tests.core.test_convert_plan import CLAIM_UID
 
 NAME = f"pvc-{CLAIM_UID}"
@@ -128,6 +128,8 @@ def test_a_pv_without_a_reclaim_stays_retain_with_no_record(kind: str) -> None:
     assert RECORD not in kube.cms
 
 
+#: Every step convert may be killed after (tests/cluster/test_convert.py kills the real
+#: process after each).
 STEPS = [
     "saved",
     "retained",
@@ -227,3 +229,171 @@ def test_a_record_deleted_before_the_rerun_is_written_before_delete_comes_back(
     kube.log.clear()
     _run(kube)
     assert kube.log.index(f"create configmap {RECORD[1]}") < kube.log.index(f"set pv {NAME} Delete")
+
+
+def test_without_a_class_secret_the_pvs_secret_ref_is_the_deletion_secret() -> None:
+    """As the FlexVolume provisioner reclaims: the class Secret, else the PV's secretRef
+    (its namespace, else ``default``)."""
+    pv, pvc = _sealed()
+    assert pv["spec"]["flexVolume"]["secretRef"] == {"name": "creds"}
+    kube = _kube(pv, pvc)
+    _run(kube)
+    annotations = kube.pvs[NAME]["metadata"]["annotations"]
+    assert annotations[adopt.ANN_DELETION_SECRET_NAMESPACE] == "default"
+    assert annotations[adopt.ANN_DELETION_SECRET_NAME] == "creds"
+
+
+def test_the_steps_killed_after_are_every_step_of_convert() -> None:
+    """The kill tests (here and on the tier) cover each point convert may stop at."""
+    import inspect
+    import re
+
+    found = re.findall(r'_killed_after\("([a-z-]+)"\)', inspect.getsource(steps))
+    assert sorted(s for s in found if not s.startswith("rollback-")) == sorted(STEPS)
+
+
+# -- from the hostile review of the first version (each failed before its fix) -------------
+
+
+def _reclaimed_by_csi(kube: FakeKube) -> None:
+    """The tenant deletes the CSI claim; the PV is Delete: external-provisioner's DeleteVolume
+    reclaims the storage and deletes the record, then the PV goes."""
+    del kube.claims[("team", "data")]
+    assert kube.pvs[NAME]["spec"]["persistentVolumeReclaimPolicy"] == "Delete"
+    del kube.pvs[NAME]
+    kube.cms.pop(RECORD)
+
+
+def test_removing_the_saved_copies_by_their_label_leaves_the_records() -> None:
+    """The documented clean-up of the saved copies (``-l
+    app.kubernetes.io/managed-by=flexhub-convert``) once matched the records too: every
+    converted PV left Delete with no record, its storage leaked at its deletion."""
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    _run(kube)
+    labels = kube.cms[RECORD]["metadata"]["labels"]
+    assert labels.get("app.kubernetes.io/managed-by") != "flexhub-convert"
+
+
+def test_a_record_lost_after_done_is_written_again_by_a_rerun() -> None:
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    _run(kube)
+    del kube.cms[RECORD]
+    _run(kube)  # "converted already", and the record is back
+    assert RECORD in kube.cms
+    kube.cms[RECORD]["metadata"]["labels"] = {}  # there, without its labels: refused by CSI
+    _run(kube)
+    assert kube.cms[RECORD]["metadata"]["labels"] == adopt_labels()
+
+
+def adopt_labels() -> dict[str, str]:
+    from flexhub.csi.records import ADOPTION_LABELS
+
+    return dict(ADOPTION_LABELS)
+
+
+def test_no_csi_controller_in_the_namespace_is_refused_before_anything_changes() -> None:
+    """An older chart, CSI mode installed in another namespace, or none: the record would be
+    read by no controller, and Delete would leave the storage behind."""
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    kube.leases.clear()
+    before = copy.deepcopy((kube.pvs, kube.claims))
+    with pytest.raises(ConvertError, match="no CSI controller of flexhub runs in namespace"):
+        _run(kube)
+    assert (kube.pvs, kube.claims) == before and kube.cms == {}
+
+
+def test_a_rollback_racing_the_policy_restore_never_leaves_a_released_delete_pv(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Convert has read the bound CSI PV; a rollback beside it sets the PV Retain and deletes
+    its claim; convert's Delete (tested on the uid only) used to land on the Released PV,
+    whose record was still there: DeleteVolume reclaimed the storage the rollback then wrote
+    a FlexVolume PV for."""
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    monkeypatch.setattr(steps, "_killed_after", _stop_after("pv-created"))
+    with pytest.raises(_Killed):
+        _run(kube)
+    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
+    real_pv, raced = kube.pv, []
+    backup = ("flexhub-system", plan.backup_name("team", "data"))
+
+    def pv_then_rollback(name: str) -> dict[str, Any] | None:
+        """The PV as convert reads it to restore Delete, then the rollback beside it."""
+        found = real_pv(name)
+        bound = kube.cms[backup]["data"]["step"] == steps.BOUND
+        if not raced and found and found["spec"].get("csi") and bound:
+            raced.append(1)
+            monkeypatch.setattr(steps, "_killed_after", _stop_after("rollback-claim-deleted"))
+            with pytest.raises(_Killed):
+                steps.rollback_claim(kube, "team", "data", S, lambda line: None)  # type: ignore[arg-type]
+            monkeypatch.setattr(steps, "_killed_after", lambda step: None)
+        return found
+
+    kube.pv = pv_then_rollback  # type: ignore[method-assign]
+    with pytest.raises(ConvertError):
+        steps.convert_claim(kube, "team", "data", S, lambda line: None)  # type: ignore[arg-type]
+    assert raced
+    csi = kube.pvs.get(NAME)
+    assert csi is None or csi["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+
+
+def test_a_rerun_after_the_volume_was_reclaimed_makes_nothing_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Killed once Delete was back (before done); the claim deleted, the storage reclaimed.
+    The rerun used to make the claim, the record and a Delete CSI PV again, for storage
+    that is no more."""
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    monkeypatch.setattr(steps, "_killed_after", _stop_after("policy-restored"))
+    with pytest.raises(_Killed):
+        _run(kube)
+    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
+    _reclaimed_by_csi(kube)
+    with pytest.raises(ConvertError, match="is gone") as refused:
+        _run(kube)
+    assert "\n" not in str(refused.value)
+    assert ("team", "data") not in kube.claims and RECORD not in kube.cms and NAME not in kube.pvs
+
+
+def test_a_rollback_after_the_volume_was_reclaimed_writes_nothing_back() -> None:
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    _run(kube)
+    _reclaimed_by_csi(kube)
+    with pytest.raises(ConvertError, match="nothing to roll back"):
+        _run(kube, rollback=True)
+    assert NAME not in kube.pvs and ("team", "data") not in kube.claims
+
+
+def test_a_killed_rollback_finishes_though_it_deleted_the_csi_pv(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not refused as "reclaimed": the rollback marked the copy before it deleted anything."""
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    _run(kube)
+    monkeypatch.setattr(steps, "_killed_after", _stop_after("rollback-pv-deleted"))
+    with pytest.raises(_Killed):
+        _run(kube, rollback=True)
+    assert NAME not in kube.pvs
+    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
+    _run(kube, rollback=True)
+    assert kube.pvs[NAME]["spec"].get("flexVolume")
+
+
+def test_a_record_whose_reclaim_on_is_unknown_is_not_handed_to_csi() -> None:
+    """The FlexVolume provisioner refuses a record whose reclaimOn it does not know."""
+    pv, pvc = _sealed()
+    record = json.loads(pv["metadata"]["annotations"]["flexhub/reclaim"])
+    record["reclaimOn"] = "archive-host"
+    pv["metadata"]["annotations"]["flexhub/reclaim"] = json.dumps(record)
+    _reseal(pv)
+    kube = _kube(pv, pvc)
+    with pytest.raises(ConvertError, match="reclaimOn 'archive-host'"):
+        _run(kube)
+    assert kube.cms == {}

@@ -276,3 +276,68 @@ def test_a_volume_id_this_controller_never_made_asks_nothing(
     delete(controller, "not-a-flexhub-id")
     delete(controller, f"loopfile:{OTHER}")  # none recorded: gone
     assert core.calls == [f"get {NS}/{adoption_name(OTHER)}"]
+
+
+def test_a_converted_volume_grown_then_rolled_back_is_no_longer_the_controllers(
+    top: Path, core: FakeCore, controller: ControllerService
+) -> None:
+    """Grown under CSI (a local record), then rolled back (its ConfigMap removed): the local
+    record used to win, so the controller listed the volume and would reclaim storage that
+    is the FlexVolume PV's again."""
+    put(core, adopt.record_body(*flex_pv(), HANDLE))
+    request = pb.ControllerExpandVolumeRequest(
+        volume_id=HANDLE, capacity_range=pb.CapacityRange(required_bytes=32 * MiB)
+    )
+    controller.ControllerExpandVolume(request, Context())
+    listed = controller.ListVolumes(pb.ListVolumesRequest(), Context())
+    assert [e.volume.volume_id for e in listed.entries] == [HANDLE]
+    core.cms.clear()  # the rollback's
+    listed = controller.ListVolumes(pb.ListVolumesRequest(), Context())
+    assert [e.volume.volume_id for e in listed.entries] == []
+    delete(controller)
+    assert backing(top).exists()
+
+
+def test_a_converted_volume_is_snapshotted_and_cloned(
+    top: Path, core: FakeCore, controller: ControllerService
+) -> None:
+    from tests.csi.test_create_retries import MOUNT, of_volume, snap
+
+    backing(top).write_bytes(b"converted data\n" + b"\0" * (MiB - 15))
+    put(core, adopt.record_body(*flex_pv(), HANDLE))
+    snapshot = snap(controller, "snapshot-of-converted", HANDLE)
+    assert snapshot.source_volume_id == HANDLE and snapshot.ready_to_use
+    request = pb.CreateVolumeRequest(
+        name="clone-of-converted",
+        capacity_range=pb.CapacityRange(required_bytes=16 * MiB),
+        volume_capabilities=[MOUNT],
+        parameters={"backend": "loopfile", "csi.storage.k8s.io/pvc/namespace": "team"},
+    )
+    request.volume_content_source.CopyFrom(of_volume(HANDLE))
+    clone = controller.CreateVolume(request, Context()).volume
+    copies = [
+        p for p in (top / "loopfiles").rglob("*.img") if p.read_bytes()[:15] == b"converted data\n"
+    ]
+    assert len(copies) == 3, copies  # the volume, its snapshot, its clone
+    controller.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snapshot.snapshot_id), Context())
+    delete(controller, clone.volume_id)
+    delete(controller)
+    assert not backing(top).exists()
+
+
+def test_a_controller_in_a_pod_without_its_api_client_does_not_start(
+    top: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a pod, a controller that cannot read the records would answer a converted
+    volume's DeleteVolume "gone" and leave its storage: it refuses to start, in one line."""
+    from flexhub.csi import kubeapi
+    from flexhub.csi.server import serve
+    from flexhub.errors import UsageError
+
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setattr(kubeapi, "SERVICE_ACCOUNT", top / "no-such-account")
+    config = load_config(top / "flexhub.toml")
+    with pytest.raises(UsageError, match="cannot load its API client") as refused:
+        serve(config, f"unix://{top}/csi.sock", "controller", NODE)
+    assert "\n" not in str(refused.value)
+    assert not (top / "csi.sock").exists()
