@@ -82,15 +82,23 @@ def check_sealed(pv: Mapping[str, Any], key: bytes | None) -> None:
 CONTROLLER_LEASE = "flexhub-csi-k8s-io"
 
 
-def check_controller(pv: Mapping[str, Any], namespace: str, found: bool) -> None:
+#: Seconds since csi-provisioner last renewed its Lease beyond which no controller is taken
+#: to run (it renews every 26 s at the most by default, and holds it 137 s).
+LEASE_FRESH = 600.0
+
+
+def check_controller(pv: Mapping[str, Any], namespace: str, age: float | None) -> None:
     """Refuse (one line) to hand a :func:`reclaimed` PV to CSI when no CSI controller runs
-    in ``namespace`` (``found``: its csi-provisioner's Lease :data:`CONTROLLER_LEASE` is
-    there): the record would be read by none, and Delete would leave the storage behind."""
-    if not found:
+    in ``namespace``: its csi-provisioner's Lease :data:`CONTROLLER_LEASE` is not there or
+    was last renewed ``age`` seconds ago, more than :data:`LEASE_FRESH` (a Lease outlives an
+    uninstalled controller). The record would be read by none, and Delete would leave the
+    storage behind."""
+    if age is None or age > LEASE_FRESH:
         name = (pv.get("metadata") or {}).get("name", "")
         raise ConvertError(
             f"PV {name} is reclaimed on delete, and no CSI controller of flexhub runs in "
-            f"namespace {namespace} (no Lease {CONTROLLER_LEASE} of its csi-provisioner) to "
+            f"namespace {namespace} (no Lease {CONTROLLER_LEASE} of its csi-provisioner renewed "
+            f"in the last {LEASE_FRESH:.0f} s) to "
             "read its record: install CSI mode there, or pass --backup-namespace with the "
             "namespace it runs in, or set the PV's reclaim policy to Retain; then run "
             "flexhub convert again"

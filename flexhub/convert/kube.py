@@ -63,11 +63,23 @@ class Kube:
         except FlexhubError:
             return None
 
-    def lease_exists(self, namespace: str, name: str) -> bool:
+    def lease_age(self, namespace: str, name: str) -> float | None:
+        """Seconds since Lease ``namespace/name`` was last renewed (``None``: no such Lease,
+        or never renewed)."""
+        import datetime
+
         from kubernetes import client
 
         read = client.CoordinationV1Api(self.api).read_namespaced_lease
-        return self._get(read, name, namespace) is not None
+        found = self._get(read, name, namespace)
+        renewed = ((found or {}).get("spec") or {}).get("renewTime") or ""
+        try:
+            when = datetime.datetime.fromisoformat(str(renewed).replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.UTC)
+        return (datetime.datetime.now(datetime.UTC) - when).total_seconds()
 
     def namespace_exists(self, namespace: str) -> bool:
         return self._get(self.core.read_namespace, namespace) is not None
@@ -175,10 +187,20 @@ class Kube:
         data: Mapping[str, str],
         labels: Mapping[str, str] | None = None,
     ) -> None:
+        from kubernetes.client.rest import ApiException
+
         body: dict[str, Any] = {"data": dict(data)}
         if labels:
             body["metadata"] = {"labels": dict(labels)}
-        self.core.patch_namespaced_config_map(name, namespace, body, _request_timeout=_REQUEST)
+        try:
+            self.core.patch_namespaced_config_map(name, namespace, body, _request_timeout=_REQUEST)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            raise ConvertError(
+                f"ConfigMap {namespace}/{name} is gone meanwhile (a rollback beside this run?): "
+                "run flexhub convert again"
+            ) from None
 
     def delete_config_map(self, namespace: str, name: str) -> None:
         self._delete(lambda: self.core.delete_namespaced_config_map(name, namespace))
@@ -189,6 +211,7 @@ class Kube:
         policy: str,
         finalizers: list[str] | None = None,
         unchanged: bool = False,
+        annotations: Mapping[str, str] | None = None,
     ) -> None:
         """Set the reclaim policy (and, when given, the finalizers) of the PV as read: a JSON
         patch tested against its uid, so it never lands on another PV of that name; with
@@ -205,6 +228,9 @@ class Kube:
         )
         if finalizers is not None:
             patch.append({"op": "add", "path": "/metadata/finalizers", "value": finalizers})
+        for key, value in (annotations or {}).items():  # a PV convert wrote: it has some
+            path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+            patch.append({"op": "add", "path": path, "value": value})
         from kubernetes.client.rest import ApiException
 
         name = pv["metadata"]["name"]

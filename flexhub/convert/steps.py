@@ -45,10 +45,17 @@ KILL_AFTER_ENV = "FLEXHUB_TEST_CONVERT_KILL_AFTER"
 #: What a dry run shows in place of the uid the API server gives the new claim.
 NEW_UID = "<uid of the new claim>"
 _MANAGED = {"app.kubernetes.io/managed-by": "flexhub-convert"}
-#: The saved copy's step once the CSI PV is bound and its Delete is being given back.
+#: The saved copy's step once the CSI PV is bound and its Delete is being given back; with it
+#: the copy's key :data:`DELETE_GIVEN` (kept by the later step ``done``): a PV gone after that
+#: went with its storage. Copies of versions before it have neither (their PVs stayed Retain).
 BOUND = "bound"
-#: The saved copy's step while a rollback runs.
-ROLLING_BACK = "rolling-back"
+DELETE_GIVEN = "delete"
+#: The saved copy's key a rollback writes before it changes anything (convert writes only
+#: ``step`` and :data:`DELETE_GIVEN`: a data patch merges keys, so it never undoes this), and
+#: the annotation it puts on the CSI PV as it sets it Retain (so that a convert beside it that
+#: read the PV before finds it changed).
+ROLLBACK = "rollback"
+ANN_ROLLING_BACK = "flexhub/convert-rolling-back"
 _ANN_RESTORED = "flexhub/convert-restored-from"
 
 
@@ -200,11 +207,11 @@ def convert_claim(
     else:
         pv, pvc = _saved(backup, ns, name)
         step = (backup.get("data") or {}).get("step")
-        if step in ("done", BOUND) and adopt.reclaimed(pv):
+        if step in ("done", BOUND) and _delete_given(backup):
             _refuse_reclaimed(kube, pv, pvc, bns, "convert")
         if step == "done":
-            if adopt.reclaimed(pv) and not settings.dry_run:  # a record lost since: again
-                _write_record(kube, bns, pv, pvc, say)
+            if _delete_given(backup) and not settings.dry_run:  # a record lost since: again
+                _repair_record(kube, pv, pvc, bns, say)
             say(f"claim {ns}/{name}: converted already")
             return []
         validate_options(pv["spec"]["flexVolume"].get("options") or {})
@@ -218,7 +225,23 @@ def _check_reclaim(kube: Kube, pv: Mapping[str, Any], pvc: Mapping[str, Any], bn
     if adopt.reclaimed(pv):
         adopt.check_sealed(pv, kube.sealing_key(bns))
         adopt.record_body(pv, pvc, plan.volume_handle(pv, pvc))
-        adopt.check_controller(pv, bns, kube.lease_exists(bns, adopt.CONTROLLER_LEASE))
+        adopt.check_controller(pv, bns, kube.lease_age(bns, adopt.CONTROLLER_LEASE))
+
+
+def _delete_given(backup: Mapping[str, Any]) -> bool:
+    """Whether convert gave the CSI PV its Delete back (and no rollback started since)."""
+    data = backup.get("data") or {}
+    return data.get(DELETE_GIVEN) == "given" and not data.get(ROLLBACK)
+
+
+def _repair_record(kube: Kube, pv: Mapping[str, Any], pvc: Mapping[str, Any], bns: str,
+                   say: Say) -> None:  # fmt: skip
+    """A finished convert's record again, when lost (the same checks as the first run), while
+    its PV lives (a Released one is being reclaimed: its record goes with it)."""
+    _check_reclaim(kube, pv, pvc, bns)
+    now = kube.pv(pv["metadata"]["name"]) or {}
+    if (now.get("status") or {}).get("phase") != "Released":
+        _write_record(kube, bns, pv, pvc, say)
 
 
 def _refuse_reclaimed(kube: Kube, pv: Mapping[str, Any], pvc: Mapping[str, Any], bns: str,
@@ -338,10 +361,17 @@ def _restore_delete(kube: Kube, pv: Mapping[str, Any], pvc: Mapping[str, Any],
     beside that changed it meanwhile wins)."""
     ns, name = pvc["metadata"]["namespace"], pvc["metadata"]["name"]
     volume, handle = pv["metadata"]["name"], plan.volume_handle(pv, pvc)
-    kube.patch_config_map(settings.backup_namespace, plan.backup_name(ns, name), {"step": BOUND})
+    bns, backup_name = settings.backup_namespace, plan.backup_name(ns, name)
+    copy = kube.config_map(bns, backup_name) or {}
     now, claim = kube.pv(volume), kube.claim(ns, name) or {}
+    if (copy.get("data") or {}).get(ROLLBACK) or _annotation(now, ANN_ROLLING_BACK):
+        raise ConvertError(
+            f"claim {ns}/{name}: a rollback of it has begun (its saved copy and PV say so): the "
+            "policy stays Retain; finish it with flexhub convert --rollback"
+        )
     if now is None or ((now.get("spec") or {}).get("csi") or {}).get("volumeHandle") != handle:
         raise ConvertError(f"PV {volume} was made again meanwhile (not by flexhub convert)")
+    kube.patch_config_map(bns, backup_name, {"step": BOUND, DELETE_GIVEN: "given"})
     bound = (claim.get("status") or {}).get("phase") == "Bound" and (
         (claim.get("spec") or {}).get("volumeName") == volume
         and ((now.get("spec") or {}).get("claimRef") or {}).get("uid") == _uid(claim)
@@ -422,12 +452,15 @@ def rollback_claim(
     old_claim, old_pv = _uid(pvc), _uid(pv)
     handle = plan.volume_handle(pv, pvc)
     _check_rollback(kube, ns, name, volume, old_claim, handle)
-    if (backup.get("data") or {}).get("step") in ("done", BOUND) and adopt.reclaimed(pv):
+    if (backup.get("data") or {}).get("step") in ("done", BOUND) and _delete_given(backup):
         _refuse_reclaimed(kube, pv, pvc, bns, "roll back")
+    claim = kube.claim(ns, name)
+    if claim is not None and _annotation(claim, plan.ANN_CONVERTED_FROM) == old_claim:
+        _refuse_in_use(kube, ns, name, {volume, handle})  # before anything changes
     if settings.dry_run:
         return [plan.flex_claim(pvc, pv), plan.flex_pv(pv, NEW_UID)]
-    if (backup.get("data") or {}).get("step") != ROLLING_BACK:
-        kube.patch_config_map(bns, backup_name, {"step": ROLLING_BACK})
+    if not (backup.get("data") or {}).get(ROLLBACK):
+        kube.patch_config_map(bns, backup_name, {ROLLBACK: "started"})
     claim, now = kube.claim(ns, name), kube.pv(volume)
     original_pv = now is not None and _uid(now) == old_pv
     if claim is not None and _uid(claim) == old_claim and original_pv:
@@ -443,7 +476,10 @@ def rollback_claim(
     ours = original_pv or (
         now is not None and ((now.get("spec") or {}).get("csi") or {}).get("volumeHandle") == handle
     )
-    if now is not None and ours and now["spec"].get("persistentVolumeReclaimPolicy") != "Retain":
+    if now is not None and ours and not original_pv and not _annotation(now, ANN_ROLLING_BACK):
+        # written even when Retain already: a convert beside that read it finds it changed
+        kube.set_pv(now, "Retain", annotations={ANN_ROLLING_BACK: old_claim})
+    elif now is not None and ours and now["spec"].get("persistentVolumeReclaimPolicy") != "Retain":
         kube.set_pv(now, "Retain")
     _killed_after("rollback-retained")
     if claim is not None and _annotation(claim, plan.ANN_CONVERTED_FROM) == old_claim:

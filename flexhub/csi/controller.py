@@ -437,7 +437,7 @@ class ControllerService(SnapshotRpcs, csi_pb2_grpc.ControllerServicer):
             if type(backend).snapshots:
                 self._forget_intents(record)
             self.records.delete(uid)
-            if self.adoptions is not None:  # a converted volume grown here has both
+            if converted and self.adoptions is not None:  # grown here: both records
                 self.adoptions.forget(record.volume_id)
             LOG.info("deleted %s%s", record.volume_id, " (converted)" if converted else "")
         return csi_pb2.DeleteVolumeResponse()

@@ -45,7 +45,13 @@ def _seal_key(cluster: Cluster, ns: str) -> None:
     body = {"metadata": {"name": KEY_SECRET}, "data": {"key": base64.b64encode(KEY).decode()}}
     with contextlib.suppress(ApiException):  # made for an earlier claim of the namespace
         cluster.core.create_namespaced_secret(ns, body)
-    lease = {"metadata": {"name": "flexhub-csi-k8s-io"}, "spec": {"holderIdentity": "test"}}
+    import datetime
+
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    lease = {
+        "metadata": {"name": "flexhub-csi-k8s-io"},
+        "spec": {"holderIdentity": "test", "renewTime": now, "leaseDurationSeconds": 137},
+    }
     with contextlib.suppress(ApiException):
         client.CoordinationV1Api(cluster.api).create_namespaced_lease(ns, lease)
 
@@ -479,6 +485,8 @@ def test_a_provisioned_claim_converted_is_reclaimed_by_the_csi_driver(
 
     ns = namespace(cluster, "conv")
     _class(cluster, "conv-loop", {"backend": "loopfile", "fsType": "ext4"})
+    names = [s.metadata.name for s in cluster.core.list_namespaced_secret(NAMESPACE).items]
+    key_made = KEY_SECRET not in names  # by the provisioner below: gone again at the end
     leader = provisioner(cluster, "provisioner-convert")
     try:
         uid = _claim(cluster, ns, CLAIM, "conv-loop").metadata.uid
@@ -520,6 +528,9 @@ def test_a_provisioned_claim_converted_is_reclaimed_by_the_csi_driver(
         for cm in (record, backup_name(ns, CLAIM)):
             with contextlib.suppress(ApiException):
                 cluster.core.delete_namespaced_config_map(cm, NAMESPACE)
+        if key_made:
+            with contextlib.suppress(ApiException):
+                cluster.core.delete_namespaced_secret(KEY_SECRET, NAMESPACE)
         _cleanup(cluster, ns, name)
 
 

@@ -40,15 +40,16 @@ class FakeKube:
         self.cms: dict[tuple[str, str], dict[str, Any]] = {}
         self.log: list[str] = []
         self.key: bytes | None = KEY
-        #: the Leases there are: csi-provisioner's of a CSI controller in flexhub's namespace
-        self.leases = {("flexhub-system", "flexhub-csi-k8s-io")}
+        #: the Leases there are, by the seconds since their renewal: csi-provisioner's of a CSI
+        #: controller in flexhub's namespace
+        self.leases: dict[tuple[str, str], float] = {("flexhub-system", "flexhub-csi-k8s-io"): 5.0}
         self._versions = itertools.count(100)
 
     def sealing_key(self, ns: str) -> bytes | None:
         return self.key
 
-    def lease_exists(self, ns: str, name: str) -> bool:
-        return (ns, name) in self.leases
+    def lease_age(self, ns: str, name: str) -> float | None:
+        return self.leases.get((ns, name))
 
     def _bind(self) -> None:
         for c in self.claims.values():
@@ -114,6 +115,7 @@ class FakeKube:
         policy: str,
         finalizers: list[str] | None = None,
         unchanged: bool = False,
+        annotations: dict[str, str] | None = None,
     ) -> None:
         now = self.pvs[pv["metadata"]["name"]]
         assert now["metadata"]["uid"] == pv["metadata"]["uid"]
@@ -123,6 +125,7 @@ class FakeKube:
             raise ConvertError(f"PV {pv['metadata']['name']} changed while ...")
         now["metadata"]["resourceVersion"] = str(next(self._versions))
         now["spec"]["persistentVolumeReclaimPolicy"] = policy
+        now["metadata"].setdefault("annotations", {}).update(annotations or {})
         if finalizers is not None:
             now["metadata"]["finalizers"] = finalizers
         self.log.append(f"set pv {pv['metadata']['name']} {policy}")

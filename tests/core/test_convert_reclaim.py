@@ -46,6 +46,15 @@ def _reseal(pv: dict[str, Any]) -> None:
     pv["metadata"]["annotations"][ANN_SEAL] = Sealer(KEY).seal(pv)
 
 
+def _with_record(**keys: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`_sealed` with ``keys`` set in its reclaim record, sealed again."""
+    pv, pvc = _sealed()
+    record = json.loads(pv["metadata"]["annotations"]["flexhub/reclaim"])
+    pv["metadata"]["annotations"]["flexhub/reclaim"] = json.dumps({**record, **keys})
+    _reseal(pv)
+    return pv, pvc
+
+
 def test_a_reclaimed_pv_gets_delete_back_after_its_record_and_its_binding() -> None:
     pv, pvc = _sealed()
     kube = _kube(pv, pvc)
@@ -67,11 +76,7 @@ def test_a_reclaimed_pv_gets_delete_back_after_its_record_and_its_binding() -> N
 
 
 def test_the_class_secret_becomes_the_deletion_and_expansion_secret() -> None:
-    pv, pvc = _sealed()
-    record = json.loads(pv["metadata"]["annotations"]["flexhub/reclaim"])
-    record["classSecret"] = "storage/iscsi-host"
-    pv["metadata"]["annotations"]["flexhub/reclaim"] = json.dumps(record)
-    _reseal(pv)
+    pv, pvc = _with_record(classSecret="storage/iscsi-host")
     kube = _kube(pv, pvc)
     _run(kube)
     csi = kube.pvs[NAME]
@@ -305,6 +310,23 @@ def test_no_csi_controller_in_the_namespace_is_refused_before_anything_changes()
     assert (kube.pvs, kube.claims) == before and kube.cms == {}
 
 
+def _beside_the_bound_mark(
+    kube: FakeKube, monkeypatch: pytest.MonkeyPatch, beside: Any
+) -> list[int]:
+    """Run ``beside()`` once, as convert marks its copy bound (between its read of the PV
+    and its Delete)."""
+    real, ran = kube.patch_config_map, []
+
+    def patch(ns: str, name: str, data: dict[str, str], labels: Any = None) -> None:
+        if data.get("step") == steps.BOUND and not ran:
+            ran.append(1)
+            beside()
+        real(ns, name, data, labels)
+
+    monkeypatch.setattr(kube, "patch_config_map", patch)
+    return ran
+
+
 def test_a_rollback_racing_the_policy_restore_never_leaves_a_released_delete_pv(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -317,28 +339,39 @@ def test_a_rollback_racing_the_policy_restore_never_leaves_a_released_delete_pv(
     monkeypatch.setattr(steps, "_killed_after", _stop_after("pv-created"))
     with pytest.raises(_Killed):
         _run(kube)
+
+    def rollback() -> None:
+        monkeypatch.setattr(steps, "_killed_after", _stop_after("rollback-claim-deleted"))
+        with pytest.raises(_Killed):
+            steps.rollback_claim(kube, "team", "data", S, lambda line: None)  # type: ignore[arg-type]
+        monkeypatch.setattr(steps, "_killed_after", lambda step: None)
+
+    ran = _beside_the_bound_mark(kube, monkeypatch, rollback)
     monkeypatch.setattr(steps, "_killed_after", lambda step: None)
-    real_pv, raced = kube.pv, []
-    backup = ("flexhub-system", plan.backup_name("team", "data"))
-
-    def pv_then_rollback(name: str) -> dict[str, Any] | None:
-        """The PV as convert reads it to restore Delete, then the rollback beside it."""
-        found = real_pv(name)
-        bound = kube.cms[backup]["data"]["step"] == steps.BOUND
-        if not raced and found and found["spec"].get("csi") and bound:
-            raced.append(1)
-            monkeypatch.setattr(steps, "_killed_after", _stop_after("rollback-claim-deleted"))
-            with pytest.raises(_Killed):
-                steps.rollback_claim(kube, "team", "data", S, lambda line: None)  # type: ignore[arg-type]
-            monkeypatch.setattr(steps, "_killed_after", lambda step: None)
-        return found
-
-    kube.pv = pv_then_rollback  # type: ignore[method-assign]
     with pytest.raises(ConvertError):
         steps.convert_claim(kube, "team", "data", S, lambda line: None)  # type: ignore[arg-type]
-    assert raced
+    assert ran
     csi = kube.pvs.get(NAME)
     assert csi is None or csi["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+
+
+def test_delete_lands_only_on_the_pv_as_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PV written by someone else after convert read it (its claim still bound): the
+    Delete is not set (the resourceVersion test), in one line, and the PV keeps Retain."""
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    monkeypatch.setattr(steps, "_killed_after", _stop_after("pv-created"))
+    with pytest.raises(_Killed):
+        _run(kube)
+    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
+
+    def written() -> None:
+        kube.pvs[NAME]["metadata"]["resourceVersion"] = "written-meanwhile"
+
+    _beside_the_bound_mark(kube, monkeypatch, written)
+    with pytest.raises(ConvertError, match="changed while"):
+        _run(kube)
+    assert kube.pvs[NAME]["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
 
 
 def test_a_rerun_after_the_volume_was_reclaimed_makes_nothing_again(
@@ -388,12 +421,120 @@ def test_a_killed_rollback_finishes_though_it_deleted_the_csi_pv(
 
 def test_a_record_whose_reclaim_on_is_unknown_is_not_handed_to_csi() -> None:
     """The FlexVolume provisioner refuses a record whose reclaimOn it does not know."""
-    pv, pvc = _sealed()
-    record = json.loads(pv["metadata"]["annotations"]["flexhub/reclaim"])
-    record["reclaimOn"] = "archive-host"
-    pv["metadata"]["annotations"]["flexhub/reclaim"] = json.dumps(record)
-    _reseal(pv)
+    pv, pvc = _with_record(reclaimOn="archive-host")
     kube = _kube(pv, pvc)
     with pytest.raises(ConvertError, match="reclaimOn 'archive-host'"):
         _run(kube)
     assert kube.cms == {}
+
+
+# -- from the second hostile review (each failed before its fix) ---------------------------
+
+
+def test_a_convert_rerun_beside_a_rollback_never_leaves_its_claim_deleted_under_delete(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Convert killed once its CSI PV existed (Retain). A rollback begins; while it checks the
+    pods, a rerun of convert runs to its end (Delete back). The rollback used to delete the
+    CSI claim of that Delete PV, its record still there: the storage reclaimed under it."""
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    monkeypatch.setattr(steps, "_killed_after", _stop_after("pv-created"))
+    with pytest.raises(_Killed):
+        _run(kube)
+    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
+    seen: list[str] = []
+    real_pods, real_delete = kube.pods_using, kube.delete_claim
+
+    def pods_using(ns: str, name: str) -> list[str]:
+        if not seen:  # the rollback's in-use check: the whole rerun of convert runs here
+            seen.append("convert")
+            steps.convert_claim(kube, "team", "data", S, lambda line: None)  # type: ignore[arg-type]
+        return real_pods(ns, name)
+
+    def delete_claim(ns: str, name: str, uid: str) -> None:
+        seen.append(kube.pvs[NAME]["spec"]["persistentVolumeReclaimPolicy"])
+        real_delete(ns, name, uid)
+
+    monkeypatch.setattr(kube, "pods_using", pods_using)
+    monkeypatch.setattr(kube, "delete_claim", delete_claim)
+    steps.rollback_claim(kube, "team", "data", S, lambda line: None)  # type: ignore[arg-type]
+    assert seen[0] == "convert" and seen[1] == "Retain"
+    assert kube.pvs[NAME]["spec"].get("flexVolume")
+
+
+def test_a_rollback_refused_for_a_pod_changes_nothing() -> None:
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    _run(kube)
+    before = copy.deepcopy((kube.pvs, kube.claims, kube.cms))
+    kube.pods_using = lambda ns, name: ["app-0"]  # type: ignore[method-assign]
+    with pytest.raises(ConvertError, match="used by pod"):
+        _run(kube, rollback=True)
+    assert (kube.pvs, kube.claims, kube.cms) == before
+
+
+def _as_before_this_release(kube: FakeKube) -> None:
+    """What a convert of the release before left: the copy done (no Delete given), the CSI
+    PV Retain, no record."""
+    backup = kube.cms[("flexhub-system", plan.backup_name("team", "data"))]
+    del backup["data"][steps.DELETE_GIVEN]
+    kube.pvs[NAME]["spec"]["persistentVolumeReclaimPolicy"] = "Retain"
+    kube.cms.pop(RECORD)
+
+
+def test_an_older_releases_copy_of_a_deleted_retain_pv_still_rolls_back() -> None:
+    """Its PV was Retain: deleting it left the storage, and the copy is the way back."""
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    _run(kube)
+    _as_before_this_release(kube)
+    del kube.claims[("team", "data")]
+    del kube.pvs[NAME]
+    _run(kube, rollback=True)
+    assert kube.pvs[NAME]["spec"].get("flexVolume")
+
+
+def test_an_older_releases_copy_is_never_made_a_record_by_a_rerun() -> None:
+    """Its copy was never checked against the seal: a rerun wrote the CSI record from it
+    (a file of another claim here), which the CSI controller acts on with its own rights."""
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    _run(kube)
+    _as_before_this_release(kube)
+    backup = kube.cms[("flexhub-system", plan.backup_name("team", "data"))]
+    saved = json.loads(backup["data"]["pv.json"])
+    saved["spec"]["flexVolume"]["options"]["file"] = "provisioned/pvc-other.img"
+    saved["metadata"]["annotations"].pop(ANN_SEAL, None)
+    backup["data"]["pv.json"] = plan.saved_text(saved)
+    kube.leases.clear()
+    _run(kube)  # converted already
+    assert RECORD not in kube.cms
+
+
+def test_a_lease_not_renewed_for_long_is_no_controller() -> None:
+    """A Lease outlives an uninstalled CSI controller."""
+    pv, pvc = _sealed()
+    kube = _kube(pv, pvc)
+    kube.leases[("flexhub-system", "flexhub-csi-k8s-io")] = 3600.0
+    with pytest.raises(ConvertError, match="no CSI controller"):
+        _run(kube)
+    assert kube.cms == {}
+
+
+def test_the_api_servers_refusal_of_a_changed_pv_is_one_line() -> None:
+    from kubernetes.client.rest import ApiException
+
+    from flexhub.convert.kube import Kube
+
+    class Core:
+        def patch_persistent_volume(self, name: str, patch: Any, **_: Any) -> None:
+            assert {"op": "test", "path": "/metadata/resourceVersion", "value": "7"} in patch
+            raise ApiException(status=422, reason="Unprocessable Entity")
+
+    kube = Kube.__new__(Kube)
+    kube.core = Core()
+    pv = {"metadata": {"name": NAME, "uid": "u", "resourceVersion": "7"}}
+    with pytest.raises(ConvertError, match="changed while") as refused:
+        kube.set_pv(pv, "Delete", unchanged=True)
+    assert "\n" not in str(refused.value)
