@@ -92,6 +92,11 @@ def _uid(obj: Mapping[str, Any] | None) -> str:
     return str(((obj or {}).get("metadata") or {}).get("uid") or "")
 
 
+def _handle(pv: Mapping[str, Any] | None) -> str:
+    """The ``volumeHandle`` of a CSI PV (``""``: none, or not a CSI PV)."""
+    return str((((pv or {}).get("spec") or {}).get("csi") or {}).get("volumeHandle") or "")
+
+
 def _annotation(obj: Mapping[str, Any] | None, key: str) -> str:
     return str((((obj or {}).get("metadata") or {}).get("annotations") or {}).get(key) or "")
 
@@ -251,7 +256,7 @@ def _refuse_reclaimed(kube: Kube, pv: Mapping[str, Any], pvc: Mapping[str, Any],
     FlexVolume one) again would name storage that is no more."""
     volume, handle = pv["metadata"]["name"], plan.volume_handle(pv, pvc)
     now = kube.pv(volume)
-    if now is None or ((now.get("spec") or {}).get("csi") or {}).get("volumeHandle") != handle:
+    if now is None or _handle(now) != handle:
         meta = pvc["metadata"]
         raise ConvertError(
             f"claim {meta['namespace']}/{meta['name']}: its converted PV {volume} is gone "
@@ -327,7 +332,7 @@ def _forward(
         sc = str((claim.get("spec") or {}).get("storageClassName") or "")
         now = kube.create_pv(_csi_pv(pv, pvc, _uid(claim), sc))
         say(f"PV {volume}: created on CSI driver {plan.CSI_DRIVER}, volumeHandle {handle}")
-    if ((now.get("spec") or {}).get("csi") or {}).get("volumeHandle") != handle:
+    if _handle(now) != handle:
         raise ConvertError(f"PV {volume} was made again meanwhile (not by flexhub convert)")
     _killed_after("pv-created")
     _wait_bound(kube, ns, name, volume, settings)
@@ -369,7 +374,7 @@ def _restore_delete(kube: Kube, pv: Mapping[str, Any], pvc: Mapping[str, Any],
             f"claim {ns}/{name}: a rollback of it has begun (its saved copy and PV say so): the "
             "policy stays Retain; finish it with flexhub convert --rollback"
         )
-    if now is None or ((now.get("spec") or {}).get("csi") or {}).get("volumeHandle") != handle:
+    if now is None or _handle(now) != handle:
         raise ConvertError(f"PV {volume} was made again meanwhile (not by flexhub convert)")
     kube.patch_config_map(bns, backup_name, {"step": BOUND, DELETE_GIVEN: "given"})
     bound = (claim.get("status") or {}).get("phase") == "Bound" and (
@@ -473,9 +478,7 @@ def rollback_claim(
         _drop_record(kube, bns, handle)
         kube.delete_config_map(bns, backup_name)
         return []
-    ours = original_pv or (
-        now is not None and ((now.get("spec") or {}).get("csi") or {}).get("volumeHandle") == handle
-    )
+    ours = original_pv or (now is not None and _handle(now) == handle)
     if now is not None and ours and not original_pv and not _annotation(now, ANN_ROLLING_BACK):
         # written even when Retain already: a convert beside that read it finds it changed
         kube.set_pv(now, "Retain", annotations={ANN_ROLLING_BACK: old_claim})

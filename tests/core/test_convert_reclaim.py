@@ -42,6 +42,17 @@ def _run(kube: FakeKube, rollback: bool = False, dry_run: bool = False) -> list[
     return steps.run(kube, "team", ["data"], settings, rollback, lambda line: None)  # type: ignore[arg-type]
 
 
+def _killed(
+    monkeypatch: pytest.MonkeyPatch, kube: FakeKube, step: str, rollback: bool = False
+) -> None:
+    """Convert (or roll back) on ``kube`` until it is killed after ``step``; later runs of
+    the test are not killed."""
+    monkeypatch.setattr(steps, "_killed_after", _stop_after(step))
+    with pytest.raises(_Killed):
+        _run(kube, rollback=rollback)
+    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
+
+
 def _reseal(pv: dict[str, Any]) -> None:
     pv["metadata"]["annotations"][ANN_SEAL] = Sealer(KEY).seal(pv)
 
@@ -153,14 +164,11 @@ def test_a_kill_after_any_step_and_a_rerun_ends_delete_with_its_record(
 ) -> None:
     pv, pvc = _sealed()
     kube = _kube(pv, pvc)
-    monkeypatch.setattr(steps, "_killed_after", _stop_after(step))
-    with pytest.raises(_Killed):
-        _run(kube)
+    _killed(monkeypatch, kube, step)
     if step in ("record-written", "pv-created"):  # not yet Delete: nothing can reclaim it
         assert NAME not in kube.pvs or (
             kube.pvs[NAME]["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
         )
-    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
     _run(kube)
     assert kube.pvs[NAME]["spec"]["persistentVolumeReclaimPolicy"] == "Delete"
     assert RECORD in kube.cms
@@ -208,11 +216,8 @@ def test_a_rollback_of_a_convert_killed_before_the_pv_drops_the_record(
 ) -> None:
     pv, pvc = _sealed()
     kube = _kube(pv, pvc)
-    monkeypatch.setattr(steps, "_killed_after", _stop_after("record-written"))
-    with pytest.raises(_Killed):
-        _run(kube)
+    _killed(monkeypatch, kube, "record-written")
     assert RECORD in kube.cms
-    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
     _run(kube, rollback=True)
     assert RECORD not in kube.cms
     assert kube.pvs[NAME]["spec"].get("flexVolume")
@@ -226,11 +231,8 @@ def test_a_record_deleted_before_the_rerun_is_written_before_delete_comes_back(
     the volume is gone and leave its storage behind."""
     pv, pvc = _sealed()
     kube = _kube(pv, pvc)
-    monkeypatch.setattr(steps, "_killed_after", _stop_after("pv-created"))
-    with pytest.raises(_Killed):
-        _run(kube)
+    _killed(monkeypatch, kube, "pv-created")
     del kube.cms[RECORD]
-    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
     kube.log.clear()
     _run(kube)
     assert kube.log.index(f"create configmap {RECORD[1]}") < kube.log.index(f"set pv {NAME} Delete")
@@ -336,9 +338,7 @@ def test_a_rollback_racing_the_policy_restore_never_leaves_a_released_delete_pv(
     a FlexVolume PV for."""
     pv, pvc = _sealed()
     kube = _kube(pv, pvc)
-    monkeypatch.setattr(steps, "_killed_after", _stop_after("pv-created"))
-    with pytest.raises(_Killed):
-        _run(kube)
+    _killed(monkeypatch, kube, "pv-created")
 
     def rollback() -> None:
         monkeypatch.setattr(steps, "_killed_after", _stop_after("rollback-claim-deleted"))
@@ -347,7 +347,6 @@ def test_a_rollback_racing_the_policy_restore_never_leaves_a_released_delete_pv(
         monkeypatch.setattr(steps, "_killed_after", lambda step: None)
 
     ran = _beside_the_bound_mark(kube, monkeypatch, rollback)
-    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
     with pytest.raises(ConvertError):
         steps.convert_claim(kube, "team", "data", S, lambda line: None)  # type: ignore[arg-type]
     assert ran
@@ -360,10 +359,7 @@ def test_delete_lands_only_on_the_pv_as_read(monkeypatch: pytest.MonkeyPatch) ->
     Delete is not set (the resourceVersion test), in one line, and the PV keeps Retain."""
     pv, pvc = _sealed()
     kube = _kube(pv, pvc)
-    monkeypatch.setattr(steps, "_killed_after", _stop_after("pv-created"))
-    with pytest.raises(_Killed):
-        _run(kube)
-    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
+    _killed(monkeypatch, kube, "pv-created")
 
     def written() -> None:
         kube.pvs[NAME]["metadata"]["resourceVersion"] = "written-meanwhile"
@@ -382,10 +378,7 @@ def test_a_rerun_after_the_volume_was_reclaimed_makes_nothing_again(
     that is no more."""
     pv, pvc = _sealed()
     kube = _kube(pv, pvc)
-    monkeypatch.setattr(steps, "_killed_after", _stop_after("policy-restored"))
-    with pytest.raises(_Killed):
-        _run(kube)
-    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
+    _killed(monkeypatch, kube, "policy-restored")
     _reclaimed_by_csi(kube)
     with pytest.raises(ConvertError, match="is gone") as refused:
         _run(kube)
@@ -410,11 +403,8 @@ def test_a_killed_rollback_finishes_though_it_deleted_the_csi_pv(
     pv, pvc = _sealed()
     kube = _kube(pv, pvc)
     _run(kube)
-    monkeypatch.setattr(steps, "_killed_after", _stop_after("rollback-pv-deleted"))
-    with pytest.raises(_Killed):
-        _run(kube, rollback=True)
+    _killed(monkeypatch, kube, "rollback-pv-deleted", rollback=True)
     assert NAME not in kube.pvs
-    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
     _run(kube, rollback=True)
     assert kube.pvs[NAME]["spec"].get("flexVolume")
 
@@ -439,10 +429,7 @@ def test_a_convert_rerun_beside_a_rollback_never_leaves_its_claim_deleted_under_
     CSI claim of that Delete PV, its record still there: the storage reclaimed under it."""
     pv, pvc = _sealed()
     kube = _kube(pv, pvc)
-    monkeypatch.setattr(steps, "_killed_after", _stop_after("pv-created"))
-    with pytest.raises(_Killed):
-        _run(kube)
-    monkeypatch.setattr(steps, "_killed_after", lambda step: None)
+    _killed(monkeypatch, kube, "pv-created")
     seen: list[str] = []
     real_pods, real_delete = kube.pods_using, kube.delete_claim
 
