@@ -5,8 +5,8 @@ Two tiers need it: the deployment tests (an image, a DaemonSet install) and the 
 guest runs the driver through it as a node does (a guest call then starts the runtime's own
 interpreter, with no ``site`` ``.pth`` files and byte-compiled modules, instead of the editable
 install). ``.ci/run`` builds it once before the sessions start; a session that finds no
-runtime for its inputs builds one (about a minute) under the cache's lock, so two sessions
-never build the same one twice.
+runtime for its inputs builds one (about a minute) under that entry's lock, so two sessions
+never build the same one twice, and a session waits only for the profile it asks for.
 """
 
 from __future__ import annotations
@@ -136,8 +136,11 @@ def cached_runtime(cache: Path | None = None, profile: str = "full") -> Path:
     root = cache or Path(os.environ.get(RUNTIME_CACHE_ENV) or DEFAULT_CACHE)
     root.mkdir(mode=0o755, parents=True, exist_ok=True)
     keyed = root / (runtime_inputs_digest() + ("" if profile == "full" else f"-{profile}"))
-    with open(root / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per inputs, however many sessions ask
+    # One lock per entry: one build per inputs, however many sessions ask, and a session that
+    # wants the full runtime (the VM guests) never waits out the node profile's build.
+    with open(root / f".lock-{keyed.name}", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        os.utime(lock.fileno())  # in use: .ci/run's weekly prune spares it
         found = _found(keyed)
         if found is None:
             # Built beside the entry and renamed into place whole: a session killed half-way

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -244,16 +242,21 @@ def _killed_after_storage(cluster: Cluster, ns: str, name: str, trace: Path) -> 
         FLEXHUB_TEST_PAUSE_AT="provisioner-made",
         FLEXHUB_TEST_TRACE=str(trace),
     )
-    claim = _claim(cluster, ns, "c", f"loop-{name}")
-    cluster.core.create_namespaced_pod(ns, claim_pod("p", "c"))
-    eventually(
-        "paused after the storage was made",
-        lambda: trace.exists() and "provisioner-made" in trace.read_text(),
-        timeout=120,
-    )
-    assert _pv(cluster, claim.metadata.uid) is None
-    os.killpg(paused.popen.pid, signal.SIGKILL)
-    paused.popen.wait()
+    try:
+        claim = _claim(cluster, ns, "c", f"loop-{name}")
+        cluster.core.create_namespaced_pod(ns, claim_pod("p", "c"))
+        eventually(
+            "paused after the storage was made",
+            lambda: trace.exists() and "provisioner-made" in trace.read_text(),
+            timeout=120,
+        )
+        made = _pv(cluster, claim.metadata.uid)
+        assert made is None, (
+            f"a PV for the claim before the paused provisioner went on: {made.metadata}\n"
+            f"{paused.name}'s log:\n{paused.tail(60)}"
+        )
+    finally:  # never left stopped (SIGSTOP) behind, whatever failed
+        paused.kill()
     return claim
 
 

@@ -53,3 +53,45 @@ def test_a_cache_others_may_write_is_refused(trusted_dir: Path) -> None:
     (trusted_dir / "cache").chmod(0o777)
     with pytest.raises(RuntimeError, match="refusing the test runtime"):
         cached_runtime(trusted_dir / "cache")
+
+
+def test_a_build_of_one_profile_does_not_hold_up_another(
+    trusted_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The VM guests' (full) runtime is handed out while the node profile's build is under
+    way (.ci/run builds both in the background, full first, and the VM sessions start
+    meanwhile)."""
+    import threading
+
+    import tests.runtime_cache as runtime_cache
+
+    runtime = plant(trusted_dir / "cache")
+    building, release = threading.Event(), threading.Event()
+
+    def slow_build(out: Path, profile: str = "full") -> Path:
+        building.set()
+        release.wait(60)
+        raise RuntimeError("the node build, cut short by the test")
+
+    def node_build() -> None:
+        with pytest.raises(RuntimeError, match="cut short"):
+            cached_runtime(trusted_dir / "cache", profile="node")
+
+    monkeypatch.setattr(runtime_cache, "build_runtime", slow_build)
+    node = threading.Thread(target=node_build)
+    node.start()
+    try:
+        assert building.wait(30)
+        found: list[Path] = []
+        asking = threading.Thread(
+            target=lambda: found.append(cached_runtime(trusted_dir / "cache"))
+        )
+        asking.start()
+        asking.join(timeout=30)
+        held_up = asking.is_alive()
+    finally:
+        release.set()
+        node.join()
+    asking.join()
+    assert not held_up
+    assert found == [runtime]
