@@ -232,6 +232,20 @@ def test_two_instances_make_one_pv_per_claim(cluster: Cluster) -> None:
         second.stop()
 
 
+def _provisioners_running() -> list[str]:
+    """Every ``flexhub provisioner`` process on this machine, with its state (T: stopped)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if any(b"flexhub" in word for word in argv) and b"provisioner" in argv:
+            found.append(f"{proc.name} ({state}): {b' '.join(argv).decode(errors='replace')[:200]}")
+    return found
+
+
 def _killed_after_storage(cluster: Cluster, ns: str, name: str, trace: Path) -> Any:
     """A loopfile claim ``c`` (and pod ``p``) of a class ``loop-<name>``, its provisioner
     SIGKILLed after the storage was made and before the PV was saved; the claim."""
@@ -253,6 +267,7 @@ def _killed_after_storage(cluster: Cluster, ns: str, name: str, trace: Path) -> 
         made = _pv(cluster, claim.metadata.uid)
         assert made is None, (
             f"a PV for the claim before the paused provisioner went on: {made.metadata}\n"
+            f"provisioners running: {_provisioners_running()}\n"
             f"{paused.name}'s log:\n{paused.tail(60)}"
         )
     finally:  # never left stopped (SIGSTOP) behind, whatever failed
