@@ -137,8 +137,10 @@ def cached_runtime(cache: Path | None = None, profile: str = "full") -> Path:
     root.mkdir(mode=0o755, parents=True, exist_ok=True)
     keyed = root / (runtime_inputs_digest() + ("" if profile == "full" else f"-{profile}"))
     # One lock per entry: one build per inputs, however many sessions ask, and a session that
-    # wants the full runtime (the VM guests) never waits out the node profile's build.
-    with open(root / f".lock-{keyed.name}", "a") as lock:
+    # wants the full runtime (the VM guests) never waits out the node profile's build. The
+    # lock file is root's alone (0600, never through a symlink), so no other user can hold it.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    with open(os.open(root / f".lock-{keyed.name}", flags, 0o600), "wb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         os.utime(lock.fileno())  # in use: .ci/run's weekly prune spares it
         found = _found(keyed)

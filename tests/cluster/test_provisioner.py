@@ -238,7 +238,7 @@ def _provisioners_running() -> list[str]:
     for proc in Path("/proc").iterdir():
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            state = (proc / "stat").read_text().rpartition(")")[2].split()[0]
+            state = (proc / "stat").read_bytes().rpartition(b")")[2].split()[0].decode()
         except OSError:
             continue
         if any(b"flexhub" in word for word in argv) and b"provisioner" in argv:

@@ -73,9 +73,13 @@ def test_a_build_of_one_profile_does_not_hold_up_another(
         release.wait(60)
         raise RuntimeError("the node build, cut short by the test")
 
+    failed: list[BaseException] = []
+
     def node_build() -> None:
-        with pytest.raises(RuntimeError, match="cut short"):
+        try:
             cached_runtime(trusted_dir / "cache", profile="node")
+        except RuntimeError as exc:  # checked below: a thread's failure fails no test
+            failed.append(exc)
 
     monkeypatch.setattr(runtime_cache, "build_runtime", slow_build)
     node = threading.Thread(target=node_build)
@@ -95,3 +99,55 @@ def test_a_build_of_one_profile_does_not_hold_up_another(
     asking.join()
     assert not held_up
     assert found == [runtime]
+    assert [str(exc) for exc in failed] == ["the node build, cut short by the test"]
+
+
+def test_two_sessions_asking_for_one_runtime_build_it_once(
+    trusted_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second session waits for the first one's build and uses it (no second build, no
+    clash renaming two builds into one entry)."""
+    import threading
+    import time
+
+    import tests.runtime_cache as runtime_cache
+
+    builds: list[str] = []
+
+    def build(out: Path, profile: str = "full") -> Path:
+        builds.append(profile)
+        time.sleep(0.5)  # long enough for the other session to ask meanwhile
+        made = out / "flexhub-0.1.0-built"
+        (made / "bin").mkdir(parents=True)
+        (made / MARKER).write_text(json.dumps({"python": "bin/python3.11"}))
+        return made
+
+    (trusted_dir / "cache").mkdir(mode=0o755)
+    monkeypatch.setattr(runtime_cache, "build_runtime", build)
+    found: list[Path] = []
+    sessions = [
+        threading.Thread(target=lambda: found.append(cached_runtime(trusted_dir / "cache")))
+        for _ in range(2)
+    ]
+    for session in sessions:
+        session.start()
+    for session in sessions:
+        session.join(timeout=60)
+    assert builds == ["full"]
+    assert len(found) == 2 and found[0] == found[1]
+    assert found[0].name == "flexhub-0.1.0-built"
+
+
+def test_the_lock_is_roots_alone_and_never_a_symlink(trusted_dir: Path) -> None:
+    """A lock file no other user can open (so none can hold the cache up), and a symlink
+    planted in its place is refused, not followed."""
+    runtime = plant(trusted_dir / "cache")
+    assert cached_runtime(trusted_dir / "cache") == runtime
+    lock = trusted_dir / "cache" / f".lock-{runtime_inputs_digest()}"
+    assert lock.stat().st_mode & 0o777 == 0o600
+    lock.unlink()
+    target = trusted_dir / "elsewhere"
+    lock.symlink_to(target)
+    with pytest.raises(OSError):
+        cached_runtime(trusted_dir / "cache")
+    assert not target.exists()
