@@ -152,10 +152,18 @@ def cached_runtime(cache: Path | None = None, profile: str = "full") -> Path:
             try:
                 built = build_runtime(staging, profile)
                 staging.rename(keyed)
+            except OSError:
+                # an entry made meanwhile by a session that took no lock of this name (an
+                # older checkout's): its build is as good as this one's
+                shutil.rmtree(staging, ignore_errors=True)
+                found = _found(keyed)
+                if found is None:
+                    raise
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
-            found = keyed / built.relative_to(staging)
+            else:
+                found = keyed / built.relative_to(staging)
     check_trusted(found)  # a guest and the deploy tests run it as root
     os.utime(keyed)  # in use: .ci/run prunes what no run used for a week
     return found

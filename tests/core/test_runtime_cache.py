@@ -19,6 +19,11 @@ def plant(cache: Path, owner: int = 0, mode: int = 0o755) -> Path:
     """A runtime entry for this checkout's inputs, as a build leaves it (or as someone else
     put it there)."""
     cache.mkdir(mode=0o755)
+    return plant_into(cache, owner, mode)
+
+
+def plant_into(cache: Path, owner: int = 0, mode: int = 0o755) -> Path:
+    """:func:`plant` into an existing cache directory."""
     runtime = cache / runtime_inputs_digest() / "flexhub-0.1.0-planted"
     (runtime / "bin").mkdir(parents=True)
     (runtime / MARKER).write_text(json.dumps({"python": "bin/python3.11"}))
@@ -151,3 +156,25 @@ def test_the_lock_is_roots_alone_and_never_a_symlink(trusted_dir: Path) -> None:
     with pytest.raises(OSError):
         cached_runtime(trusted_dir / "cache")
     assert not target.exists()
+
+
+def test_an_entry_made_meanwhile_by_a_session_without_this_lock_is_used(
+    trusted_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkout from before the per-entry locks took another lock file: when its build
+    lands first, this session's rename fails and the entry it made is used."""
+    import tests.runtime_cache as runtime_cache
+
+    (trusted_dir / "cache").mkdir(mode=0o755)
+    planted: list[Path] = []
+
+    def build(out: Path, profile: str = "full") -> Path:
+        planted.append(plant_into(trusted_dir / "cache"))  # the other session's, first
+        made = out / "flexhub-0.1.0-mine"
+        (made / "bin").mkdir(parents=True)
+        (made / MARKER).write_text(json.dumps({"python": "bin/python3.11"}))
+        return made
+
+    monkeypatch.setattr(runtime_cache, "build_runtime", build)
+    assert cached_runtime(trusted_dir / "cache") == planted[0]
+    assert not list((trusted_dir / "cache").glob(".build-*"))
