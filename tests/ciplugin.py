@@ -14,7 +14,10 @@
 - When ``FLEXHUB_FILE_DURATIONS`` names a file, the seconds each test file took (setup, call
   and teardown of its tests, summed) and the 50 slowest tests are written there as JSON:
   ``.ci/run`` balances its VM groups with the files' (``.ci/durations.json``) and merges the
-  slowest tests of its concurrent sessions.
+  slowest tests of its concurrent sessions. The 50 tests that used the most CPU are written
+  there too (:func:`cpu_seconds`: the session's own, its reaped children's, and what its
+  live children, a VM's qemu or the control plane's processes among them, used meanwhile):
+  on a 2-core machine running three sessions the CPU, not the wall time, is what to cut.
 - The session runs with ``FLEXHUB_CONFIG`` naming a throw-away node config (state and log
   directories in a temporary directory), so a driver call a test forgot to configure lands
   there; and the node's real paths (``/etc/flexhub``, ``/var/lib/flexhub``,
@@ -44,6 +47,70 @@ DURATIONS_ENV = "FLEXHUB_FILE_DURATIONS"
 PATHS_ENV = "FLEXHUB_TEST_NODE_PATHS"  # the guard's own tests point it elsewhere (colon-separated)
 
 Snapshot = dict[str, tuple[int, int, int]]
+#: pid -> (start time in ticks, CPU seconds with its reaped children) of a live child
+Children = dict[int, tuple[int, float]]
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def live_children(parent: int | None = None) -> Children:
+    """This process's live children (``parent``'s) and the CPU each has used so far."""
+    parent = os.getpid() if parent is None else parent
+    found: Children = {}
+    entries = _children_of(parent)
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                fields = fh.read().rpartition(b")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 19 and int(fields[1]) == parent:
+            ticks = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+            found[int(entry)] = (int(fields[19]), ticks / _TICK)
+    return found
+
+
+def _children_of(parent: int) -> list[str]:
+    """The pids of ``parent``'s children: from its threads' ``children`` files (a few reads,
+    not one per process of the machine), else every pid (the caller checks the parent)."""
+    try:
+        tasks = os.listdir(f"/proc/{parent}/task")
+        pids: list[str] = []
+        for task in tasks:
+            with open(f"/proc/{parent}/task/{task}/children") as fh:
+                pids += fh.read().split()
+        return pids
+    except OSError:
+        try:
+            return [entry for entry in os.listdir("/proc") if entry.isdigit()]
+        except OSError:
+            return []
+
+
+def cpu_seconds(before: tuple[float, Children], after: tuple[float, Children]) -> float:
+    """CPU used between two :func:`cpu_mark` s: this process's and its reaped children's
+    (``getrusage``), plus what live children used meanwhile. A child alive at the first mark
+    and reaped by the second is in the second ``getrusage`` whole, so what it had used
+    before is taken off."""
+    (own0, live0), (own1, live1) = before, after
+    total = own1 - own0
+    for pid, (start, used) in live1.items():
+        was = live0.get(pid)
+        total += used - was[1] if was and was[0] == start else used
+    for pid, (start, used) in live0.items():
+        now = live1.get(pid)
+        if now is None or now[0] != start:
+            total -= used
+    return max(total, 0.0)
+
+
+def cpu_mark() -> tuple[float, Children]:
+    """This process's CPU with its reaped children's, and its live children's."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    used = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+    return used, live_children()
 
 
 def on_ci() -> bool:
@@ -134,6 +201,7 @@ class CiGuard:
         self.outcomes: dict[str, str] = {}
         self.touched: list[str] = []
         self.test_seconds: Counter[str] = Counter()
+        self.test_cpu: Counter[str] = Counter()
         self.before: Snapshot = {}
         self.base = Path(tempfile.mkdtemp(prefix="flexhub-test-node-"))
         self.saved_env = os.environ.get("FLEXHUB_CONFIG")
@@ -184,6 +252,17 @@ class CiGuard:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         self.before = snapshot(self.node_paths)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, object, object]:
+        """The CPU a test used, setup and teardown included (written with the durations)."""
+        if not os.environ.get(DURATIONS_ENV):
+            return (yield)
+        start = cpu_mark()
+        try:
+            return (yield)
+        finally:
+            self.test_cpu[item.nodeid] += cpu_seconds(start, cpu_mark())
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> Generator[None, None, None]:
@@ -240,6 +319,8 @@ class CiGuard:
             data = {
                 "files": {name: round(t, 1) for name, t in sorted(files.items())},
                 "slowest": [[n, round(t, 2)] for n, t in self.test_seconds.most_common(50)],
+                "cpu": [[n, round(t, 2)] for n, t in self.test_cpu.most_common(50)],
+                "cpu_total": round(sum(self.test_cpu.values()), 1),
             }
             Path(durations).write_text(json.dumps(data, indent=1) + "\n")
 

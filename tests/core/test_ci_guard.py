@@ -235,3 +235,68 @@ def test_ci_run_uses_the_tier_verdict() -> None:
     """.ci/run decides with these functions (not a copy of them that could drift)."""
     script = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
     assert "ciplugin.required_tiers(" in script and "ciplugin.tier_problems(" in script
+
+
+CPU_TESTS = """
+import os, subprocess, sys, time
+
+BURN = "import time\\nend = time.process_time() + 0.6\\nwhile time.process_time() < end: pass"
+
+def test_burns_in_a_child():
+    subprocess.run([sys.executable, "-c", BURN], check=True)
+
+def test_sleeps():
+    time.sleep(0.6)
+
+def test_a_live_child_burns_meanwhile(live):
+    # until the child has burnt its 0.6 s, however loaded the machine is
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with open(f"/proc/{live.pid}/stat", "rb") as fh:
+            fields = fh.read().rpartition(b")")[2].split()
+        if sum(int(f) for f in fields[11:13]) >= 0.55 * os.sysconf("SC_CLK_TCK"):
+            break
+        time.sleep(0.05)
+"""
+
+CPU_CONFTEST = """
+import subprocess, sys, pytest
+
+BURN = "import time\\nend = time.process_time() + 0.6\\nwhile time.process_time() < end: pass"
+
+@pytest.fixture(scope="session")
+def live():
+    # a long-running child started by an earlier test's fixture, as a VM's qemu is: what it
+    # uses while a test runs counts for that test
+    proc = subprocess.Popen([sys.executable, "-c", BURN + "\\ntime.sleep(3600)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+"""
+
+
+def test_each_test_s_cpu_is_written_with_the_durations(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU a test used, its children's and its live children's included, is written
+    with the durations (the lever on a CPU-bound CI is CPU, not wall time)."""
+    durations = pytester.path / "durations.json"
+    monkeypatch.setenv(ciplugin.DURATIONS_ENV, str(durations))
+    monkeypatch.delenv("CI", raising=False)
+    pytester.makeconftest(CPU_CONFTEST)
+    pytester.makepyfile(test_cpu=CPU_TESTS)
+    result = pytester.runpytest_subprocess("-p", "tests.ciplugin", "-p", "no:cacheprovider")
+    assert result.ret == 0
+    cpu = dict(json.loads(durations.read_text())["cpu"])
+    assert cpu["test_cpu.py::test_burns_in_a_child"] >= 0.5
+    assert cpu["test_cpu.py::test_sleeps"] < 0.3
+    assert cpu["test_cpu.py::test_a_live_child_burns_meanwhile"] >= 0.5
+
+
+def test_cpu_seconds_counts_a_child_reaped_meanwhile_once() -> None:
+    """A child alive at the first mark and reaped before the second is whole in the second
+    getrusage: what it had used before the first mark is taken off; a pid reused by a new
+    child (another start time) counts as new."""
+    before = (10.0, {7: (100, 2.0), 8: (200, 1.0)})
+    after = (13.5, {8: (999, 0.25)})  # 7 reaped (3.5 s whole in getrusage), 8 reused
+    assert ciplugin.cpu_seconds(before, after) == pytest.approx(3.5 - 2.0 - 1.0 + 0.25)
