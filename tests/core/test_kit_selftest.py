@@ -35,7 +35,7 @@ def flexhub_python():
 
 class TestKit(Conformance):
     backend = {backend!r}
-    call_timeout = 8  # (5 s was past by a plain unmount on a loaded CI machine)
+    call_timeout = 15  # (5 s, then 8 s, were past by a plain call on a loaded CI machine)
     overhead = 5
     recovery = 6
     node_settings = {{"release_retry_interval": 1}}
@@ -242,7 +242,7 @@ BROKEN = [
         "",
         None,
         "bounded",
-        "flexhub-kit bounded: mount took *s (bound 13s); bound every step of mount*",
+        "flexhub-kit bounded: mount took *s (bound 20s); bound every step of mount*",
     ),
     (
         "bounded",
