@@ -151,7 +151,12 @@ def cached_runtime(cache: Path | None = None, profile: str = "full") -> Path:
             staging.chmod(0o755)
             try:
                 built = build_runtime(staging, profile)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            try:
                 staging.rename(keyed)
+                found = keyed / built.relative_to(staging)
             except OSError:
                 # an entry made meanwhile by a session that took no lock of this name (an
                 # older checkout's): its build is as good as this one's
@@ -159,11 +164,6 @@ def cached_runtime(cache: Path | None = None, profile: str = "full") -> Path:
                 found = _found(keyed)
                 if found is None:
                     raise
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
-            else:
-                found = keyed / built.relative_to(staging)
     check_trusted(found)  # a guest and the deploy tests run it as root
     os.utime(keyed)  # in use: .ci/run prunes what no run used for a week
     return found

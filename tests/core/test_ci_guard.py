@@ -237,10 +237,13 @@ def test_ci_run_uses_the_tier_verdict() -> None:
     assert "ciplugin.required_tiers(" in script and "ciplugin.tier_problems(" in script
 
 
-CPU_TESTS = """
+#: Python that burns 0.6 s of CPU, however loaded the machine is.
+BURN = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
+
+CPU_TESTS = f"""
 import os, subprocess, sys, time
 
-BURN = "import time\\nend = time.process_time() + 0.6\\nwhile time.process_time() < end: pass"
+BURN = {BURN!r}
 
 def test_burns_in_a_child():
     subprocess.run([sys.executable, "-c", BURN], check=True)
@@ -252,17 +255,17 @@ def test_a_live_child_burns_meanwhile(live):
     # until the child has burnt its 0.6 s, however loaded the machine is
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        with open(f"/proc/{live.pid}/stat", "rb") as fh:
+        with open(f"/proc/{{live.pid}}/stat", "rb") as fh:
             fields = fh.read().rpartition(b")")[2].split()
         if sum(int(f) for f in fields[11:13]) >= 0.55 * os.sysconf("SC_CLK_TCK"):
             break
         time.sleep(0.05)
 """
 
-CPU_CONFTEST = """
+CPU_CONFTEST = f"""
 import subprocess, sys, pytest
 
-BURN = "import time\\nend = time.process_time() + 0.6\\nwhile time.process_time() < end: pass"
+BURN = {BURN!r}
 
 @pytest.fixture(scope="session")
 def live():

@@ -15,6 +15,13 @@ from tests.runtime_cache import MARKER, cached_runtime, runtime_inputs_digest
 pytestmark = needs_root
 
 
+def runtime_dir(runtime: Path) -> Path:
+    """A directory laid out as a runtime (its marker and ``bin/``), made with its parents."""
+    (runtime / "bin").mkdir(parents=True)
+    (runtime / MARKER).write_text(json.dumps({"python": "bin/python3.11"}))
+    return runtime
+
+
 def plant(cache: Path, owner: int = 0, mode: int = 0o755) -> Path:
     """A runtime entry for this checkout's inputs, as a build leaves it (or as someone else
     put it there)."""
@@ -24,9 +31,7 @@ def plant(cache: Path, owner: int = 0, mode: int = 0o755) -> Path:
 
 def plant_into(cache: Path, owner: int = 0, mode: int = 0o755) -> Path:
     """:func:`plant` into an existing cache directory."""
-    runtime = cache / runtime_inputs_digest() / "flexhub-0.1.0-planted"
-    (runtime / "bin").mkdir(parents=True)
-    (runtime / MARKER).write_text(json.dumps({"python": "bin/python3.11"}))
+    runtime = runtime_dir(cache / runtime_inputs_digest() / "flexhub-0.1.0-planted")
     (runtime / "bin" / "python3.11").write_text("#!/bin/sh\n")
     for path in (runtime.parent, runtime, runtime / "bin", runtime / "bin" / "python3.11"):
         os.chown(path, owner, owner)
@@ -122,10 +127,7 @@ def test_two_sessions_asking_for_one_runtime_build_it_once(
     def build(out: Path, profile: str = "full") -> Path:
         builds.append(profile)
         time.sleep(0.5)  # long enough for the other session to ask meanwhile
-        made = out / "flexhub-0.1.0-built"
-        (made / "bin").mkdir(parents=True)
-        (made / MARKER).write_text(json.dumps({"python": "bin/python3.11"}))
-        return made
+        return runtime_dir(out / "flexhub-0.1.0-built")
 
     (trusted_dir / "cache").mkdir(mode=0o755)
     monkeypatch.setattr(runtime_cache, "build_runtime", build)
@@ -170,10 +172,7 @@ def test_an_entry_made_meanwhile_by_a_session_without_this_lock_is_used(
 
     def build(out: Path, profile: str = "full") -> Path:
         planted.append(plant_into(trusted_dir / "cache"))  # the other session's, first
-        made = out / "flexhub-0.1.0-mine"
-        (made / "bin").mkdir(parents=True)
-        (made / MARKER).write_text(json.dumps({"python": "bin/python3.11"}))
-        return made
+        return runtime_dir(out / "flexhub-0.1.0-mine")
 
     monkeypatch.setattr(runtime_cache, "build_runtime", build)
     assert cached_runtime(trusted_dir / "cache") == planted[0]
