@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import shutil
 import tempfile
 from collections import Counter
@@ -105,8 +106,6 @@ def cpu_seconds(before: tuple[float, Children], after: tuple[float, Children]) -
 
 def cpu_mark() -> tuple[float, Children]:
     """This process's CPU with its reaped children's, and its live children's."""
-    import resource
-
     own = resource.getrusage(resource.RUSAGE_SELF)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
     used = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
