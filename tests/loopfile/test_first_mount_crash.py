@@ -23,6 +23,7 @@ from flexhub.admin.harness import Kubelet, go_json
 from flexhub.node.checkpoints import TRACE_ENV
 from flexhub.node.volumes import CHECKPOINTS, PAUSE_ENV
 from tests.conftest import needs_root
+from tests.kill_delays import kill_delays
 from tests.loopfile.conftest import loops_of
 from tests.loopfile.test_crash_e2e import assert_clean, assert_killed, assert_ok, call
 
@@ -215,15 +216,9 @@ def test_sigkill_while_mkfs_runs_converges(
     rng = random.Random(seed)
     window = mkfs_window(kube, node_tree, fs)
     hits = rounds = 0
-    # up to ROUNDS more volumes, used only while no kill has landed in mkfs yet (a machine
-    # faster or busier than when the window was measured makes a late kill miss it), each
-    # in the window's first half
-    for n in range(2 * ROUNDS):
-        if n >= ROUNDS and hits:
-            break
+    # the hits so far, read before each extra round
+    for n, delay in kill_delays(rng, window, ROUNDS, lambda: hits > 0):  # noqa: B023
         rounds += 1
-        # one random point in each slice of the window; the extra rounds in its first half
-        delay = (n + rng.random()) * window / ROUNDS if n < ROUNDS else rng.random() * window / 2
         vol = volume(f"r{n}")
         target, options = new_pod(kube, vol, fs)
         hit = kill_during_mkfs(kube, target, options, delay)

@@ -15,6 +15,7 @@ import random
 
 import pytest
 
+from tests.kill_delays import kill_delays
 from tests.rig import services
 from tests.rig.services import IscsiTarget
 from tests.rig.vm import KUBELET_ENV, VM
@@ -187,16 +188,12 @@ def test_first_mount_killed_at_random_delays_in_mkfs_converges(
     window = max(float(str(watched["window"])), 0.01)
     vm.write_file(f"{kept}/data", "theirs")
     kept_uuid = uuid_of(vm, kept)
-    # up to ROUNDS more LUNs (sparse), used only while no kill has landed in mkfs yet: under
-    # load, finding mkfs in the process tree lags, and a late kill misses it
+    # up to ROUNDS more LUNs (sparse), used only while no kill has landed in mkfs yet
     target = services.iscsi_target(vm, lun_sizes=[LUN] * 2 * ROUNDS)
     hits = rounds = 0
-    for n in range(2 * ROUNDS):
-        if n >= ROUNDS and hits:
-            break
+    # the hits so far, read before each extra round
+    for n, delay in kill_delays(rng, window, ROUNDS, lambda: hits > 0):  # noqa: B023
         rounds += 1
-        # one random point in each slice of the window; the extra rounds in its first half
-        delay = (n + rng.random()) * window / ROUNDS if n < ROUNDS else rng.random() * window / 2
         where = f"seed {seed}, round {n}, delay {delay:.3f}s of {window:.3f}s"
         directory = kubelet.pod_dir(f"pv-{n}")
         opts = options(target, n, directory, fs)
