@@ -64,6 +64,7 @@ __all__ = [
     "CommandTimeout",
     "FilesystemBackend",
     "FlexhubError",
+    "Frozen",
     "InvalidOptions",
     "LockTimeout",
     "MountEntry",

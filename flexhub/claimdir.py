@@ -48,11 +48,10 @@ import stat
 import sys
 import threading
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from flexhub.backend import CommandTimeout, InvalidOptions, VolumeError
+from flexhub.backend import CommandTimeout, Frozen, InvalidOptions, VolumeError
 from flexhub.node.statedir import process_alive
 from flexhub.pathpattern import ARCHIVE_PREFIX, check_recorded
 from flexhub.provisioning import Claim, Provisioned
@@ -352,8 +351,7 @@ def provisioned(
     )
 
 
-@dataclass(frozen=True)
-class MountedRoot:
+class MountedRoot(Frozen):
     """The export or share as the backend reaches it for one reclaim.
 
     :param source: what it is, in log lines and messages (``"host:/exports/k8s"``).
@@ -362,9 +360,18 @@ class MountedRoot:
     :param where: ``"export"`` or ``"share"``, in messages.
     """
 
+    __slots__ = ("source", "run", "where")  # noqa: RUF023 - the fields, in order
     source: str
     run: Callable[[str, float, Callable[[int], object]], object]
-    where: str = "export"
+    where: str
+
+    def __init__(
+        self,
+        source: str,
+        run: Callable[[str, float, Callable[[int], object]], object],
+        where: str = "export",
+    ) -> None:
+        self._set(source=source, run=run, where=where)
 
 
 def reclaim(

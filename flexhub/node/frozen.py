@@ -25,6 +25,9 @@ class Frozen:
 
     A subclass lists its fields in ``__slots__`` and sets them in ``__init__`` through
     :meth:`_set`; ``_compare`` names the fields that equality and the hash use (default: all).
+    Backends reach it as ``flexhub.backend.Frozen`` for their own records.
+
+    .. versionadded:: 0.3 (public)
     """
 
     __slots__ = ()

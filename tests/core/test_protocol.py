@@ -427,6 +427,26 @@ def test_kubelet_hot_path_imports_stay_lean(
     assert heavy == []
 
 
+#: What a shipped backend's import (every ``mount`` and ``unmount`` through it loads it) never
+#: imports: ``@dataclass`` compiles its methods at import and needs ``inspect``, about 20 ms a
+#: kubelet call on a node and half a second in the emulated test guest; records derive from
+#: ``flexhub.backend.Frozen`` instead.
+BACKEND_FORBIDDEN = ("dataclasses", "inspect", "ast")
+
+
+@pytest.mark.parametrize("backend", ["loopfile", "nfs", "cifs", "iscsi"])
+def test_shipped_backends_import_no_dataclasses(backend: str) -> None:
+    code = (
+        "import sys\n"
+        f"import flexhub_{backend}, flexhub.driver.kubelet\n"
+        f"print(' '.join(m for m in {BACKEND_FORBIDDEN!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [PYTHON, "-I", "-c", code], capture_output=True, text=True, cwd="/", check=True
+    )
+    assert out.stdout.split() == []
+
+
 #: What ``init`` and an ``unmount`` with nothing to unmount never import (issue: answer before
 #: importing anything the answer does not need).
 QUICK_FORBIDDEN = (

@@ -15,9 +15,8 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-from flexhub.backend import InvalidOptions, Secrets, Volume
+from flexhub.backend import Frozen, InvalidOptions, Secrets, Volume
 
 __all__ = [
     "CREDENTIAL_OPTIONS",
@@ -145,20 +144,45 @@ _OPTION = re.compile(r"([a-z0-9_]+)(=(.*))?", re.S)
 _CRED_TEXT = re.compile(r"[^\x00-\x1f\x7f,]{1,256}")
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(Frozen):
     """How one CIFS volume is mounted.
 
     ``options`` is the exact ``-o`` list of the pod's mount, without the credentials file
     (added for the one ``mount`` command only).
     """
 
+    __slots__ = (  # noqa: RUF023 - the fields, in order
+        "host",
+        "share",
+        "sub_path",
+        "version",
+        "options",
+        "read_only",
+    )
     host: str
     share: str
     sub_path: str
     version: str
     options: tuple[str, ...]
     read_only: bool
+
+    def __init__(
+        self,
+        host: str,
+        share: str,
+        sub_path: str,
+        version: str,
+        options: tuple[str, ...],
+        read_only: bool,
+    ) -> None:
+        self._set(
+            host=host,
+            share=share,
+            sub_path=sub_path,
+            version=version,
+            options=options,
+            read_only=read_only,
+        )
 
     @property
     def root_source(self) -> str:
@@ -173,13 +197,16 @@ class Plan:
         return f"{self.root_source}/{self.sub_path}"
 
 
-@dataclass(frozen=True)
-class Credentials:
+class Credentials(Frozen):
     """What goes into the credentials file. ``repr`` never shows the password."""
 
+    __slots__ = ("username", "password", "domain")  # noqa: RUF023 - the fields, in order
     username: str
     password: str
     domain: str
+
+    def __init__(self, username: str, password: str, domain: str) -> None:
+        self._set(username=username, password=password, domain=domain)
 
     def __repr__(self) -> str:
         return f"Credentials(username={self.username!r}, password='***', domain={self.domain!r})"

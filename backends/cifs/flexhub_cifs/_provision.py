@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from flexhub.backend import InvalidOptions, Volume
+from flexhub.backend import Frozen, InvalidOptions, Volume
 from flexhub.pathpattern import DEFAULT_PATTERN, check_pattern
 from flexhub_cifs._options import build_plan
 
@@ -35,14 +34,23 @@ _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
-@dataclass(frozen=True)
-class Spec:
+class Spec(Frozen):
     """What a class asks for: the options every PV of it shares, and its Secret."""
 
+    __slots__ = ("options", "pattern", "secret", "fs_type")  # noqa: RUF023 - the fields, in order
     options: Mapping[str, str]
     pattern: str
     secret: tuple[str, str]
     fs_type: str
+
+    def __init__(
+        self,
+        options: Mapping[str, str],
+        pattern: str,
+        secret: tuple[str, str],
+        fs_type: str,
+    ) -> None:
+        self._set(options=options, pattern=pattern, secret=secret, fs_type=fs_type)
 
     def pv_options(self, path: str) -> dict[str, str]:
         """The PV's options for the claim directory ``path`` (``backend`` is the

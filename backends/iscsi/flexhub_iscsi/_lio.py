@@ -41,7 +41,6 @@ import re
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -49,6 +48,7 @@ from flexhub.backend import (
     CommandError,
     CommandRunner,
     FlexhubError,
+    Frozen,
     InvalidOptions,
     NoRoom,
     Secrets,
@@ -148,44 +148,118 @@ def _full(pattern: re.Pattern[str], text: str) -> bool:
     return pattern.fullmatch(text) is not None and "\n" not in text
 
 
-@dataclass(frozen=True)
-class Ssh:
+class Ssh(Frozen):
     """How the provisioner reaches the target host."""
 
+    __slots__ = ("host", "user", "port")  # noqa: RUF023 - the fields, in order
     host: str
-    user: str = "root"
-    port: int = 22
+    user: str
+    port: int
+
+    def __init__(self, host: str, user: str = "root", port: int = 22) -> None:
+        self._set(host=host, user=user, port=port)
 
 
-@dataclass(frozen=True)
-class LioClass:
+class LioClass(Frozen):
     """A StorageClass's parameters, checked."""
 
+    __slots__ = (  # noqa: RUF023 - the fields, in order
+        "ssh",
+        "portals",
+        "iqn_prefix",
+        "directory",
+        "sparse",
+        "backstore",
+        "volume_group",
+        "initiators",
+        "node_secret",
+        "fs_type",
+        "overcommit",
+    )
     ssh: Ssh
     portals: tuple[Portal, ...]
     iqn_prefix: str
     directory: str
-    sparse: bool = True
-    backstore: str = "fileio"
-    volume_group: str = ""
-    initiators: tuple[str, ...] = ()
-    node_secret: tuple[str, str] | None = None
-    fs_type: str = "ext4"
-    overcommit: float = 1.0
+    sparse: bool
+    backstore: str
+    volume_group: str
+    initiators: tuple[str, ...]
+    node_secret: tuple[str, str] | None
+    fs_type: str
+    overcommit: float
+
+    def __init__(
+        self,
+        ssh: Ssh,
+        portals: tuple[Portal, ...],
+        iqn_prefix: str,
+        directory: str,
+        sparse: bool = True,
+        backstore: str = "fileio",
+        volume_group: str = "",
+        initiators: tuple[str, ...] = (),
+        node_secret: tuple[str, str] | None = None,
+        fs_type: str = "ext4",
+        overcommit: float = 1.0,
+    ) -> None:
+        self._set(
+            ssh=ssh,
+            portals=portals,
+            iqn_prefix=iqn_prefix,
+            directory=directory,
+            sparse=sparse,
+            backstore=backstore,
+            volume_group=volume_group,
+            initiators=initiators,
+            node_secret=node_secret,
+            fs_type=fs_type,
+            overcommit=overcommit,
+        )
 
 
-@dataclass(frozen=True)
-class LioVolume:
+class LioVolume(Frozen):
     """What reclaim and expand need of one volume: from the PV's options and its record."""
 
+    __slots__ = (  # noqa: RUF023 - the fields, in order
+        "ssh",
+        "iqn",
+        "name",
+        "directory",
+        "sparse",
+        "backstore",
+        "volume_group",
+        "overcommit",
+    )
     ssh: Ssh
     iqn: str
     name: str
     directory: str
     sparse: bool
-    backstore: str = "fileio"
-    volume_group: str = ""
-    overcommit: float = 1.0
+    backstore: str
+    volume_group: str
+    overcommit: float
+
+    def __init__(
+        self,
+        ssh: Ssh,
+        iqn: str,
+        name: str,
+        directory: str,
+        sparse: bool,
+        backstore: str = "fileio",
+        volume_group: str = "",
+        overcommit: float = 1.0,
+    ) -> None:
+        self._set(
+            ssh=ssh,
+            iqn=iqn,
+            name=name,
+            directory=directory,
+            sparse=sparse,
+            backstore=backstore,
+            volume_group=volume_group,
+            overcommit=overcommit,
+        )
 
     @property
     def file(self) -> str:

@@ -8,10 +8,10 @@ config). Error messages name option and secret *keys*, never a secret value.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from functools import total_ordering
 from typing import Any
 
-from flexhub.backend import FlexhubError, InvalidOptions, Volume
+from flexhub.backend import FlexhubError, Frozen, InvalidOptions, Volume
 from flexhub_iscsi._keys import parse_key, sha256
 
 __all__ = [
@@ -43,12 +43,25 @@ DISCOVERY = "discovery.sendtargets.auth."
 SESSION = "node.session.auth."
 
 
-@dataclass(frozen=True, order=True)
-class Portal:
-    """One ``host:port`` of a target; ``host`` has no brackets (IPv6 is bare here)."""
+@total_ordering
+class Portal(Frozen):
+    """One ``host:port`` of a target; ``host`` has no brackets (IPv6 is bare here).
 
+    Ordered by ``(host, port)``.
+    """
+
+    __slots__ = ("host", "port")
     host: str
-    port: int = DEFAULT_PORT
+    port: int
+
+    def __init__(self, host: str, port: int = DEFAULT_PORT) -> None:
+        self._set(host=host, port=port)
+
+    def __lt__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, Portal)
+        return (self.host, self.port) < (other.host, other.port)
 
     def __str__(self) -> str:
         """The form iscsiadm and ``/dev/disk/by-path`` use: ``[v6]:port`` or ``host:port``."""
@@ -83,17 +96,45 @@ def parse_portal(text: str) -> Portal:
     return Portal(host.lower() if ":" in host else host, port)
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(Frozen):
     """The options of one iSCSI volume."""
 
+    __slots__ = (  # noqa: RUF023 - the fields, in order
+        "iqn",
+        "lun",
+        "portals",
+        "iface",
+        "initiator_name",
+        "chap_discovery",
+        "chap_session",
+    )
     iqn: str
     lun: int
     portals: tuple[Portal, ...]
-    iface: str = DEFAULT_IFACE
-    initiator_name: str = ""
-    chap_discovery: bool = False
-    chap_session: bool = False
+    iface: str
+    initiator_name: str
+    chap_discovery: bool
+    chap_session: bool
+
+    def __init__(
+        self,
+        iqn: str,
+        lun: int,
+        portals: tuple[Portal, ...],
+        iface: str = DEFAULT_IFACE,
+        initiator_name: str = "",
+        chap_discovery: bool = False,
+        chap_session: bool = False,
+    ) -> None:
+        self._set(
+            iqn=iqn,
+            lun=lun,
+            portals=portals,
+            iface=iface,
+            initiator_name=initiator_name,
+            chap_discovery=chap_discovery,
+            chap_session=chap_session,
+        )
 
     @property
     def volume_id(self) -> str:
@@ -136,18 +177,34 @@ def dedicated_iface(base: str, initiator_name: str) -> str:
     return f"{IFACE_PREFIX}{digest}"
 
 
-@dataclass(frozen=True)
-class Chap:
+class Chap(Frozen):
     """CHAP credentials for discovery or for the session (mutual CHAP when ``*_in`` set).
 
     ``repr`` shows only which parts are present.
     """
 
+    __slots__ = ("prefix", "username", "password", "username_in", "password_in")  # noqa: RUF023
     prefix: str
     username: str
     password: str
-    username_in: str = ""
-    password_in: str = ""
+    username_in: str
+    password_in: str
+
+    def __init__(
+        self,
+        prefix: str,
+        username: str,
+        password: str,
+        username_in: str = "",
+        password_in: str = "",
+    ) -> None:
+        self._set(
+            prefix=prefix,
+            username=username,
+            password=password,
+            username_in=username_in,
+            password_in=password_in,
+        )
 
     def __repr__(self) -> str:
         mutual = "mutual" if self.username_in else "one-way"
@@ -239,8 +296,7 @@ SETTINGS_KEYS = (
 )
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(Frozen):
     """The node config's ``[iscsi]`` table.
 
     ``device_timeout``: seconds to wait for the LUN's block device after login (20).
@@ -255,12 +311,31 @@ class Settings:
     the iSCSI backend does not answer ``GetCapacity``.
     """
 
-    device_timeout: float = 20.0
-    multipath_timeout: float = 10.0
-    login_timeout: float = 60.0
-    command_timeout: float = 30.0
-    reservation_key: str = ""
-    capacity_secret_dir: str = ""
+    __slots__ = SETTINGS_KEYS  # the fields, in order
+    device_timeout: float
+    multipath_timeout: float
+    login_timeout: float
+    command_timeout: float
+    reservation_key: str
+    capacity_secret_dir: str
+
+    def __init__(
+        self,
+        device_timeout: float = 20.0,
+        multipath_timeout: float = 10.0,
+        login_timeout: float = 60.0,
+        command_timeout: float = 30.0,
+        reservation_key: str = "",
+        capacity_secret_dir: str = "",
+    ) -> None:
+        self._set(
+            device_timeout=device_timeout,
+            multipath_timeout=multipath_timeout,
+            login_timeout=login_timeout,
+            command_timeout=command_timeout,
+            reservation_key=reservation_key,
+            capacity_secret_dir=capacity_secret_dir,
+        )
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any]) -> Settings:
@@ -271,11 +346,12 @@ class Settings:
         from flexhub.backend import check_keys
 
         check_keys(None, "iscsi", table, SETTINGS_KEYS)
+        default = cls()
         return cls(
-            device_timeout=_number(table, "device_timeout", cls.device_timeout),
-            multipath_timeout=_number(table, "multipath_timeout", cls.multipath_timeout),
-            login_timeout=_number(table, "login_timeout", cls.login_timeout),
-            command_timeout=_number(table, "command_timeout", cls.command_timeout),
+            device_timeout=_number(table, "device_timeout", default.device_timeout),
+            multipath_timeout=_number(table, "multipath_timeout", default.multipath_timeout),
+            login_timeout=_number(table, "login_timeout", default.login_timeout),
+            command_timeout=_number(table, "command_timeout", default.command_timeout),
             reservation_key=_key(table),
             capacity_secret_dir=_directory(table, "capacity_secret_dir"),
         )

@@ -12,10 +12,9 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from flexhub.backend import FlexhubError, write_atomically
+from flexhub.backend import FlexhubError, Frozen, write_atomically
 from flexhub_iscsi._keys import format_key, parse_key, sha256
 
 __all__ = [
@@ -39,16 +38,32 @@ MAX_TTL = 24 * 3600
 _PREEMPT_DIR = "fence"
 
 
-@dataclass(frozen=True)
-class Authorization:
+class Authorization(Frozen):
     """An operator's permission for this node to preempt ``key`` on ``volume`` once, while
     the reservation is still at ``generation`` and before ``expires`` (a Unix time)."""
 
+    __slots__ = (  # noqa: RUF023 - the fields, in order
+        "volume",
+        "key",
+        "generation",
+        "granted",
+        "expires",
+    )
     volume: str
     key: int
     generation: int
     granted: float
     expires: float
+
+    def __init__(
+        self,
+        volume: str,
+        key: int,
+        generation: int,
+        granted: float,
+        expires: float,
+    ) -> None:
+        self._set(volume=volume, key=key, generation=generation, granted=granted, expires=expires)
 
     def expired(self, now: float | None = None) -> bool:
         return (time.time() if now is None else now) >= self.expires

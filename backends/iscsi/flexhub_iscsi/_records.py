@@ -20,10 +20,10 @@ import contextlib
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from functools import total_ordering
 from pathlib import Path
 
-from flexhub.backend import VolumeError
+from flexhub.backend import Frozen, VolumeError
 
 __all__ = ["NodeRecord", "RecordFiles", "shown"]
 
@@ -41,13 +41,23 @@ def shown(text: str) -> dict[str, str]:
     return values
 
 
-@dataclass(frozen=True, order=True)
-class NodeRecord:
+@total_ordering
+class NodeRecord(Frozen):
     """One node record file: target, ``address,port,tpgt`` directory and iface."""
 
+    __slots__ = ("iqn", "portal_dir", "iface")  # noqa: RUF023 - the fields, in order
     iqn: str
     portal_dir: str
     iface: str
+
+    def __init__(self, iqn: str, portal_dir: str, iface: str) -> None:
+        self._set(iqn=iqn, portal_dir=portal_dir, iface=iface)
+
+    def __lt__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, NodeRecord)
+        return (self.iqn, self.portal_dir, self.iface) < (other.iqn, other.portal_dir, other.iface)
 
     @property
     def portal(self) -> str:

@@ -54,10 +54,9 @@ import logging
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from flexhub.backend import CommandError, CommandRunner, Result, VolumeError
+from flexhub.backend import CommandError, CommandRunner, Frozen, Result, VolumeError
 from flexhub_iscsi._keys import (
     INITIATOR_FILE,
     MACHINE_ID,
@@ -144,14 +143,17 @@ class FenceConflict(VolumeError):
 # -- sg_persist ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Registration:
+class Registration(Frozen):
     """One registration in ``--read-full-status``: its key, whether it holds the
     reservation, and the initiator name of its I_T nexus ("" when not shown)."""
 
+    __slots__ = ("key", "holder", "initiator")  # noqa: RUF023 - the fields, in order
     key: int
     holder: bool
     initiator: str
+
+    def __init__(self, key: int, holder: bool, initiator: str) -> None:
+        self._set(key=key, holder=holder, initiator=initiator)
 
 
 def parse_full_status(text: str) -> tuple[int | None, list[Registration]]:
@@ -187,7 +189,6 @@ def foreign_registrations(
     return [r for r in registrations if r.key == key and r.initiator not in ("", *initiators)]
 
 
-@dataclass
 class Fence:
     """Persistent-reservation commands on the SCSI disks (paths) of one LUN.
 
@@ -201,7 +202,21 @@ class Fence:
     timeout: float
     key: int
     devices: Sequence[str]
-    initiators: Sequence[str] = field(default=())
+    initiators: Sequence[str]
+
+    def __init__(
+        self,
+        runner: CommandRunner,
+        timeout: float,
+        key: int,
+        devices: Sequence[str],
+        initiators: Sequence[str] = (),
+    ) -> None:
+        self.runner = runner
+        self.timeout = timeout
+        self.key = key
+        self.devices = devices
+        self.initiators = initiators
 
     def _sg(self, device: str, args: Sequence[str], what: str, ok: Sequence[int] = (0,)) -> Result:
         argv = ["sg_persist", "--no-inquiry", *args, device]

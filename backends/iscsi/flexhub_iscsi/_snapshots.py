@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from flexhub.backend import InvalidOptions
+from flexhub.backend import Frozen, InvalidOptions
 from flexhub_iscsi import _lio
 
 __all__ = ["LioSnapshot", "copy_timeout", "parse_snapshot", "snapshot_record", "snapshot_spec"]
@@ -66,15 +65,37 @@ def snapshot_record(volume: _lio.LioVolume, name: str, done: Mapping[str, Any]) 
     return record
 
 
-@dataclass(frozen=True)
-class LioSnapshot:
+class LioSnapshot(Frozen):
     """A snapshot's record, checked."""
 
+    __slots__ = (  # noqa: RUF023 - the fields, in order
+        "ssh",
+        "backstore",
+        "name",
+        "directory",
+        "volume_group",
+    )
     ssh: _lio.Ssh
     backstore: str
     name: str
-    directory: str = ""
-    volume_group: str = ""
+    directory: str
+    volume_group: str
+
+    def __init__(
+        self,
+        ssh: _lio.Ssh,
+        backstore: str,
+        name: str,
+        directory: str = "",
+        volume_group: str = "",
+    ) -> None:
+        self._set(
+            ssh=ssh,
+            backstore=backstore,
+            name=name,
+            directory=directory,
+            volume_group=volume_group,
+        )
 
     def spec(self) -> dict[str, Any]:
         """Where it is, for the target host's ``delete_snapshot``."""

@@ -21,8 +21,9 @@ import contextlib
 import logging
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
+
+from flexhub.backend import Frozen
 
 __all__ = ["Session", "Sysfs"]
 
@@ -34,10 +35,20 @@ _SESSION_DIR = re.compile(r"^session(\d+)$")
 _SECTOR = 512
 
 
-@dataclass(frozen=True)
-class Session:
+class Session(Frozen):
     """One live iSCSI session (a path to a target through one portal and iface)."""
 
+    __slots__ = (  # noqa: RUF023 - the fields, in order
+        "sid",
+        "target",
+        "iface",
+        "address",
+        "port",
+        "state",
+        "host",
+        "path",
+        "initiator",
+    )
     sid: int
     target: str
     iface: str
@@ -47,7 +58,31 @@ class Session:
     host: int
     path: Path
     #: the initiator name the session logged in with ("" if the kernel does not show it)
-    initiator: str = ""
+    initiator: str
+
+    def __init__(
+        self,
+        sid: int,
+        target: str,
+        iface: str,
+        address: str,
+        port: int,
+        state: str,
+        host: int,
+        path: Path,
+        initiator: str = "",
+    ) -> None:
+        self._set(
+            sid=sid,
+            target=target,
+            iface=iface,
+            address=address,
+            port=port,
+            state=state,
+            host=host,
+            path=path,
+            initiator=initiator,
+        )
 
     @property
     def logged_in(self) -> bool:

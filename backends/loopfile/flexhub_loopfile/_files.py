@@ -15,7 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-from flexhub.backend import InvalidOptions, NoRoom, VolumeError, fsync_directory
+from flexhub.backend import Frozen, InvalidOptions, NoRoom, VolumeError, fsync_directory
 from flexhub_loopfile import _room
 
 __all__ = [
@@ -69,44 +69,16 @@ def free_bytes(directory: Path) -> int:
     return vfs.f_bavail * vfs.f_frsize
 
 
-class _Created:
+class _Created(Frozen):
     """A backing file an attach of this instance created (for ``LoopfileBackend.discard``)."""
 
-    # (a frozen dataclass written out: ``@dataclass`` compiles its methods on every import,
-    # and kubelet starts the driver anew for every call)
-    __slots__ = ("directories", "identity", "size")
+    __slots__ = ("identity", "size", "directories")  # noqa: RUF023 - the fields, in order
     identity: tuple[int, int]
     size: int
     directories: tuple[Path, ...]
 
     def __init__(self, identity: tuple[int, int], size: int, directories: tuple[Path, ...]) -> None:
-        object.__setattr__(self, "identity", identity)
-        object.__setattr__(self, "size", size)
-        object.__setattr__(self, "directories", directories)
-
-    def _key(self) -> tuple[tuple[int, int], int, tuple[Path, ...]]:
-        return (self.identity, self.size, self.directories)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"cannot assign to field {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"cannot delete field {name!r}")
-
-    def __reduce__(self) -> tuple[type[_Created], tuple[object, ...]]:
-        return (type(self), self._key())  # copy and pickle through __init__, as a dataclass
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, _Created) or type(other) is not type(self):
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        shown = f"identity={self.identity!r}, size={self.size!r}"
-        return f"_Created({shown}, directories={self.directories!r})"
+        self._set(identity=identity, size=size, directories=directories)
 
 
 def check_size(path: Path, current: int, size: int, *, note: bool = True) -> None:

@@ -39,7 +39,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from flexhub.backend import VolumeError, remove_dead_temporaries, write_atomically
+from flexhub.backend import Frozen, VolumeError, remove_dead_temporaries, write_atomically
 
 __all__ = [
     "LOOP_CTL_ADD",
@@ -99,41 +99,15 @@ def _read(path: Path) -> str | None:
         raise
 
 
-class LoopDevice:
+class LoopDevice(Frozen):
     """One loop device as sysfs shows it."""
 
-    # (a frozen dataclass written out: ``@dataclass`` compiles its methods on every import,
-    # and kubelet starts the driver anew for every call)
-    __slots__ = ("index", "name")
+    __slots__ = ("name", "index")  # noqa: RUF023 - the fields, in order
     name: str
     index: int
 
     def __init__(self, name: str, index: int) -> None:
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "index", index)
-
-    def _key(self) -> tuple[str, int]:
-        return (self.name, self.index)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"cannot assign to field {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"cannot delete field {name!r}")
-
-    def __reduce__(self) -> tuple[type[LoopDevice], tuple[object, ...]]:
-        return (type(self), self._key())  # copy and pickle through __init__, as a dataclass
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, LoopDevice) or type(other) is not type(self):
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        return f"LoopDevice(name={self.name!r}, index={self.index!r})"
+        self._set(name=name, index=index)
 
     @property
     def path(self) -> str:

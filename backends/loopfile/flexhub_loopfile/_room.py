@@ -40,7 +40,7 @@ import os
 import stat
 from pathlib import Path
 
-from flexhub.backend import NoRoom, VolumeError
+from flexhub.backend import Frozen, NoRoom, VolumeError
 
 __all__ = ["MAX_DEPTH", "MAX_ENTRIES", "NEW_SUFFIX", "Room", "check", "human", "measure"]
 
@@ -72,44 +72,16 @@ def human(size: int) -> str:
     return f"{value:.1f} {_UNITS[unit]}" if unit == 1 else f"{value:.2f} {_UNITS[unit]}"
 
 
-class Room:
+class Room(Frozen):
     """One filesystem's loopfile account (bytes)."""
 
-    # (a frozen dataclass written out: ``@dataclass`` compiles its methods on every import,
-    # and kubelet starts the driver anew for every call)
-    __slots__ = ("available", "occupied", "promised")
+    __slots__ = ("promised", "occupied", "available")  # noqa: RUF023 - the fields, in order
     promised: int
     occupied: int
     available: int
 
     def __init__(self, promised: int, occupied: int, available: int) -> None:
-        object.__setattr__(self, "promised", promised)
-        object.__setattr__(self, "occupied", occupied)
-        object.__setattr__(self, "available", available)
-
-    def _key(self) -> tuple[int, int, int]:
-        return (self.promised, self.occupied, self.available)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"cannot assign to field {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"cannot delete field {name!r}")
-
-    def __reduce__(self) -> tuple[type[Room], tuple[object, ...]]:
-        return (type(self), self._key())  # copy and pickle through __init__, as a dataclass
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Room) or type(other) is not type(self):
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        shown = f"promised={self.promised!r}, occupied={self.occupied!r}"
-        return f"Room({shown}, available={self.available!r})"
+        self._set(promised=promised, occupied=occupied, available=available)
 
     @property
     def capacity(self) -> int:

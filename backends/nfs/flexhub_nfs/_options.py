@@ -13,9 +13,8 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-from flexhub.backend import InvalidOptions, Volume
+from flexhub.backend import Frozen, InvalidOptions, Volume
 
 __all__ = [
     "DEFAULT_SUBPATH_MODE",
@@ -149,14 +148,24 @@ def schema_pattern() -> str:
     return f"^$(?!\\n)|^{item}(,{item})*$(?!\\n)"
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(Frozen):
     """How one NFS volume is mounted.
 
     ``options`` is the exact ``-o`` list of the pod's mount; ``root_options`` the list used to
     mount the export's root read-write when ``createSubPath`` has to make the sub-directory.
     """
 
+    __slots__ = (  # noqa: RUF023 - the fields, in order
+        "host",
+        "share",
+        "sub_path",
+        "version",
+        "options",
+        "root_options",
+        "read_only",
+        "create_sub_path",
+        "sub_path_mode",
+    )
     host: str
     share: str
     sub_path: str
@@ -166,6 +175,30 @@ class Plan:
     read_only: bool
     create_sub_path: bool
     sub_path_mode: int
+
+    def __init__(
+        self,
+        host: str,
+        share: str,
+        sub_path: str,
+        version: str | None,
+        options: tuple[str, ...],
+        root_options: tuple[str, ...],
+        read_only: bool,
+        create_sub_path: bool,
+        sub_path_mode: int,
+    ) -> None:
+        self._set(
+            host=host,
+            share=share,
+            sub_path=sub_path,
+            version=version,
+            options=options,
+            root_options=root_options,
+            read_only=read_only,
+            create_sub_path=create_sub_path,
+            sub_path_mode=sub_path_mode,
+        )
 
     @property
     def path(self) -> str:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from flexhub.backend import InvalidOptions, Volume
+from flexhub.backend import Frozen, InvalidOptions, Volume
 from flexhub.pathpattern import DEFAULT_PATTERN, check_pattern, render
 from flexhub.provisioning import Claim
 from flexhub_nfs._options import build_plan
@@ -32,16 +31,34 @@ _MODE = re.compile(r"[0-3]?[0-7]{3}")
 _MAX_ID = 4294967294
 
 
-@dataclass(frozen=True)
-class Spec:
+class Spec(Frozen):
     """What a class asks for: the options every PV of it shares, and the directory's owner."""
 
+    __slots__ = (  # noqa: RUF023 - the fields, in order
+        "options",
+        "pattern",
+        "uid",
+        "gid",
+        "mode",
+        "fs_type",
+    )
     options: Mapping[str, str]
     pattern: str
     uid: int
     gid: int
     mode: int
     fs_type: str
+
+    def __init__(
+        self,
+        options: Mapping[str, str],
+        pattern: str,
+        uid: int,
+        gid: int,
+        mode: int,
+        fs_type: str,
+    ) -> None:
+        self._set(options=options, pattern=pattern, uid=uid, gid=gid, mode=mode, fs_type=fs_type)
 
     def pv_options(self, path: str) -> dict[str, str]:
         """The PV's options for the claim directory ``path`` (``backend`` is the
