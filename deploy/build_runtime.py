@@ -25,10 +25,10 @@ its name and of the image built from it.
 
 The runtime is built from the interpreter that runs this script (3.11, shared or static
 libpython) and installs flexhub from this checkout with pip; the name of the directory is
-``flexhub-<version>-<digest of its content>``, so two different builds never collide. pip
-builds the local projects with this interpreter's own setuptools when it has what each
-declares (``--no-build-isolation``: the same runtime, about 40 % less of pip's time), else in
-a fresh build environment per project.
+``flexhub-<version>-<digest of its content>``, so two different builds never collide. The
+local projects' wheels are built with this interpreter's own setuptools when it can build them
+as an isolated build would (:func:`_builds_in_place`; about 40 % less of pip's time), else in
+a fresh build environment per project; their dependencies are installed as pip always does.
 """
 
 from __future__ import annotations
@@ -145,43 +145,67 @@ def _clean_sources(dest: Path) -> tuple[Path, list[Path]]:
     return core, backends
 
 
-def _builds_in_place(projects: list[Path], extras: tuple[str, ...], python: str) -> bool:
-    """Whether pip may build the local projects with this interpreter's own setuptools
-    (``--no-build-isolation``) instead of a fresh build environment per project (installing
-    setuptools into each: 40 % of pip's time here). Only when the result is the same: every
-    project to build declares ``setuptools.build_meta`` and nothing else that this interpreter
-    lacks, every other ``--with`` is a wheel (a name pip fetches may be an sdist with a build
-    backend of its own), and pip runs under this very interpreter."""
+#: The setuptools that builds a wheel by itself (``bdist_wheel`` in it; before 70.1 it also
+#: needs the ``wheel`` distribution, which an isolated build installs and one in place may lack).
+SELF_CONTAINED_SETUPTOOLS = "70.1"
+
+
+def _builds_in_place(projects: list[Path], python: str) -> bool:
+    """Whether the local projects (flexhub, the backends, ``--with`` directories) may be built
+    into wheels with this interpreter's own setuptools (``pip wheel --no-build-isolation``)
+    instead of a fresh build environment per project, which installs setuptools into each
+    (40 % of pip's time here). Only when pip runs under this very interpreter, it has
+    ``packaging`` and a setuptools of at least :data:`SELF_CONTAINED_SETUPTOOLS`, and every
+    project declares ``setuptools.build_meta`` and requirements that it has (no extras, no
+    markers). Their dependencies are installed as before (a dependency pip builds from an sdist
+    gets its own build environment)."""
     import tomllib
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        from packaging.requirements import Requirement
+        from packaging.requirements import InvalidRequirement, Requirement
+        from packaging.version import Version
     except ImportError:
         return False
-    if os.path.realpath(python) != os.path.realpath(sys.executable):
-        return False
-    if any(not Path(extra).is_dir() and not extra.endswith(".whl") for extra in extras):
-        return False
-    for project in projects:
-        try:
+    if os.path.abspath(python) != os.path.abspath(sys.executable):
+        return False  # another venv of the same base is another set of distributions
+    try:
+        if Version(version("setuptools")) < Version(SELF_CONTAINED_SETUPTOOLS):
+            return False
+        for project in projects:
             table = tomllib.loads((project / "pyproject.toml").read_text("utf-8"))
-        except (OSError, ValueError):
-            return False
-        system = table.get("build-system", {})
-        if system.get("build-backend") != "setuptools.build_meta":
-            return False
-        for text in system.get("requires", []):
-            requirement = Requirement(text)
-            try:
-                installed = version(requirement.name)
-            except PackageNotFoundError:
+            system = table.get("build-system", {})
+            if system.get("build-backend") != "setuptools.build_meta":
                 return False
-            if requirement.marker is not None or not requirement.specifier.contains(
-                installed, prereleases=True
-            ):
-                return False
+            for text in system.get("requires", []):
+                requirement = Requirement(text)
+                if requirement.extras or requirement.marker is not None:
+                    return False
+                if not requirement.specifier.contains(version(requirement.name), prereleases=True):
+                    return False
+    except (OSError, ValueError, TypeError, InvalidRequirement, PackageNotFoundError):
+        return False  # unreadable or unusual: pip's isolated build decides, as before
     return True
+
+
+def _local_wheels(projects: list[Path], python: str, into: Path) -> dict[Path, Path]:
+    """Build each local project's wheel in place (:func:`_builds_in_place`); its wheel by
+    project."""
+    import tomllib
+
+    _run([python, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps",
+          "--no-build-isolation", "--wheel-dir", str(into), *(str(p) for p in projects)],
+         env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"})  # fmt: skip
+    wheels: dict[Path, Path] = {}
+    for project in projects:
+        name = tomllib.loads((project / "pyproject.toml").read_text("utf-8"))["project"]["name"]
+        found = [
+            w for w in into.glob("*.whl") if _canonical(w.name.split("-")[0]) == _canonical(name)
+        ]
+        if len(found) != 1:
+            raise SystemExit(f"build_runtime: pip wheel made {len(found)} wheels of {name}")
+        wheels[project] = found[0]
+    return wheels
 
 
 def _drop_direct_urls(site: Path) -> None:
@@ -273,15 +297,18 @@ def build(out_dir: Path, python: str = sys.executable, extras: tuple[str, ...] =
             for i, extra in enumerate(extras)
         )
         local = [core, *backends, *(Path(extra) for extra in extras if Path(extra).is_dir())]
-        in_place = _builds_in_place(local, extras, python)
-        _say(started, "installing flexhub, its backends and their dependencies (pip"
-             + (", built with this interpreter's setuptools)" if in_place else ")"))  # fmt: skip
+        sources: dict[Path, Path] = {project: project for project in local}
+        if _builds_in_place(local, python):
+            _say(started, "building flexhub and its backends with this interpreter's setuptools")
+            sources = _local_wheels(local, python, work / "wheels")
+        _say(started, "installing flexhub, its backends and their dependencies (pip)")
         _run(
             [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
              "--no-compile", "--no-warn-script-location", "--no-warn-conflicts",
-             *(["--no-build-isolation"] if in_place else []), "--target", str(site),
-             f"{core}[csi]" if profile == "full" else str(core),
-             *(str(b) for b in backends), *extras],
+             "--target", str(site),
+             f"{sources[core]}[csi]" if profile == "full" else str(sources[core]),
+             *(str(sources[b]) for b in backends),
+             *(str(sources.get(Path(extra), extra)) for extra in extras)],
             env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"},
         )  # fmt: skip
         if profile == "node":

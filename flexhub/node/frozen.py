@@ -33,6 +33,18 @@ class Frozen:
     __slots__ = ()
     _compare: tuple[str, ...] | None = None  # not ClassVar: typing.get_type_hints() resolves it
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # What would otherwise pass silently: a record without its own ``__slots__`` (its
+        # fields in a ``__dict__``, unseen by equality, ``repr`` and pickling), one string
+        # instead of a tuple of names, or a record derived from another (``fields()`` would
+        # name the subclass's slots only).
+        super().__init_subclass__(**kwargs)
+        slots = cls.__dict__.get("__slots__")
+        if not isinstance(slots, tuple) or not all(isinstance(name, str) for name in slots):
+            raise TypeError(f"{cls.__qualname__}: a Frozen record lists its fields in __slots__")
+        if any(issubclass(base, Frozen) and base.__slots__ for base in cls.__mro__[1:]):
+            raise TypeError(f"{cls.__qualname__}: derive a record from Frozen itself")
+
     def _set(self, **values: Any) -> None:
         for name, value in values.items():
             object.__setattr__(self, name, value)

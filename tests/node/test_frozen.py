@@ -157,7 +157,7 @@ CASES: list[tuple[type, list[tuple[str, Any]], tuple[Any, ...], dict[str, Any]]]
 ]  # fmt: skip
 #: Records whose ``repr`` is their own (it hides a credential), as their dataclass's was.
 OWN_REPR = {
-    Chap: "Chap(p.*, one-way)",
+    Chap: "Chap(p.*, mutual)",
     Credentials: "Credentials(username='u', password='***', domain='d')",
 }
 #: Records ordered by their fields, as their ``order=True`` dataclass was.
@@ -177,7 +177,7 @@ def test_a_record_behaves_as_the_frozen_dataclass_it_replaced(
             k = {"created": 1.0, **k}  # a default timestamp differs between two calls
         mine, theirs = cls(*args, **k), ref(*args, **k)
         if cls in OWN_REPR:
-            assert "pw" not in repr(mine)
+            assert "pw" not in repr(mine) and "pi" not in repr(mine)  # password, password_in
         else:
             assert repr(mine) == repr(theirs)
         assert [getattr(mine, f) for f in names] == [getattr(theirs, f) for f in names]
@@ -210,8 +210,36 @@ def test_a_record_behaves_as_the_frozen_dataclass_it_replaced(
         assert pickle.loads(pickle.dumps(mine)) == mine
 
 
+def test_a_record_that_would_lose_its_fields_is_refused_where_it_is_defined() -> None:
+    from flexhub.backend import Frozen
+
+    with pytest.raises(TypeError, match="lists its fields in __slots__"):
+
+        class NoSlots(Frozen):  # its field would live in a __dict__, unseen by == and repr
+            def __init__(self, a: int) -> None:
+                self._set(a=a)
+
+    with pytest.raises(TypeError, match="lists its fields in __slots__"):
+
+        class OneString(Frozen):
+            __slots__ = "name"
+
+    with pytest.raises(TypeError, match="derive a record from Frozen itself"):
+
+        class Wider(Portal):  # fields() would name "extra" only
+            __slots__ = ("extra",)
+
+    class Fine(Frozen):
+        __slots__ = ("a",)
+
+        def __init__(self, a: int) -> None:
+            self._set(a=a)
+
+    assert Fine(1) != Fine(2) and repr(Fine(1)).endswith(".Fine(a=1)")
+
+
 def test_own_reprs_hide_the_credential() -> None:
-    assert repr(Chap("p.", "u", "pw")) == OWN_REPR[Chap]
+    assert repr(Chap("p.", "u", "pw", "ui", "pi")) == OWN_REPR[Chap]
     assert repr(Credentials("u", "pw", "d")) == OWN_REPR[Credentials]
 
 
