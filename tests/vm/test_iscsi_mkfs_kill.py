@@ -106,8 +106,9 @@ while proc.poll() is None and stat(proc.pid)[1] != "T" and time.monotonic() < de
     time.sleep(0.005)
 held = proc.poll() is None and stat(proc.pid)[1] == "T"
 seen = time.monotonic()
-os.kill(proc.pid, signal.SIGCONT)
-if not held:  # it ended without reaching its mkfs: a mount like any other
+if held:
+    os.kill(proc.pid, signal.SIGCONT)
+else:  # it ended (or failed) without reaching its mkfs: a mount like any other
     out = proc.communicate(timeout=240)[0].decode()
     print(json.dumps({"mkfs": False, "rc": proc.returncode, "out": out}))
     sys.exit(0)
