@@ -81,7 +81,7 @@ __all__ = [
 
 def per_call(bench: Bench, runs: int) -> tuple[list[Figure], dict[str, float]]:
     k = bench.kubelet
-    bare_name = "bare python -I -c pass"
+    bare_name = f"bare python {' '.join(bench.flags)} -c pass"
     figures = []
     init, bare = paired(k.init, bench.bare_python, runs)
     figures.append(Figure("init", init, bare_name, bare, "<= 1.2x", init <= 1.2 * bare))

@@ -94,6 +94,8 @@ class Bench:
         if runtime is not None:
             loader, library = runtime / "lib" / "ld-linux-x86-64.so.2", runtime / "lib"
             self.start = [str(loader), "--library-path", str(library), self.python]
+        # with site or not, as the shim starts it (a runtime's without, flexhub.admin.install)
+        self.flags = ["-I", "-S"] if " -I -S -c " in self.driver.read_text() else ["-I"]
         self.pods: list[tuple[str, str]] = []  # (pod uid, pv) mounted through the driver
         self.unmount_failures: list[str] = []  # what the driver answered to failed unmounts
         self.counter = 0
@@ -102,7 +104,7 @@ class Bench:
         return shim_python(self.driver.read_text()) or sys.executable
 
     def bare_python(self) -> None:
-        run_quiet([*self.start, "-I", "-c", "pass"])
+        run_quiet([*self.start, *self.flags, "-c", "pass"])
 
     def new_volume(self, size: str = SMALL) -> tuple[str, dict[str, str]]:
         self.counter += 1

