@@ -82,15 +82,13 @@ def current_runtime() -> Path | None:
     return root if (root / RUNTIME_MARKER).is_file() else None
 
 
-def runtime_command(runtime: str, marker: Mapping[str, str] | None = None) -> tuple[str, str]:
+def runtime_command(runtime: str, marker: Mapping[str, str]) -> tuple[str, str]:
     """``(check, command)`` for the shim: the file that must exist and how to start Python.
 
     A relocatable runtime starts through its own dynamic loader with an explicit library
     path, so that no library of the node is loaded and the path does not reach the
     commands flexhub runs (an ``LD_LIBRARY_PATH`` would).
     """
-    if marker is None:
-        marker = read_marker(Path(runtime))
     python = f"{runtime}/{marker['python']}"
     loader = f"{runtime}/{marker['loader']}"
     library = f"{runtime}/{marker['library_path']}"
