@@ -14,6 +14,8 @@ from flexhub.node.frozen import Frozen
 if TYPE_CHECKING:
     import subprocess
 
+    from flexhub.node.live import LiveCommand
+
 # ``subprocess`` (with ``selectors`` and ``signal``) is imported when the first command runs:
 # a call that runs none (a ``mount`` of a directory already mounted) does not pay for it.
 
@@ -233,6 +235,46 @@ class SubprocessRunner:
         if check and result.returncode != 0:
             raise command_error(result, secrets)
         return result
+
+    def spawn(
+        self,
+        argv: Sequence[str],
+        *,
+        secrets: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> LiveCommand:
+        """Start ``argv`` to stay up across requests (:class:`~flexhub.node.live.LiveCommand`):
+        no shell, this runner's environment, its own session, pipes on stdin, stdout and
+        stderr. Each exchange with it carries its own bound.
+
+        :raises CommandError: the command could not start.
+        """
+        import subprocess
+
+        from flexhub.node.live import LiveCommand
+
+        args = tuple(str(a) for a in argv)
+        if not args:
+            raise CommandError("empty command")
+        shown = " ".join(mask(args, secrets))
+        full_env = dict(DEFAULT_ENV)
+        if env:
+            full_env.update(env)
+        try:
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+                env=full_env,
+                bufsize=0,
+            )
+        except OSError as exc:
+            raise CommandError(f"{shown} could not start: {exc.strerror or exc}") from None
+        LOG.debug("%s started (pid %d)", shown, proc.pid)
+        return LiveCommand(proc, shown)
 
 
 def command_error(result: Result, secrets: Sequence[str] = ()) -> CommandError:

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-from flexhub_iscsi import _lio_capacity, _lio_remote, _lio_room
+from flexhub_iscsi import _lio, _lio_capacity, _lio_remote, _lio_room
 
 from flexhub.config import NodeConfig
 from flexhub.errors import FlexhubError, InvalidOptions, NotSupported
@@ -72,7 +72,7 @@ def test_capacity_asks_the_target_host_with_the_mounted_key(
     assert runner.files["UserKnownHostsFile"] == (0o600, KNOWN)
     assert KEY not in " ".join(" ".join(a) for a in runner.raw)
     (argv,) = runner.raw
-    assert argv[-6:] == ("root", "--", "10.0.0.5", "/usr/bin/python3", "-I", "-")
+    assert argv[-7:] == ("root", "--", "10.0.0.5", *_lio.REMOTE_COMMAND)
 
 
 def test_capacity_of_a_preallocating_overcommitted_class_sends_both(
@@ -263,8 +263,8 @@ def test_room_takes_no_lock_and_is_sent(monkeypatch: pytest.MonkeyPatch) -> None
     """``room`` changes nothing, so it waits on no copy that holds the lock."""
     assert _lio_remote.ACTIONS["room"] is _lio_capacity.room
     assert frozenset({"room"}) == _lio_remote.READ_ONLY
-    from flexhub_iscsi import _lio
+    from flexhub_iscsi import _lio_ssh
 
-    text = _lio.remote_program({"action": "room", "spec": {}})
+    text = _lio_ssh.remote_program()
     assert "\ndef room(spec" in text
     compile(text, "remote", "exec")

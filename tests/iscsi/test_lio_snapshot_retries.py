@@ -6,6 +6,7 @@ source under the name is ``ALREADY_EXISTS``; a refused snapshot leaves nothing t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,12 @@ MOUNT = pb.VolumeCapability(
 LOST = {"rc": 255, "answer": {}, "stderr": "Connection to 10.0.0.5 closed by remote host."}
 
 
+def _action(sent: str) -> str:
+    """The action of the request line that ends what was sent."""
+    action: str = json.loads(sent.rstrip("\n").rsplit("\n", 1)[1])["action"]
+    return action
+
+
 class Target(Ssh):
     """The recording ssh, answering each action as the target host would."""
 
@@ -36,8 +43,7 @@ class Target(Ssh):
         self.refuse_next = False
 
     def __call__(self, argv: Any, **kwargs: Any) -> Any:
-        program = kwargs.get("input") or ""
-        action = program.rsplit('\\"action\\": \\"', 1)[1].split("\\", 1)[0]
+        action = _action(kwargs.get("input") or "")
         self.answer = {
             "provision": {"ok": {"size": 64 * MiB, "created": True}},
             "snapshot": {"ok": {"size": 64 * MiB, "how": "exists" if self.made else "reflink"}},
@@ -62,7 +68,7 @@ class Target(Ssh):
         found = []
         for program in self.inputs:
             assert program is not None
-            found.append(program.rsplit('\\"action\\": \\"', 1)[1].split("\\", 1)[0])
+            found.append(_action(program))
         return found
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flexhub_iscsi import IscsiBackend, _lio, _lio_lvm, _lio_remote
+from flexhub_iscsi import IscsiBackend, _lio, _lio_lvm, _lio_remote, _lio_ssh
 
 from flexhub.config import NodeConfig
 from flexhub.driver.validation import validate_options, validator_for
@@ -98,11 +98,15 @@ def claim(size: int = (64 << 20) - 1) -> Claim:
 
 
 def request_of(runner: Ssh) -> dict[str, Any]:
-    """The request at the end of the program sent on stdin."""
-    program = runner.inputs[-1]
-    assert program is not None
-    literal = program.rstrip().rsplit("main(json.loads(", 1)[1].rstrip(")")
-    loaded: dict[str, Any] = json.loads(json.loads(literal))
+    """The request after the program sent on stdin (its length first, then it: the opening
+    of a connection; each call of a recording runner is one)."""
+    sent = runner.inputs[-1]
+    assert sent is not None
+    length, rest = sent.split("\n", 1)
+    assert rest[: int(length)] == _lio_ssh.remote_program()
+    line = rest[int(length) :]
+    assert line.endswith("\n") and line.count("\n") == 1  # one request, one line
+    loaded: dict[str, Any] = json.loads(line)
     return loaded
 
 
@@ -132,7 +136,9 @@ def test_provision_sends_one_fixed_ssh_command_and_the_request_on_stdin(tmp_path
     }
     (argv,) = runner.raw
     assert argv[:4] == ("ssh", "-F", "/dev/null", "-T")
-    assert argv[-6:] == ("root", "--", "10.0.0.5", "/usr/bin/python3", "-I", "-")
+    assert argv[-7:-1] == ("root", "--", "10.0.0.5", "/usr/bin/python3", "-I", "-c")
+    # the loader, quoted for the target host's shell: the program's length, then the program
+    assert argv[-1] == "'import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))'"
     opts = dict(a.split("=", 1) for a in argv if "=" in a)
     assert opts["BatchMode"] == "yes" and opts["StrictHostKeyChecking"] == "yes"
     assert opts["GlobalKnownHostsFile"] == "/dev/null" and opts["IdentitiesOnly"] == "yes"
@@ -274,7 +280,9 @@ def test_reclaim_delete_retain_and_a_tampered_record(tmp_path: Path) -> None:
             "directory": "/srv/iscsi",
             "file": f"pvc-{UID}.img",
         },
-        "wait": _lio.CALL_TIMEOUT - _lio.LOCK_MARGIN,  # for the lock: then refused unrun
+        "wait": pytest.approx(
+            _lio.CALL_TIMEOUT - _lio.LOCK_MARGIN, abs=1
+        ),  # for the lock: then refused unrun
     }
     for options, record in [
         ({**made.options, "iqn": "iqn.2003-01.com.example:k8s:other"}, made.reclaim),
@@ -384,7 +392,7 @@ def test_block_provision_reclaim_and_expand_name_the_lv_and_its_group(tmp_path: 
     assert request_of(runner) == {
         "action": "delete",
         "spec": {"name": name, "iqn": made.options["iqn"], "backstore": "block", "vg": "vg_iscsi"},
-        "wait": runner.timeouts[-1] - _lio.LOCK_MARGIN,
+        "wait": pytest.approx(runner.timeouts[-1] - _lio.LOCK_MARGIN, abs=1),
     }
     runner = Ssh({"ok": {"size": 160 << 20}})
     iscsi = backend(runner, tmp_path)
@@ -398,7 +406,9 @@ def test_block_provision_reclaim_and_expand_name_the_lv_and_its_group(tmp_path: 
             "iqn": made.options["iqn"],
             "size": 150 << 20,
         },
-        "wait": _lio.CALL_TIMEOUT + _lio.zero_seconds(150 << 20) - _lio.LOCK_MARGIN,
+        "wait": pytest.approx(
+            _lio.CALL_TIMEOUT + _lio.zero_seconds(150 << 20) - _lio.LOCK_MARGIN, abs=1
+        ),
     }
     runner = Ssh()
     iscsi = backend(runner, tmp_path)
@@ -440,19 +450,23 @@ def test_the_parameters_schema_is_valid_and_agrees(tmp_path: Path) -> None:
 
 
 def test_remote_program_is_what_is_sent(tmp_path: Path) -> None:
-    """The program is its parts' texts (one __future__ import first), then the call; run as
-    the target host runs it (``__main__``, no flexhub), it defines every name the last part
-    imports on the host, and the parts define no top-level name twice."""
-    program = _lio.remote_program({"action": "delete", "spec": {"x": 'it\'s "quoted"\n'}})
+    """The program is its parts' texts (one __future__ import first), then ``serve()``; ASCII
+    (the loader reads its length in bytes); run as the target host runs it (``__main__``, no
+    flexhub), it defines every name the last part imports on the host, and the parts define no
+    top-level name twice. A request is one ASCII JSON line, whatever its values hold."""
+    program = _lio_ssh.remote_program()
     compile(program, "<remote>", "exec")
+    assert program.isascii()
     assert program.startswith("from __future__ import annotations\n")
     assert program.count("from __future__ import") == 1
-    body = program.rsplit("\nmain(json.loads(", 1)[0]
+    assert program.endswith("\n\nserve()\n")
+    body = program.removesuffix("serve()\n")
     namespace: dict[str, Any] = {"__name__": "__main__"}
     exec(compile(body, "<remote>", "exec"), namespace)  # defines; runs no action
     for name in ("check_room", "NoRoomLeft", "SAVE_FILE", "merged", "read_saved", "write_saved",
-                 "main", "save", "provision"):  # fmt: skip
+                 "main", "save", "provision", "serve"):  # fmt: skip
         assert callable(namespace[name]) or name == "SAVE_FILE", name
+    assert namespace["MARK"] == _lio_ssh.MARK
     defined: dict[str, str] = {}
     for part in _lio.REMOTE_PARTS:
         tree = ast.parse((Path(_lio.__file__).parent / part).read_text())
@@ -470,10 +484,10 @@ def test_remote_program_is_what_is_sent(tmp_path: Path) -> None:
                     if isinstance(imported, ast.ImportFrom):
                         for alias in imported.names:
                             assert alias.name in defined, f"{part} needs {alias.name} first"
-    assert program.endswith(
-        'main(json.loads("{\\"action\\": \\"delete\\", \\"spec\\": '
-        '{\\"x\\": \\"it\'s \\\\\\"quoted\\\\\\"\\\\n\\"}}"))\n'
-    )
+    request = {"action": "delete", "spec": {"x": 'it\'s "quoted"\n\u00e9\u2028'}}
+    line = _lio_ssh.request_line(request)
+    assert line.isascii() and line.endswith("\n") and line.count("\n") == 1
+    assert json.loads(line) == request
 
 
 def test_remote_file_checks_on_a_real_filesystem(tmp_path: Path) -> None:

@@ -70,7 +70,7 @@ def secrets_from(directory: str) -> Secrets:
 
 def capacity(node: Node, directory: str, parameters: Mapping[str, str]) -> int:
     """The bytes a new LUN of the class ``parameters`` can have now on its target host."""
-    from flexhub_iscsi import _lio
+    from flexhub_iscsi import _lio_ssh
 
     lio, spec = room_spec(parameters)
     if not directory:
@@ -78,7 +78,7 @@ def capacity(node: Node, directory: str, parameters: Mapping[str, str]) -> int:
             "iscsi: GetCapacity needs [iscsi] capacity_secret_dir in the controller's node "
             "config (the class's Secret mounted: CSI sends this call no SSH key)"
         )
-    done = _lio.Lio(node.runner, lio.ssh, secrets_from(directory)).call("room", spec, [])
+    done = _lio_ssh.Lio(node.runner, lio.ssh, secrets_from(directory)).call("room", spec, [])
     available = done.get("available")
     if isinstance(available, bool) or not isinstance(available, int) or available < 0:
         raise FlexhubError(f"iscsi: target host {lio.ssh.host} (room): no byte count answered")

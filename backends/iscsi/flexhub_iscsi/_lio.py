@@ -18,12 +18,12 @@ reaches with SSH. For a claim it makes, on that host:
   else any initiator that passes CHAP (LIO's demo mode with TPG-level CHAP). A class with
   neither is refused: it would give the LUN to anyone who can reach the portal.
 
-The SSH command is fixed (``/usr/bin/python3 -I -``); the program
-(:mod:`flexhub_iscsi._lio_remote` after its parts, :data:`REMOTE_PARTS`) and the request, CHAP
-values included, go on its stdin. The private key and the known host key come from the class's
-Secret and are written to 0600 files in a private temporary directory for the one ``ssh`` call;
-ssh runs with no config file, no agent, batch mode and strict host key checking, bounded by the
-injected runner's timeout.
+The SSH command is fixed (:data:`REMOTE_COMMAND`); the program (:mod:`flexhub_iscsi._lio_remote`
+after its parts, :data:`REMOTE_PARTS`) and the requests, CHAP values included, go on its stdin
+(:mod:`flexhub_iscsi._lio_ssh`, which also keeps a connection open across requests). The
+private key and the known host key come from the class's Secret and are written to 0600 files
+in a private temporary directory while ssh connects; ssh runs with no config file, no agent,
+batch mode and strict host key checking, each request bounded.
 
 Secrets: the class's Secret (``secretName``) is the **provisioner's**: it holds the SSH key,
 which must never reach a node. The PV's ``secretRef`` therefore names another Secret,
@@ -34,25 +34,15 @@ reads (``node.session.auth.username``, ``.password``, optionally ``.username_in`
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Mapping
-from importlib import resources
 from typing import Any
 
 from flexhub.backend import (
-    CommandError,
-    CommandRunner,
-    FlexhubError,
     Frozen,
     InvalidOptions,
-    NoRoom,
     Secrets,
-    redact,
 )
 from flexhub_iscsi._chap import check_value
 from flexhub_iscsi._options import SESSION, Portal, parse_portal
@@ -62,16 +52,13 @@ __all__ = [
     "PRIVATE_KEY",
     "REMOTE_PARTS",
     "UID",
-    "Lio",
     "LioClass",
     "LioVolume",
     "Ssh",
     "chap_from",
     "parse_class",
     "parse_volume",
-    "remote_program",
     "size_of",
-    "ssh_argv",
     "zero_seconds",
 ]
 
@@ -94,8 +81,15 @@ LOCK_MARGIN = 30.0
 ZERO_BASE = 60
 ZERO_RATE = 20 * 1024 * 1024
 CONNECT_TIMEOUT = 10
-#: The system python3, where the distribution installs rtslib-fb (targetcli's library).
-REMOTE_COMMAND = ("/usr/bin/python3", "-I", "-")
+#: The system python3, where the distribution installs rtslib-fb (targetcli's library), and
+#: the loader it runs: the program's length (a line), the program (which then reads the
+#: requests from the same stdin). One argument to the target host's shell, quoted for it.
+REMOTE_COMMAND = (
+    "/usr/bin/python3",
+    "-I",
+    "-c",
+    "'import sys;b=sys.stdin.buffer;exec(b.read(int(b.readline())))'",
+)
 #: The remote program's files, sent in this order as one text: the last (the actions and
 #: ``main``) uses what the others define (standard library only, each with one job).
 REMOTE_PARTS = (
@@ -481,139 +475,6 @@ def parse_volume(options: Mapping[str, str], record: Mapping[str, str]) -> LioVo
     found = record.get("overcommit")
     overcommit = 0.0 if found is None else _overcommit(found, what="reclaim record")
     return LioVolume(ssh, iqn, name, directory, sparse == "true", overcommit=overcommit)
-
-
-def ssh_argv(ssh: Ssh, key_file: str, known_hosts: str) -> list[str]:
-    """The ``ssh`` command: no config, no agent, no password prompt, strict host keys."""
-    options = {
-        "BatchMode": "yes",
-        "StrictHostKeyChecking": "yes",
-        "UserKnownHostsFile": known_hosts,
-        "GlobalKnownHostsFile": "/dev/null",
-        "CheckHostIP": "no",
-        "UpdateHostKeys": "no",
-        "IdentityFile": key_file,
-        "IdentitiesOnly": "yes",
-        "IdentityAgent": "none",
-        "PasswordAuthentication": "no",
-        "KbdInteractiveAuthentication": "no",
-        "ControlMaster": "no",
-        "ControlPath": "none",
-        "ConnectTimeout": str(CONNECT_TIMEOUT),
-        "ServerAliveInterval": "10",
-        "ServerAliveCountMax": "3",
-        "RequestTTY": "no",
-        "ForwardAgent": "no",
-        "ForwardX11": "no",
-        "LogLevel": "ERROR",
-    }
-    argv = ["ssh", "-F", "/dev/null", "-T"]
-    for name, value in options.items():
-        argv += ["-o", f"{name}={value}"]
-    argv += ["-p", str(ssh.port), "-l", ssh.user, "--", ssh.host, *REMOTE_COMMAND]
-    return argv
-
-
-def remote_program(request: Mapping[str, Any]) -> str:
-    """The text sent on ssh's stdin: the remote program (its :data:`REMOTE_PARTS` in order,
-    one ``__future__`` import first), then its call with ``request``."""
-    package = resources.files("flexhub_iscsi")
-    texts = [package.joinpath(part).read_text("utf-8") for part in REMOTE_PARTS]
-    body = "\n\n".join(text.replace(_FUTURE, "", 1) for text in texts)
-    literal = json.dumps(json.dumps(request))
-    return f"{_FUTURE}{body}\n\nmain(json.loads({literal}))\n"
-
-
-def _write_private(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, text.encode("utf-8"))
-    finally:
-        os.close(fd)
-
-
-class Lio:
-    """Runs requests on one target host through ``runner`` (``ssh``)."""
-
-    def __init__(self, runner: CommandRunner, ssh: Ssh, secrets: Secrets) -> None:
-        self.runner = runner
-        self.ssh = ssh
-        self.secrets = secrets
-
-    def _credentials(self) -> tuple[str, str]:
-        values = []
-        for key in (PRIVATE_KEY, KNOWN_HOSTS_KEY):
-            secret = self.secrets.get(key)
-            value = secret.reveal() if secret is not None else ""
-            if not value.strip():
-                raise InvalidOptions(
-                    f"the class's Secret has no {key}: the provisioner reaches the target "
-                    "host with that SSH key"
-                )
-            values.append(value if value.endswith("\n") else value + "\n")
-        return values[0], values[1]
-
-    def call(
-        self,
-        action: str,
-        spec: Mapping[str, Any],
-        masked: list[str],
-        timeout: float = CALL_TIMEOUT,
-    ) -> dict[str, Any]:
-        """Run ``action`` on the target host within ``timeout`` seconds; its ``ok`` answer.
-
-        :raises FlexhubError: ssh failed, or the target host refused (one line).
-        """
-        key, known_hosts = self._credentials()
-        wait = max(1.0, timeout - LOCK_MARGIN)
-        program = remote_program({"action": action, "spec": dict(spec), "wait": wait})
-        try:
-            private = tempfile.mkdtemp(prefix="flexhub-ssh-")  # 0700, ours
-        except OSError as exc:
-            raise FlexhubError(f"iscsi: no private directory for the ssh key: {exc}") from None
-        try:
-            key_file = os.path.join(private, "id")
-            hosts_file = os.path.join(private, "known_hosts")
-            try:
-                _write_private(key_file, key)
-                _write_private(hosts_file, known_hosts)
-            except OSError as exc:  # disk full: named, never the key
-                raise FlexhubError(
-                    f"iscsi: cannot write the ssh key file: {exc.strerror}"
-                ) from None
-            argv = ssh_argv(self.ssh, key_file, hosts_file)
-            try:
-                result = self.runner(
-                    argv, timeout=timeout, check=False, secrets=masked, input=program
-                )
-            except CommandError as exc:  # a timeout, or ssh could not start
-                raise FlexhubError(f"iscsi: target host {self.ssh.host}: {exc.message}") from None
-        finally:
-            shutil.rmtree(private, ignore_errors=True)
-        answer: dict[str, Any] | None = None
-        for line in result.stdout.splitlines():
-            if line.startswith("FLEXHUB-LIO "):
-                try:
-                    loaded = json.loads(line[len("FLEXHUB-LIO ") :])
-                except ValueError:
-                    continue
-                if isinstance(loaded, dict):
-                    answer = loaded
-        if answer is not None and "ok" in answer and result.returncode == 0:
-            ok: dict[str, Any] = answer["ok"]
-            return ok
-        room = False
-        if answer is not None and "error" in answer:
-            why = str(answer["error"])
-            room = answer.get("room") is True
-        else:
-            why = result.stderr.strip() or result.stdout.strip() or "no answer"
-            if result.returncode == 255:
-                why = f"ssh failed: {why}"
-        why = " ".join(redact(why, masked).split())[:400]
-        if room:  # the fileio directory's room (CSI: RESOURCE_EXHAUSTED)
-            raise NoRoom(f"iscsi: target host {self.ssh.host} ({action}): {why}")
-        raise FlexhubError(f"iscsi: target host {self.ssh.host} ({action}): {why}")
 
 
 def size_of(size: int) -> int:

@@ -1,11 +1,13 @@
 """The program the provisioner runs on an iSCSI target host (Linux LIO), over SSH.
 
-It is never imported by flexhub: :func:`flexhub_iscsi._lio.remote_program` reads this file's
-text and sends it, with the request appended as one JSON literal, on the standard input of
-``/usr/bin/python3 -I -`` on the target host (root, with ``python3-rtslib-fb``, the library
-``targetcli`` is built on). Nothing of the request is on any command line there or here:
-CHAP values travel on stdin only. The answer is one line on stdout, :data:`MARK` followed by
-JSON (``{"ok": ...}`` or ``{"error": "one line"}``).
+It is never imported by flexhub: :func:`flexhub_iscsi._lio_ssh.remote_program` reads this
+file's text (after its parts') and sends it on the standard input of the loader
+:data:`flexhub_iscsi._lio.REMOTE_COMMAND` (``/usr/bin/python3 -I -c`` on the target host, root,
+with ``python3-rtslib-fb``, the library ``targetcli`` is built on), which runs it: :func:`serve`
+then reads requests from the same stdin, one JSON line each, and answers each with one line on
+stdout, :data:`MARK` followed by JSON (``{"ok": ...}`` or ``{"error": "one line"}``). It ends
+when stdin ends, after any refusal, or when no request has come for :data:`IDLE` seconds.
+Nothing of a request is on any command line there or here: CHAP values travel on stdin only.
 
 Every request that changes something runs under one lock file (``/run/flexhub-lio.lock``), so
 two provisioner workers never edit the LIO configuration (or its saved copy) at once, nor both
@@ -51,6 +53,7 @@ import fcntl
 import glob
 import json
 import os
+import signal
 import stat
 import sys
 import time
@@ -83,6 +86,9 @@ MARK = "FLEXHUB-LIO "
 #: configfs's storage objects: ``core/<kind>_<index>/<name>``.
 CORE = "/sys/kernel/config/target/core"
 LOCK = "/run/flexhub-lio.lock"
+#: Seconds :func:`serve` waits for a request before the program ends (the provisioner gives
+#: a kept connection no request after 60 s idle).
+IDLE = 120
 
 
 def answer(payload: dict[str, Any]) -> None:
@@ -530,3 +536,18 @@ def main(request: dict[str, Any]) -> None:
     finally:
         os.close(lock)
     answer({"ok": result})
+
+
+def serve() -> None:
+    """Answer the requests on stdin, one JSON line each, until it ends. Waiting for one is
+    bounded by :data:`IDLE` (SIGALRM's default action ends the program); a request once read
+    runs without that bound (its own ``wait`` bounds its lock)."""
+    stream = sys.stdin.buffer
+    while True:
+        signal.alarm(IDLE)
+        line = stream.readline()
+        signal.alarm(0)
+        if not line:
+            return
+        if line.strip():
+            main(json.loads(line))

@@ -4,7 +4,7 @@ updated one claim at a time.
 rtslib's ``saveconfig`` (``RTSRoot.save_to_file``, with or without its ``so_path``) walks
 the whole target (``RTSRoot.dump()``: every storage object's and every target's attributes,
 parameters, ACLs and LUNs, read from configfs) on every save: a call on a target of n claims
-then reads n claims' objects, and n calls read n² of them. A call here writes its own claim
+then reads n claims' objects, and n calls read n squared of them. A call here writes its own claim
 instead: the saved file is read, the claim's storage object (``plugin``, ``name``) and target
 (``wwn``) entries are replaced by their ``dump()``, or dropped when they are gone, and every
 other entry is kept as it was, in its place. Only the first save of a target host (no saved

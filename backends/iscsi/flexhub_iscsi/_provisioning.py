@@ -51,11 +51,11 @@ class _LioProvisioning(Provisioning):
     ) -> Provisioned:
         """Make (or find) the claim's target, LUN 0 and its backing file or logical volume
         on the target host."""
-        from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
+        from flexhub_iscsi import _lio_ssh  # the provisioner's only: not on the kubelet path
 
         lio, spec, chap = self._claim_spec(claim, parameters, secrets)
         masked = list(chap.values()) if chap else []
-        done = _lio.Lio(_node(self).runner, lio.ssh, secrets).call("provision", spec, masked)
+        done = _lio_ssh.Lio(_node(self).runner, lio.ssh, secrets).call("provision", spec, masked)
         return self._provisioned(lio, claim, chap, done)
 
     @staticmethod
@@ -153,7 +153,7 @@ class _LioProvisioning(Provisioning):
         """``delete``: remove the target, the backstore and its file or logical volume (gone
         is success; an LV is zeroed before it is removed, within the SSH call's bound plus
         the zeroing's for the record's size); ``retain``: leave them all on the target host."""
-        from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
+        from flexhub_iscsi import _lio, _lio_ssh  # the provisioner's only: not on the kubelet path
 
         on_delete = reclaim.get("onDelete", "delete")
         if on_delete not in self.on_delete:
@@ -168,7 +168,8 @@ class _LioProvisioning(Provisioning):
             size = reclaim.get("size", "")
             known = size.isascii() and size.isdigit() and len(size) < 20
             timeout += _lio.zero_seconds(int(size) if known else 0)
-        done = _lio.Lio(_node(self).runner, volume.ssh, secrets).call("delete", spec, [], timeout)
+        lio = _lio_ssh.Lio(_node(self).runner, volume.ssh, secrets)
+        done = lio.call("delete", spec, [], timeout)
         LOG.info(
             "iscsi: %s on %s deleted (%s)",
             volume.iqn,
@@ -187,7 +188,7 @@ class _LioProvisioning(Provisioning):
         ``new_size`` (rounded up to MiB, an LV to its extents; never shrinks; the range an LV
         gains is zeroed before the answer); return the LUN's size. The node's ``expandfs``
         then rescans the LUN and grows the filesystem."""
-        from flexhub_iscsi import _lio  # the provisioner's only: not on the kubelet path
+        from flexhub_iscsi import _lio, _lio_ssh  # the provisioner's only: not on the kubelet path
 
         volume = _lio.parse_volume(options, reclaim)
         spec = {**volume.spec(), "iqn": volume.iqn, "size": _lio.size_of(new_size)}
@@ -197,7 +198,8 @@ class _LioProvisioning(Provisioning):
             spec["overcommit"] = volume.overcommit
         else:  # the range lvextend adds (at most the new size) is zeroed before the answer
             timeout += _lio.zero_seconds(spec["size"])
-        done = _lio.Lio(_node(self).runner, volume.ssh, secrets).call("expand", spec, [], timeout)
+        lio = _lio_ssh.Lio(_node(self).runner, volume.ssh, secrets)
+        done = lio.call("expand", spec, [], timeout)
         return int(done["size"])
 
     def capacity(self, parameters: Mapping[str, str]) -> int:
@@ -223,20 +225,21 @@ class _LioProvisioning(Provisioning):
         keeping holes) or its LV (a full copy into a new LV) to the snapshot ``name`` on the
         target host (:mod:`flexhub_iscsi._lio_snap`); ``secrets`` hold the SSH key (the
         VolumeSnapshotClass names the StorageClass's Secret)."""
-        from flexhub_iscsi import _lio, _snapshots
+        from flexhub_iscsi import _lio, _lio_ssh, _snapshots
 
         volume = _lio.parse_volume(options, reclaim)
         spec = _snapshots.snapshot_spec(volume, name)
         size = reclaim.get("size", "")
         known = int(size) if size.isascii() and size.isdigit() and len(size) < 20 else 0
         timeout = _snapshots.copy_timeout(volume.backstore, known)
-        done = _lio.Lio(_node(self).runner, volume.ssh, secrets).call("snapshot", spec, [], timeout)
+        lio = _lio_ssh.Lio(_node(self).runner, volume.ssh, secrets)
+        done = lio.call("snapshot", spec, [], timeout)
         LOG.info("iscsi: %s of %s on %s (%s)", name, volume.iqn, volume.ssh.host, done.get("how"))
         return _snapshots.snapshot_record(volume, name, done)
 
     def delete_snapshot(self, snapshot: Mapping[str, str], secrets: Secrets) -> None:
         """Remove the snapshot's file, or zero its LV whole and remove it; gone is success."""
-        from flexhub_iscsi import _lio, _snapshots
+        from flexhub_iscsi import _lio, _lio_ssh, _snapshots
 
         snap = _snapshots.parse_snapshot(snapshot)
         size = snapshot.get("size", "")
@@ -244,7 +247,7 @@ class _LioProvisioning(Provisioning):
         timeout = _lio.CALL_TIMEOUT
         if snap.backstore == "block":
             timeout += _lio.zero_seconds(known)
-        done = _lio.Lio(_node(self).runner, snap.ssh, secrets).call(
+        done = _lio_ssh.Lio(_node(self).runner, snap.ssh, secrets).call(
             "delete_snapshot", snap.spec(), [], timeout
         )
         LOG.info(
@@ -315,11 +318,11 @@ class _LioProvisioning(Provisioning):
         source: dict[str, str],
         secrets: Secrets,
     ) -> Provisioned:
-        from flexhub_iscsi import _lio, _snapshots
+        from flexhub_iscsi import _lio_ssh, _snapshots
 
         masked = list(chap.values()) if chap else []
         timeout = _snapshots.copy_timeout(lio.backstore, spec["size"])
-        done = _lio.Lio(_node(self).runner, lio.ssh, secrets).call(
+        done = _lio_ssh.Lio(_node(self).runner, lio.ssh, secrets).call(
             "restore", {**spec, "source": source}, masked, timeout
         )
         return self._provisioned(lio, claim, chap, done)

@@ -1,0 +1,259 @@
+"""The provisioner's kept connection to a target host (:mod:`flexhub_iscsi._lio_ssh`), with
+the real remote program and loader run by this host's python in place of ``ssh`` (the VM
+tests run it over ssh against LIO): requests over one connection, a connection that ended or
+refused never reused, a hung one killed within the request's bound, the key files gone once
+the connection answered, and the program's own idle limit.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flexhub_iscsi import _lio, _lio_ssh
+
+from flexhub.errors import FlexhubError
+from flexhub.node.runner import SubprocessRunner
+from tests.iscsi.test_lio_capacity import spec_of
+from tests.iscsi.test_lio_snapshots import luns  # noqa: F401 (the fixture)
+from tests.iscsi.test_provision import KEY, secrets
+
+#: The loader as the target host's shell hands it to python3 (its quotes removed).
+LOADER = _lio.REMOTE_COMMAND[3].strip("'")
+SSH = _lio.Ssh("10.0.0.5", "root", 22)
+
+
+class Local(SubprocessRunner):
+    """Production's runner; each ``ssh`` it is asked to start runs the loader here instead,
+    and what was started (and the key files it was given) is recorded."""
+
+    def __init__(self, program: list[str] | None = None) -> None:
+        super().__init__(timeout=30)
+        self.started: list[Any] = []
+        self.key_dirs: list[str] = []
+        self.program = program or [sys.executable, "-I", "-c", LOADER]
+
+    def spawn(self, argv: Any, **kwargs: Any) -> Any:
+        assert argv[-4:] == list(_lio.REMOTE_COMMAND)
+        key_file = next(a.split("=", 1)[1] for a in argv if a.startswith("IdentityFile="))
+        assert Path(key_file).read_text() == KEY and os.stat(key_file).st_mode & 0o077 == 0
+        self.key_dirs.append(os.path.dirname(key_file))
+        live = super().spawn(self.program, **kwargs)
+        self.started.append(live)
+        return live
+
+
+@pytest.fixture(autouse=True)
+def kept() -> Iterator[None]:
+    _lio_ssh.KEPT_CONNECTIONS.close_all()
+    yield
+    _lio_ssh.KEPT_CONNECTIONS.close_all()
+
+
+def lio(runner: Local) -> _lio_ssh.Lio:
+    return _lio_ssh.Lio(runner, SSH, secrets())
+
+
+def test_requests_share_one_connection_and_its_key_files_are_gone_once_it_answered(
+    luns: Path,  # noqa: F811
+) -> None:
+    runner = Local()
+    first = lio(runner).call("room", spec_of(luns), [])
+    assert first["available"] > 0
+    assert not os.path.exists(runner.key_dirs[0])  # removed, the connection still up
+    (live,) = runner.started
+    assert live.alive()
+    (luns / "x.img").write_bytes(b"\1" * (1 << 20))
+    second = lio(runner).call("room", spec_of(luns), [])
+    assert second["available"] == first["available"] - (1 << 20)  # asked again, not cached
+    assert len(runner.started) == 1 and live.alive()
+    # another key (a rotated Secret) is another connection
+    other = _lio_ssh.Lio(runner, SSH, secrets(**{"ssh-privatekey": KEY + "# rotated\n"}))
+    with pytest.raises(AssertionError):  # Local checks the key it was given: not KEY
+        other.call("room", spec_of(luns), [])
+    _lio_ssh.KEPT_CONNECTIONS.close_all()
+    assert live.returncode == 0  # stdin closed: the program ended on its own
+
+
+def test_a_refusal_ends_the_connection_and_the_next_request_opens_another(
+    luns: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    runner = Local()
+    with pytest.raises(FlexhubError, match=r"\(room\): .*No such file"):
+        lio(runner).call("room", spec_of(tmp_path / "missing"), [])
+    (refused,) = runner.started
+    assert refused.returncode == 3  # the program ended after its refusal
+    assert lio(runner).call("room", spec_of(luns), [])["available"] > 0
+    assert len(runner.started) == 2
+
+
+def test_a_kept_connection_that_ended_is_asked_again_over_a_new_one(
+    luns: Path,  # noqa: F811
+) -> None:
+    runner = Local()
+    lio(runner).call("room", spec_of(luns), [])
+    (first,) = runner.started
+    os.kill(first.pid, 9)  # the connection drops while it is kept
+    first.proc.wait()
+    assert lio(runner).call("room", spec_of(luns), [])["available"] > 0
+    assert len(runner.started) == 2
+
+
+def test_a_connection_that_gives_no_answer_is_killed_within_the_bound() -> None:
+    # a "target host" that reads everything and never answers
+    silent = [
+        sys.executable,
+        "-I",
+        "-c",
+        "import sys, time\nsys.stdin.buffer.read()\ntime.sleep(60)",
+    ]
+    runner = Local(silent)
+    started = time.monotonic()
+    with pytest.raises(
+        FlexhubError, match=r"iscsi: target host 10\.0\.0\.5: .*no answer within 2s"
+    ):
+        lio(runner).call("room", {"directory": "/srv"}, [], timeout=2)
+    assert time.monotonic() - started < 10
+    (live,) = runner.started
+    assert live.returncode == -9  # killed, reaped, never kept
+    assert not os.path.exists(runner.key_dirs[0])
+    assert _lio_ssh.KEPT_CONNECTIONS.idle == {}  # nothing kept, for any target
+
+
+def test_connections_idle_too_long_are_closed_not_reused(
+    luns: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runner = Local()
+    lio(runner).call("room", spec_of(luns), [])
+    monkeypatch.setattr(_lio_ssh, "IDLE", 0.0)
+    time.sleep(0.05)
+    lio(runner).call("room", spec_of(luns), [])
+    first, second = runner.started
+    assert first.returncode == 0 and second.alive()
+
+
+def test_concurrent_requests_each_have_a_connection_and_at_most_kept_stay(
+    luns: Path,  # noqa: F811
+) -> None:
+    runner = Local()
+    answers: list[int] = []
+
+    def ask() -> None:
+        answers.append(lio(runner).call("room", spec_of(luns), [])["available"])
+
+    threads = [threading.Thread(target=ask) for _ in range(_lio_ssh.KEPT + 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(answers) == len(threads) and len(set(answers)) == 1
+    kept = [live for lives in _lio_ssh.KEPT_CONNECTIONS.idle.values() for _, live in lives]
+    assert len(kept) <= _lio_ssh.KEPT
+    assert all(live.alive() for live in kept)
+    assert all(live.returncode == 0 for live in runner.started if live not in kept)
+
+
+def test_the_program_ends_by_itself_when_no_request_comes() -> None:
+    program = _lio_ssh.remote_program().replace("\nIDLE = 120\n", "\nIDLE = 1\n", 1)
+    assert "\nIDLE = 1\n" in program
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-c", LOADER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(f"{len(program)}\n{program}".encode("ascii"))
+    proc.stdin.flush()  # stdin stays open: only the idle limit can end it
+    try:
+        assert proc.wait(15) == -14  # SIGALRM
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_connection_past_its_lifetime_gets_no_more_requests(
+    luns: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An open SSH connection outlives its key being revoked on the target host: none is used
+    past :data:`~flexhub_iscsi._lio_ssh.LIFETIME`, however busy."""
+    runner = Local()
+    lio(runner).call("room", spec_of(luns), [])
+    monkeypatch.setattr(_lio_ssh, "LIFETIME", 0.0)
+    lio(runner).call("room", spec_of(luns), [])
+    first, second = runner.started
+    assert first.returncode == 0 and second.alive()
+
+
+def test_a_retry_waits_for_the_lock_only_as_long_as_its_caller_still_waits(
+    luns: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kept connection that ends without answering is asked again with the lock's wait
+    of the time left (less the margin), or not at all when too little is left: a request is
+    never run on the target host after its caller gave up."""
+    sent: list[dict[str, Any]] = []
+    real_line, real_exchange = _lio_ssh.request_line, _lio_ssh.Lio._exchange
+    clock = [1000.0]
+    dies_after = [0.0]
+
+    def recorded(request: Any) -> str:
+        sent.append(dict(request))
+        return real_line(request)
+
+    def kept_dies(self: Any, live: Any, data: bytes, deadline: float, timeout: float) -> Any:
+        if live is runner.started[0]:  # the kept one: the connection drops after a while
+            os.kill(live.pid, 9)
+            live.proc.wait()
+            clock[0] += dies_after[0]
+        return real_exchange(self, live, data, deadline, timeout)
+
+    runner = Local()
+    lio(runner).call("room", spec_of(luns), [])
+    monkeypatch.setattr(_lio_ssh, "request_line", recorded)
+    monkeypatch.setattr(_lio_ssh.Lio, "_exchange", kept_dies)
+    monkeypatch.setattr(_lio_ssh.time, "monotonic", lambda: clock[0])
+    # too late to ask again: it died with no more than the margin (and 1 s) left
+    dies_after[0] = 100 - _lio.LOCK_MARGIN - 1
+    with pytest.raises(FlexhubError, match=r"\(room\): a kept connection ended without answering"):
+        lio(runner).call("room", spec_of(luns), [], timeout=100)
+    assert len(runner.started) == 1 and len(sent) == 1  # nothing sent again
+    assert sent[0]["wait"] == 100 - _lio.LOCK_MARGIN
+    # early enough: asked again over a new connection, the lock's wait what is left less
+    # the margin
+    monkeypatch.undo()
+    runner = Local()
+    lio(runner).call("room", spec_of(luns), [])
+    monkeypatch.setattr(_lio_ssh, "request_line", recorded)
+    monkeypatch.setattr(_lio_ssh.Lio, "_exchange", kept_dies)
+    monkeypatch.setattr(_lio_ssh.time, "monotonic", lambda: clock[0])
+    sent.clear()
+    dies_after[0] = 40
+    assert lio(runner).call("room", spec_of(luns), [], timeout=100)["available"] > 0
+    assert len(runner.started) == 2
+    assert [r["wait"] for r in sent] == [100 - _lio.LOCK_MARGIN, 100 - 40 - _lio.LOCK_MARGIN]
+
+
+def test_kept_connections_are_closed_soon_after_their_idle_time_even_with_no_request(
+    luns: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_lio_ssh, "SWEEP", 0.1)
+    monkeypatch.setattr(_lio_ssh, "IDLE", 0.3)
+    runner = Local()
+    lio(runner).call("room", spec_of(luns), [])
+    (live,) = runner.started
+    deadline = time.monotonic() + 10
+    while live.returncode is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert live.returncode == 0  # closed (stdin ended) and reaped: no zombie
+    assert _lio_ssh.KEPT_CONNECTIONS.idle == {}
+    time.sleep(0.3)
+    assert not _lio_ssh.KEPT_CONNECTIONS.sweeping  # the sweeper ended with the pool
