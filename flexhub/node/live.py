@@ -61,7 +61,8 @@ class LiveCommand:
 
     @property
     def stderr(self) -> str:
-        """The end of what the command wrote on stderr so far."""
+        """The end of what the command wrote on stderr during the last exchange (and after,
+        until it was reaped)."""
         return self._err.decode("utf-8", "replace")
 
     @property
@@ -78,14 +79,18 @@ class LiveCommand:
 
         :returns: that line, without its newline; ``None`` when stdout ended first (the
             command is then reaped, its group killed if it had not exited 2 s later). Other
-            lines, and whatever an earlier exchange left unread, are skipped.
+            lines are skipped, and so is what an earlier exchange left read but unused; a
+            line still in the pipe is not told apart here (a caller that needs it puts an id
+            of the request in ``marker``). :attr:`stderr` then holds this exchange's only.
         :raises CommandTimeout: no such line within ``timeout`` seconds: the command's whole
             group was killed.
         """
         import selectors
 
         deadline = time.monotonic() + timeout
-        self._out = b""  # whatever an earlier exchange left answers nothing of this one
+        # whatever an earlier exchange left answers nothing of this one, and what it wrote on
+        # stderr is not this one's message (it may name that exchange's values)
+        self._out = self._err = b""
         pending = memoryview(data)
         with selectors.DefaultSelector() as selector:
             stdin = self.proc.stdin

@@ -208,12 +208,12 @@ def test_a_retry_waits_for_the_lock_only_as_long_as_its_caller_still_waits(
         sent.append(dict(request))
         return real_line(request)
 
-    def kept_dies(self: Any, live: Any, data: bytes, deadline: float, timeout: float) -> Any:
+    def kept_dies(self: Any, live: Any, data: bytes, *args: Any) -> Any:
         if live is runner.started[0]:  # the kept one: the connection drops after a while
             os.kill(live.pid, 9)
             live.proc.wait()
             clock[0] += dies_after[0]
-        return real_exchange(self, live, data, deadline, timeout)
+        return real_exchange(self, live, data, *args)
 
     runner = Local()
     lio(runner).call("room", spec_of(luns), [])
@@ -257,3 +257,63 @@ def test_kept_connections_are_closed_soon_after_their_idle_time_even_with_no_req
     assert _lio_ssh.KEPT_CONNECTIONS.idle == {}
     time.sleep(0.3)
     assert not _lio_ssh.KEPT_CONNECTIONS.sweeping  # the sweeper ended with the pool
+
+
+#: A "target host" speaking the loader's protocol: the program's length and text read and
+#: ignored, then one answer per request line. The first request is answered twice (the second
+#: time late, as a confused program might) and gets a CHAP value on stderr; a request for
+#: ``room`` of ``/die`` ends the program unanswered; ``stay`` keeps it running after its
+#: stdin ends.
+FAKE = r"""
+import json, os, signal, sys, threading, time
+b = sys.stdin.buffer
+b.read(int(b.readline()))
+first = True
+for raw in b:
+    request = json.loads(raw)
+    if request["spec"].get("directory") == "/die":
+        sys.exit(1)
+    answer = {"id": request["id"], "ok": {"available": 7 if first else 8}}
+    print("FLEXHUB-LIO " + json.dumps(answer), flush=True)
+    if first:
+        sys.stderr.write("warning: chap=Chap-Secret-41xZ\n"); sys.stderr.flush()
+        time.sleep(0.3)
+        print("FLEXHUB-LIO " + json.dumps({**answer, "ok": {"available": 1}}), flush=True)
+    first = False
+if os.environ.get("STAY") or "stay" in sys.argv:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(60)
+"""
+
+
+def test_an_answer_to_another_request_is_never_taken_and_earlier_stderr_is_not_this_error() -> None:
+    runner = Local([sys.executable, "-I", "-c", FAKE])
+    assert lio(runner).call("room", {"directory": "/a"}, [])["available"] == 7
+    time.sleep(0.6)  # the first request's late second answer is in the pipe
+    assert lio(runner).call("room", {"directory": "/b"}, [])["available"] == 8
+    assert len(runner.started) == 1
+    with pytest.raises(FlexhubError) as refused:
+        lio(runner).call("room", {"directory": "/die"}, [], timeout=30)
+    assert "Chap-Secret-41xZ" not in refused.value.message  # stderr of an earlier request
+    assert "kept connection ended without answering" in refused.value.message
+
+
+def test_closing_stale_connections_takes_none_of_another_request_s_time(
+    luns: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kept connection to an unreachable host may take seconds to close: a request to
+    another host does not wait for it."""
+    stays = Local([sys.executable, "-I", "-c", FAKE, "stay"])
+    lio(stays).call("room", {"directory": "/a"}, [])
+    (stuck,) = stays.started
+    monkeypatch.setattr(_lio_ssh, "IDLE", 0.0)
+    monkeypatch.setattr(_lio_ssh, "SWEEP", 60.0)
+    elsewhere = _lio_ssh.Lio(Local(), _lio.Ssh("10.0.0.6", "root", 22), secrets())
+    started = time.monotonic()
+    assert elsewhere.call("room", spec_of(luns), [])["available"] > 0
+    assert time.monotonic() - started < 1.5  # not the 2 s the stuck one's close waits
+    deadline = time.monotonic() + 10
+    while stuck.returncode is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert stuck.returncode == -9  # closed all the same: killed once it would not end

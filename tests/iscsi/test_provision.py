@@ -85,7 +85,11 @@ class Ssh(RecordingRunner):
                     Path(path).read_text(),
                 )
         result = super().__call__(argv, **{k: v for k, v in kwargs.items() if k != "check"})
-        out = f"{_lio_remote.MARK}{json.dumps(self.answer)}\n" if self.answer else ""
+        # the program echoes the request's id first in its answer
+        sent = str(kwargs.get("input") or "").rstrip("\n").rsplit("\n", 1)[-1]
+        ident = json.loads(sent)["id"] if sent.startswith("{") else ""
+        answer = {"id": ident, **self.answer}
+        out = f"{_lio_remote.MARK}{json.dumps(answer)}\n" if self.answer else ""
         return Result(result.argv, self.rc, out, self.stderr)
 
 
@@ -107,6 +111,7 @@ def request_of(runner: Ssh) -> dict[str, Any]:
     line = rest[int(length) :]
     assert line.endswith("\n") and line.count("\n") == 1  # one request, one line
     loaded: dict[str, Any] = json.loads(line)
+    assert len(loaded.pop("id")) == 16  # each request's own, echoed in its answer
     return loaded
 
 

@@ -5,7 +5,8 @@ file's text (after its parts') and sends it on the standard input of the loader
 :data:`flexhub_iscsi._lio.REMOTE_COMMAND` (``/usr/bin/python3 -I -c`` on the target host, root,
 with ``python3-rtslib-fb``, the library ``targetcli`` is built on), which runs it: :func:`serve`
 then reads requests from the same stdin, one JSON line each, and answers each with one line on
-stdout, :data:`MARK` followed by JSON (``{"ok": ...}`` or ``{"error": "one line"}``). It ends
+stdout, :data:`MARK` followed by JSON (``{"ok": ...}`` or ``{"error": "one line"}``, after the
+request's ``id`` when it gave one). It ends
 when stdin ends, after any refusal, or when no request has come for :data:`IDLE` seconds.
 Nothing of a request is on any command line there or here: CHAP values travel on stdin only.
 
@@ -91,7 +92,14 @@ LOCK = "/run/flexhub-lio.lock"
 IDLE = 120
 
 
+#: The request being answered: its ``id`` (echoed first in its answer, so that the provisioner
+#: never takes another request's answer for its own), if it gave one.
+ANSWERING = {"id": ""}
+
+
 def answer(payload: dict[str, Any]) -> None:
+    if ANSWERING["id"]:
+        payload = {"id": ANSWERING["id"], **payload}
     sys.stdout.write(MARK + json.dumps(payload) + "\n")
     sys.stdout.flush()
 
@@ -515,6 +523,7 @@ def take(lock: int, wait: float) -> None:
 
 
 def main(request: dict[str, Any]) -> None:
+    ANSWERING["id"] = str(request.get("id", ""))
     if os.geteuid() != 0:
         answer({"error": "must run as root on the target host (sshUser)"})
         sys.exit(3)

@@ -4,7 +4,8 @@ Each ``ssh`` runs the fixed command :data:`~flexhub_iscsi._lio.REMOTE_COMMAND` o
 host: ``/usr/bin/python3 -I -c`` with a loader that reads the program's length, the program
 (:func:`remote_program`: the remote parts of :data:`~flexhub_iscsi._lio.REMOTE_PARTS`), then
 runs it; the program answers requests, one JSON line each on its stdin (CHAP values among
-them: never on a command line), one ``FLEXHUB-LIO`` line each on its stdout, until its stdin
+them: never on a command line), one ``FLEXHUB-LIO`` line each on its stdout (the request's own
+random ``id`` first: no other line is taken for its answer), until its stdin
 ends or it has waited :data:`~flexhub_iscsi._lio_remote.IDLE` seconds for one, and ends after
 any refusal.
 
@@ -131,12 +132,15 @@ def request_line(request: Mapping[str, Any]) -> str:
     return json.dumps(dict(request), ensure_ascii=True) + "\n"
 
 
-def _line(request: Mapping[str, Any], deadline: float) -> str:
-    """``request`` with its ``wait`` for the target host's lock: the time left until
-    ``deadline`` less :data:`~flexhub_iscsi._lio.LOCK_MARGIN` (at least 1 s), so that it is
-    refused unrun rather than run after its caller gave up."""
+def _line(request: Mapping[str, Any], deadline: float) -> tuple[str, str]:
+    """``request`` with an ``id`` of its own and its ``wait`` for the target host's lock: the
+    time left until ``deadline`` less :data:`~flexhub_iscsi._lio.LOCK_MARGIN` (at least 1 s),
+    so that it is refused unrun rather than run after its caller gave up. Its line, and the
+    start of the line that answers it (the program echoes the id first)."""
     wait = max(1.0, deadline - time.monotonic() - LOCK_MARGIN)
-    return request_line({**request, "wait": round(wait, 3)})
+    ident = os.urandom(8).hex()
+    line = request_line({**request, "id": ident, "wait": round(wait, 3)})
+    return line, MARK + json.dumps({"id": ident})[:-1]
 
 
 def _opening(request: str) -> str:
@@ -184,13 +188,15 @@ class _Kept:
         return stale
 
     def take(self, key: tuple[Any, ...]) -> LiveCommand | None:
-        """The most recently idle connection for ``key`` still usable, or ``None``."""
+        """The most recently idle connection for ``key`` still usable, or ``None``. Those no
+        longer to be used are closed on a thread of their own: a close may wait seconds for
+        an unreachable host, and that is not this request's time."""
         with self.lock:
             stale = self._stale()
             kept = self.idle.get(key, [])
             found = kept.pop()[1] if kept else None
-        for live in stale:
-            live.close()
+        if stale:
+            _start(_close_each, stale)
         return found
 
     def give(self, key: tuple[Any, ...], live: LiveCommand) -> None:
@@ -203,10 +209,7 @@ class _Kept:
                     atexit.register(self.close_all)
                     self.registered = True
                 if not self.sweeping:
-                    self.sweeping = True
-                    threading.Thread(
-                        target=self._sweep, name="flexhub-lio-kept", daemon=True
-                    ).start()
+                    self.sweeping = _start(self._sweep)
                 return
         live.close()
 
@@ -229,6 +232,24 @@ class _Kept:
             self.idle.clear()
         for live in every:
             live.close()
+
+
+def _close_each(lives: list[LiveCommand]) -> None:
+    for live in lives:
+        live.close()
+
+
+def _start(target: Any, *args: Any) -> bool:
+    """Run ``target(*args)`` on a daemon thread: whether one started. Without one (none can
+    start: the interpreter is ending, or out of threads) a close runs here and now, and a
+    sweep is left to the next connection kept."""
+    try:
+        threading.Thread(target=target, args=args, name="flexhub-lio-kept", daemon=True).start()
+    except RuntimeError:
+        if target is _close_each:
+            target(*args)
+        return False
+    return True
 
 
 KEPT_CONNECTIONS = _Kept()
@@ -273,11 +294,16 @@ class Lio:
         if callable(spawn):
             line, why, rc = self._kept(spawn, credentials, request, masked, deadline, timeout)
         else:
-            line, why, rc = self._once(credentials, _line(request, deadline), masked, timeout)
+            line, why, rc = self._once(credentials, *_line(request, deadline), masked, timeout)
         return self._answer(action, line, why, rc, masked)
 
     def _once(
-        self, credentials: tuple[str, str], request: str, masked: list[str], timeout: float
+        self,
+        credentials: tuple[str, str],
+        request: str,
+        marker: str,
+        masked: list[str],
+        timeout: float,
     ) -> tuple[str | None, str, int | None]:
         """One ``ssh`` through the runner: the opening, then the end of stdin."""
         with _Keys(*credentials) as files:
@@ -290,7 +316,7 @@ class Lio:
                 raise FlexhubError(f"iscsi: target host {self.ssh.host}: {exc.message}") from None
         line = None
         for text in result.stdout.splitlines():
-            if text.startswith(MARK):
+            if text.startswith(marker):
                 line = text
                 break
         return line, result.stderr.strip() or result.stdout.strip(), result.returncode
@@ -309,7 +335,8 @@ class Lio:
         key = (self.ssh.host, self.ssh.port, self.ssh.user, digest)
         live = KEPT_CONNECTIONS.take(key)
         if live is not None:
-            line = self._exchange(live, _line(request, deadline).encode("ascii"), deadline, timeout)
+            sent, marker = _line(request, deadline)
+            line = self._exchange(live, sent.encode("ascii"), marker, deadline, timeout)
             if line is not None:
                 return self._keep(key, live, line)
             why = " ".join(redact(live.stderr, masked).split())[:200] or "no message"
@@ -322,22 +349,25 @@ class Lio:
                 self.ssh.host,
                 why,
             )
-        opening = _opening(_line(request, deadline)).encode("ascii")
+        sent, marker = _line(request, deadline)
+        opening = _opening(sent).encode("ascii")
         with _Keys(*credentials) as files:
             try:
                 live = spawn(ssh_argv(self.ssh, *files), secrets=masked)
             except CommandError as exc:  # ssh could not start
                 raise FlexhubError(f"iscsi: target host {self.ssh.host}: {exc.message}") from None
-            line = self._exchange(live, opening, deadline, timeout)
+            line = self._exchange(live, opening, marker, deadline, timeout)
         if line is not None:
             return self._keep(key, live, line)
         return None, live.stderr.strip(), live.returncode
 
     def _exchange(
-        self, live: LiveCommand, data: bytes, deadline: float, timeout: float
+        self, live: LiveCommand, data: bytes, marker: str, deadline: float, timeout: float
     ) -> str | None:
         try:
-            line = live.exchange(data, MARK.encode("ascii"), max(0.0, deadline - time.monotonic()))
+            line = live.exchange(
+                data, marker.encode("ascii"), max(0.0, deadline - time.monotonic())
+            )
         except CommandError:  # timed out: killed with its group
             raise FlexhubError(
                 f"iscsi: target host {self.ssh.host}: no answer within {timeout:g}s (ssh killed)"
