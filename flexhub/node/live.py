@@ -111,10 +111,8 @@ class LiveCommand:
                 for key, _ in selector.select(left):
                     if key.data == "in":
                         pending = self._write(selector, key.fd, pending)
-                    elif key.data == "err":
-                        self._read_err(selector, key.fd)
                     else:
-                        self._read_out(selector, key.fd)
+                        self._read(selector, key.fd, key.data)
                         line = self._answer_in_buffer(marker)
                         if line is not None:
                             return line
@@ -191,24 +189,20 @@ class LiveCommand:
             selector.unregister(fd)
         return pending
 
-    def _read_out(self, selector: selectors.BaseSelector, fd: int) -> None:
+    def _read(self, selector: selectors.BaseSelector, fd: int, stream: str) -> None:
+        """Read what ``fd`` (stdout or stderr) holds into its buffer; at its end, stop
+        watching it. stderr keeps only its last :data:`_STDERR_KEPT` bytes."""
         try:
             chunk = os.read(fd, _CHUNK)
         except BlockingIOError:
             return
-        if chunk:
+        if not chunk:
+            selector.unregister(fd)
+            if stream == "out":
+                self._out_open = False
+            else:
+                self._err_open = False
+        elif stream == "out":
             self._out += chunk
         else:
-            selector.unregister(fd)
-            self._out_open = False
-
-    def _read_err(self, selector: selectors.BaseSelector, fd: int) -> None:
-        try:
-            chunk = os.read(fd, _CHUNK)
-        except BlockingIOError:
-            return
-        if chunk:
             self._err = (self._err + chunk)[-_STDERR_KEPT:]
-        else:
-            selector.unregister(fd)
-            self._err_open = False

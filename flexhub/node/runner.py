@@ -159,6 +159,20 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
         proc.kill()
 
 
+def _prepared(
+    argv: Sequence[str], secrets: Sequence[str], env: Mapping[str, str] | None
+) -> tuple[tuple[str, ...], str, dict[str, str]]:
+    """A command's arguments, how it may be logged, and its environment (:data:`DEFAULT_ENV`
+    with ``env`` on top)."""
+    args = tuple(str(a) for a in argv)
+    if not args:
+        raise CommandError("empty command")
+    full_env = dict(DEFAULT_ENV)
+    if env:
+        full_env.update(env)
+    return args, " ".join(mask(args, secrets)), full_env
+
+
 class SubprocessRunner:
     """The production runner.
 
@@ -185,14 +199,8 @@ class SubprocessRunner:
         """Run ``argv``; see :class:`CommandRunner`."""
         import subprocess
 
-        args = tuple(str(a) for a in argv)
-        if not args:
-            raise CommandError("empty command")
+        args, shown, full_env = _prepared(argv, secrets, env)
         bound = self.timeout if timeout is None else timeout
-        shown = " ".join(mask(args, secrets))
-        full_env = dict(DEFAULT_ENV)
-        if env:
-            full_env.update(env)
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
@@ -253,13 +261,7 @@ class SubprocessRunner:
 
         from flexhub.node.live import LiveCommand
 
-        args = tuple(str(a) for a in argv)
-        if not args:
-            raise CommandError("empty command")
-        shown = " ".join(mask(args, secrets))
-        full_env = dict(DEFAULT_ENV)
-        if env:
-            full_env.update(env)
+        args, shown, full_env = _prepared(argv, secrets, env)
         try:
             proc = subprocess.Popen(
                 args,
