@@ -48,6 +48,7 @@ from flexhub.errors import (
 from flexhub.node import Node
 from flexhub.node.frozen import Frozen
 from flexhub.node.kernel import missing_filesystem as kernel_lacks
+from flexhub.node.live import LiveCommand
 from flexhub.node.mounts import MountEntry
 from flexhub.node.runner import CommandRunner, Result
 from flexhub.node.statedir import fsync_directory, remove_dead_temporaries, write_atomically
@@ -66,6 +67,7 @@ __all__ = [
     "FlexhubError",
     "Frozen",
     "InvalidOptions",
+    "LiveCommand",
     "LockTimeout",
     "MountEntry",
     "NoRoom",

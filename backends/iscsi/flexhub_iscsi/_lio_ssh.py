@@ -40,13 +40,14 @@ import threading
 import time
 from collections.abc import Mapping
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flexhub.backend import (
     CommandError,
     CommandRunner,
     FlexhubError,
     InvalidOptions,
+    LiveCommand,
     NoRoom,
     Secrets,
     redact,
@@ -62,9 +63,6 @@ from flexhub_iscsi._lio import (
     REMOTE_PARTS,
     Ssh,
 )
-
-if TYPE_CHECKING:
-    from flexhub.node.live import LiveCommand
 
 __all__ = ["IDLE", "KEPT", "LIFETIME", "SWEEP", "Lio", "remote_program", "request_line", "ssh_argv"]
 
