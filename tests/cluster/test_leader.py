@@ -99,10 +99,10 @@ def test_a_leader_whose_lease_is_taken_exits_at_once(
     eventually("the Lease taken", take, timeout=20)
     taken = time.monotonic()
     eventually("the leader gone", lambda: _exit_code(leader) is not None, timeout=3 * RETRY + 5)
-    # its next renewal (RETRY) and that call and the exit on a loaded machine (5.5 s seen in
-    # CI, 2026-12-07), and still less than a leader that kept going until its renew deadline
-    # would take (RENEW_DEADLINE - RETRY, 8 s)
-    assert time.monotonic() - taken <= RETRY + 5 < RENEW_DEADLINE - RETRY
+    # its next renewal (RETRY), that call and the exit on a loaded machine (5.5 s seen in CI,
+    # 2026-12-07); the log's reason below is what tells it from a leader that ran on to its
+    # renew deadline (with slow API calls that one could also end within this bound)
+    assert time.monotonic() - taken <= RETRY + 5
     assert _exit_code(leader) == 1
     assert "taken by another instance" in leader.log.read_text()
 
