@@ -27,7 +27,7 @@ import abc
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from flexhub.config import NodeConfig
 from flexhub.errors import (
@@ -48,12 +48,14 @@ from flexhub.errors import (
 from flexhub.node import Node
 from flexhub.node.frozen import Frozen
 from flexhub.node.kernel import missing_filesystem as kernel_lacks
-from flexhub.node.live import LiveCommand
 from flexhub.node.mounts import MountEntry
 from flexhub.node.runner import CommandRunner, Result
 from flexhub.node.statedir import fsync_directory, remove_dead_temporaries, write_atomically
 from flexhub.settings import check_keys
 from flexhub.volume import PodInfo, Secret, Secrets, Volume, has_control_character
+
+if TYPE_CHECKING:
+    from flexhub.node.live import LiveCommand
 
 __all__ = [
     "Attachment",
@@ -93,6 +95,16 @@ __all__ = [
     "remove_dead_temporaries",
     "write_atomically",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # LiveCommand is loaded on first use: only a provisioner keeps a command up, and a
+    # kubelet call of a node driver imports this module
+    if name == "LiveCommand":
+        from flexhub.node.live import LiveCommand
+
+        return LiveCommand
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class NodeRequirements(Frozen):

@@ -6,7 +6,6 @@ source under the name is ``ALREADY_EXISTS``; a refused snapshot leaves nothing t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 from flexhub.config import NodeConfig
 from flexhub.csi.proto import csi_pb2 as pb
 from tests.iscsi.test_lio_capacity import Aborted, Context
-from tests.iscsi.test_provision import PARAMS, Ssh, request_of, secrets
+from tests.iscsi.test_provision import PARAMS, Ssh, last_request, request_of, secrets
 
 MiB = 1 << 20
 MOUNT = pb.VolumeCapability(
@@ -30,7 +29,7 @@ LOST = {"rc": 255, "answer": {}, "stderr": "Connection to 10.0.0.5 closed by rem
 
 def _action(sent: str) -> str:
     """The action of the request line that ends what was sent."""
-    action: str = json.loads(sent.rstrip("\n").rsplit("\n", 1)[1])["action"]
+    action: str = last_request(sent)["action"]
     return action
 
 

@@ -86,9 +86,7 @@ class Ssh(RecordingRunner):
                 )
         result = super().__call__(argv, **{k: v for k, v in kwargs.items() if k != "check"})
         # the program echoes the request's id first in its answer
-        sent = str(kwargs.get("input") or "").rstrip("\n").rsplit("\n", 1)[-1]
-        ident = json.loads(sent)["id"] if sent.startswith("{") else ""
-        answer = {"id": ident, **self.answer}
+        answer = {"id": last_request(str(kwargs.get("input") or "")).get("id", ""), **self.answer}
         out = f"{_lio_remote.MARK}{json.dumps(answer)}\n" if self.answer else ""
         return Result(result.argv, self.rc, out, self.stderr)
 
@@ -99,6 +97,13 @@ def backend(runner: RecordingRunner, tmp_path: Path) -> IscsiBackend:
 
 def claim(size: int = (64 << 20) - 1) -> Claim:
     return Claim(uid=UID, namespace="default", name="data", size=size)
+
+
+def last_request(sent: str) -> dict[str, Any]:
+    """The request whose line ends what was sent on stdin ({} if none)."""
+    line = sent.rstrip("\n").rsplit("\n", 1)[-1]
+    loaded: dict[str, Any] = json.loads(line) if line.startswith("{") else {}
+    return loaded
 
 
 def request_of(runner: Ssh) -> dict[str, Any]:

@@ -146,6 +146,15 @@ def _opening(request: str) -> str:
     return f"{len(program)}\n{program}{request}"
 
 
+def _loaded(line: str) -> dict[str, Any] | None:
+    """The JSON object of an answer line, or ``None`` when it holds none."""
+    try:
+        loaded = json.loads(line[len(MARK) :])
+    except ValueError:
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
 def _write_private(path: str, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
@@ -193,8 +202,8 @@ class _Kept:
             stale = self._stale()
             kept = self.idle.get(key, [])
             found = kept.pop()[1] if kept else None
-        if stale:
-            _start(_close_each, stale)
+        if stale and not _start(_close_each, stale):
+            _close_each(stale)
         return found
 
     def give(self, key: tuple[Any, ...], live: LiveCommand) -> None:
@@ -219,8 +228,7 @@ class _Kept:
                 done = not self.idle
                 if done:
                     self.sweeping = False
-            for live in stale:
-                live.close()
+            _close_each(stale)
             if done:
                 return
 
@@ -228,8 +236,7 @@ class _Kept:
         with self.lock:
             every = [live for kept in self.idle.values() for _, live in kept]
             self.idle.clear()
-        for live in every:
-            live.close()
+        _close_each(every)
 
 
 def _close_each(lives: list[LiveCommand]) -> None:
@@ -238,14 +245,12 @@ def _close_each(lives: list[LiveCommand]) -> None:
 
 
 def _start(target: Any, *args: Any) -> bool:
-    """Run ``target(*args)`` on a daemon thread: whether one started. Without one (none can
-    start: the interpreter is ending, or out of threads) a close runs here and now, and a
-    sweep is left to the next connection kept."""
+    """Run ``target(*args)`` on a daemon thread: whether one started (none can when the
+    interpreter is ending, or out of threads: a close then runs in place, and a sweep is left
+    to the next connection kept)."""
     try:
         threading.Thread(target=target, args=args, name="flexhub-lio-kept", daemon=True).start()
     except RuntimeError:
-        if target is _close_each:
-            target(*args)
         return False
     return True
 
@@ -290,10 +295,10 @@ class Lio:
         request = {"action": action, "spec": dict(spec)}
         spawn = getattr(self.runner, "spawn", None)
         if callable(spawn):
-            line, why, rc = self._kept(spawn, credentials, request, masked, deadline, timeout)
+            answer, why, rc = self._kept(spawn, credentials, request, masked, deadline, timeout)
         else:
-            line, why, rc = self._once(credentials, *_line(request, deadline), masked, timeout)
-        return self._answer(action, line, why, rc, masked)
+            answer, why, rc = self._once(credentials, *_line(request, deadline), masked, timeout)
+        return self._answer(action, answer, why, rc, masked)
 
     def _once(
         self,
@@ -302,7 +307,7 @@ class Lio:
         marker: str,
         masked: list[str],
         timeout: float,
-    ) -> tuple[str | None, str, int | None]:
+    ) -> tuple[dict[str, Any] | None, str, int | None]:
         """One ``ssh`` through the runner: the opening, then the end of stdin."""
         with _Keys(*credentials) as files:
             argv = ssh_argv(self.ssh, *files)
@@ -312,12 +317,10 @@ class Lio:
                 )
             except CommandError as exc:  # a timeout, or ssh could not start
                 raise FlexhubError(f"iscsi: target host {self.ssh.host}: {exc.message}") from None
-        line = None
-        for text in result.stdout.splitlines():
-            if text.startswith(marker):
-                line = text
-                break
-        return line, result.stderr.strip() or result.stdout.strip(), result.returncode
+        lines = (text for text in result.stdout.splitlines() if text.startswith(marker))
+        line = next(lines, None)
+        answer = None if line is None else _loaded(line)
+        return answer, result.stderr.strip() or result.stdout.strip(), result.returncode
 
     def _kept(
         self,
@@ -327,7 +330,7 @@ class Lio:
         masked: list[str],
         deadline: float,
         timeout: float,
-    ) -> tuple[str | None, str, int | None]:
+    ) -> tuple[dict[str, Any] | None, str, int | None]:
         """The request over a kept ``ssh`` to this target, else a new one (kept after)."""
         digest = hashlib.sha256("\0".join(credentials).encode("utf-8")).hexdigest()
         key = (self.ssh.host, self.ssh.port, self.ssh.user, digest)
@@ -375,28 +378,22 @@ class Lio:
     @staticmethod
     def _keep(
         key: tuple[Any, ...], live: LiveCommand, line: str
-    ) -> tuple[str | None, str, int | None]:
-        try:
-            answer = json.loads(line[len(MARK) :])
-        except ValueError:
-            answer = None
-        if isinstance(answer, dict) and "ok" in answer:  # the program goes on: keep it
+    ) -> tuple[dict[str, Any] | None, str, int | None]:
+        answer = _loaded(line)
+        if answer is not None and "ok" in answer:  # the program goes on: keep it
             KEPT_CONNECTIONS.give(key, live)
-            return line, "", 0
+            return answer, "", 0
         live.close()  # a refusal: the program has ended
-        return line, live.stderr.strip(), live.returncode
+        return answer, live.stderr.strip(), live.returncode
 
     def _answer(
-        self, action: str, line: str | None, why: str, rc: int | None, masked: list[str]
+        self,
+        action: str,
+        answer: dict[str, Any] | None,
+        why: str,
+        rc: int | None,
+        masked: list[str],
     ) -> dict[str, Any]:
-        answer: dict[str, Any] | None = None
-        if line is not None:
-            try:
-                loaded = json.loads(line[len(MARK) :])
-            except ValueError:
-                loaded = None
-            if isinstance(loaded, dict):
-                answer = loaded
         if answer is not None and "ok" in answer and rc == 0:
             ok: dict[str, Any] = answer["ok"]
             return ok
