@@ -46,13 +46,15 @@ except BaseException as exc:
 sys.exit(main())"""
 _BOOTSTRAP = "import sys\n" + _START
 
-#: A relocatable runtime whose build found no ``.pth`` file in its ``site-packages`` and no
-#: ``sitecustomize`` says where that directory is (its marker's ``site_packages``); its shim
+#: A relocatable runtime whose build found no ``.pth`` file in its ``site-packages`` (or
+#: ``dist-packages``, where it was built from a distribution's interpreter whose ``site``
+#: reads that, as Debian's does) and no ``sitecustomize`` says where that directory is (its
+#: marker's ``site_packages``); its shim
 #: then starts Python without :mod:`site` (``-S``) and puts that one directory on ``sys.path``
 #: itself, which is all ``site`` would have done there (``-I`` leaves out the user's).
 #: Measured 2026-12-07: ``init`` 12.1 -> 11.6 ms on the CI host, a bare start 481 -> 433 ms and
 #: the kubelet path's imports 1.42 -> 1.34 s in the test rig's emulated guest (medians).
-_SITE_PACKAGES = re.compile(r"lib/python3\.[0-9]+/site-packages")
+_SITE_PACKAGES = re.compile(r"lib/python3\.[0-9]+/(?:site|dist)-packages")
 
 
 def _runtime_start(site_packages: str) -> str:

@@ -100,7 +100,7 @@ class _Stop(Exception):
 
 def _pip_calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, in_place: bool) -> list[list[str]]:
     """The pip commands ``build()`` runs up to its install (then stopped), with the standard
-    library's copy left out and ``pip wheel`` answered by empty files of the wheels' names."""
+    library's copy (and so the question where its ``site`` reads) left out and ``pip wheel`` answered by empty files of the wheels' names."""
     calls: list[list[str]] = []
 
     def run(argv: list[str], **_: Any) -> None:
@@ -116,6 +116,8 @@ def _pip_calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, in_place: bool) 
 
     monkeypatch.setattr(build_runtime, "_run", run)
     monkeypatch.setattr(build_runtime, "_copy_stdlib", lambda source, target: target.mkdir())
+    site = lambda rt: rt / "lib" / build_runtime.PYVER / "site-packages"  # noqa: E731
+    monkeypatch.setattr(build_runtime, "_site_dir", site)  # no standard library copied to ask
     monkeypatch.setattr(build_runtime, "_builds_in_place", lambda projects, python: in_place)
     mystore = scaffolded(tmp_path)
     with pytest.raises(_Stop):

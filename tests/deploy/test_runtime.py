@@ -58,8 +58,16 @@ def test_the_shim_starts_without_site_and_finds_what_site_would(node: dict[str, 
     site-packages on ``sys.path`` itself: the same ``sys.path`` that site gives, in order."""
     runtime = node["runtime"]
     marker = json.loads((runtime / "flexhub-runtime.json").read_text())
-    assert marker["site_packages"] == "lib/python3.11/site-packages"
+    # site-packages, or dist-packages in a runtime of Debian's interpreter (its site reads that)
+    assert marker["site_packages"] in {
+        "lib/python3.11/site-packages",
+        "lib/python3.11/dist-packages",
+    }
+    assert (runtime / marker["site_packages"] / "flexhub" / "__init__.py").is_file()
     assert not list((runtime / marker["site_packages"]).glob("*.pth"))
+    # nor a distribution's hooks in its standard library (Debian's sitecustomize links to /etc)
+    assert not list(runtime.glob("lib/python3.11/sitecustomize*"))
+    assert not list(runtime.glob("lib/python3.11/EXTERNALLY-MANAGED"))
     text = node["driver"].read_text()
     assert "/bin/python3.11 -I -S -c 'import sys\n" in text
     prelude = text.split(" -I -S -c '", 1)[1].split("\ntry:\n", 1)[0]
@@ -76,7 +84,7 @@ def test_the_shim_starts_without_site_and_finds_what_site_would(node: dict[str, 
     without, with_site = seen
     assert with_site[1] == 0 and without[1] == 1  # site ran, then did not
     assert without[0] == with_site[0] and without[2] == with_site[2]
-    assert with_site[2].startswith(f"{runtime}/lib/python3.11/site-packages/")
+    assert with_site[2].startswith(f"{runtime}/{marker['site_packages']}/")
 
 
 def test_init_mount_unmount_with_every_host_python_hidden(node: dict[str, Path]) -> None:
@@ -133,7 +141,9 @@ def test_the_running_driver_maps_no_library_of_the_node(
         for line in (tmp_path / "maps").read_text().splitlines()
         if ".so" in line.split()[-1]
     }
-    assert any("libpython" in lib for lib in libraries)
+    # the interpreter's own code: in its shared libpython, or linked into bin/python3.11
+    assert any("libpython" in lib for lib in libraries) == _shared_libpython(runtime)
+    assert any("ld-linux" in lib for lib in libraries)
     outside = sorted(lib for lib in libraries if not lib.startswith(f"{runtime}/"))
     assert outside == []
     child_env = (tmp_path / "child-env").read_text()
@@ -243,7 +253,7 @@ def test_a_third_party_backend_baked_in_with_with_reaches_the_node(
     bad = validate("{backend: mystore, direktory: data}")
     assert bad.returncode == 1
     assert "spec.flexVolume.options.direktory" in bad.stdout + bad.stderr
-    sites = list((runtime / "lib").glob("python3*/site-packages/flexhub_mystore"))
+    sites = list((runtime / "lib").glob("python3*/*-packages/flexhub_mystore"))
     assert sites, "the backend is not in the runtime"
 
 
@@ -273,7 +283,7 @@ def test_the_runtime_holds_the_checkouts_sources_and_nothing_left_from_a_build(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     runtime = Path(proc.stdout.strip().splitlines()[-1])
-    site = next(runtime.glob("lib/python3*/site-packages"))
+    site = next(runtime.glob("lib/python3*/*-packages"))
     assert (site / "flexhub_nfs" / "__init__.py").is_file()
     assert not (site / "flexhub_nfs" / "_deleted_module.py").exists()
     assert not list(site.glob("*.dist-info/direct_url.json"))
@@ -282,10 +292,8 @@ def test_the_runtime_holds_the_checkouts_sources_and_nothing_left_from_a_build(
 
 
 def _distributions(runtime: Path) -> set[str]:
-    site = runtime / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-    return {
-        info.name.split("-")[0].lower() for info in (site / "site-packages").glob("*.dist-info")
-    }
+    site = runtime / json.loads((runtime / "flexhub-runtime.json").read_text())["site_packages"]
+    return {info.name.split("-")[0].lower() for info in site.glob("*.dist-info")}
 
 
 def _megabytes(root: Path) -> float:
@@ -317,9 +325,22 @@ def test_the_node_profile_leaves_out_the_api_client_and_says_so(
     )
 
 
+def _shared_libpython(runtime: Path) -> bool:
+    """Whether the runtime's interpreter was built with a shared libpython (pyenv's is; a
+    distribution's such as Debian's links it into the executable): what its loader lists."""
+    marker = json.loads((runtime / "flexhub-runtime.json").read_text())
+    argv = [str(runtime / marker["loader"]), "--list", "--library-path", str(runtime / "lib"),
+            str(runtime / marker["python"])]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, env={}).stdout
+    return "libpython" in out
+
+
 def test_a_runtime_carries_no_static_libpython_and_one_shared_one(runtime: Path) -> None:
+    """No static libpython (``config-3.11-*``: 44 MB a runtime never links); the shared one
+    exactly once, under the name the interpreter loads, if it has one."""
     assert not list((runtime / "lib").glob("python3*/config-*"))
-    assert [p.name for p in (runtime / "lib").glob("libpython*")] == ["libpython3.11.so.1.0"]
+    shared = ["libpython3.11.so.1.0"] if _shared_libpython(runtime) else []
+    assert [p.name for p in (runtime / "lib").glob("libpython*")] == shared
 
 
 def test_the_node_runtime_entrypoint_installs_a_working_driver(

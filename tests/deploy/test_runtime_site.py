@@ -65,10 +65,11 @@ def test_how_a_runtime_is_started_is_part_of_its_name(tmp_path: Path) -> None:
     assert build_runtime._digest(tmp_path, start) == build_runtime._digest(tmp_path, start)
 
 
-def test_the_shim_of_such_a_runtime_starts_without_site() -> None:
-    text = render_shim("/ignored", None, "/rt", {**MARKER, "site_packages": SITE})
+@pytest.mark.parametrize("site", [SITE, "lib/python3.11/dist-packages"])  # upstream's, Debian's
+def test_the_shim_of_such_a_runtime_starts_without_site(site: str) -> None:
+    text = render_shim("/ignored", None, "/rt", {**MARKER, "site_packages": site})
     assert "/rt/bin/python3.11 -I -S -c 'import sys\n" in text
-    assert f'sys.path.append(sys.prefix + "/{SITE}")\ntry:\n' in text
+    assert f'sys.path.append(sys.prefix + "/{site}")\ntry:\n' in text
 
 
 @pytest.mark.parametrize(
@@ -78,6 +79,9 @@ def test_the_shim_of_such_a_runtime_starts_without_site() -> None:
         {**MARKER, "site_packages": "lib/python3.11/site-packages/../../../tmp"},
         {**MARKER, "site_packages": "lib/python3.11/site-packages\")' ; touch /x ; '"},
         {**MARKER, "site_packages": "/usr/lib/python3/dist-packages"},
+        {**MARKER, "site_packages": "lib/python3/dist-packages"},
+        {**MARKER, "site_packages": "lib/python3.11/dist-packages/../site-packages"},
+        {**MARKER, "site_packages": "lib/python3.11/other-packages"},
     ],
 )
 def test_any_other_runtime_starts_with_site(marker: dict[str, str]) -> None:
