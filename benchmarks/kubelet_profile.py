@@ -115,7 +115,7 @@ def label(func: Func) -> str:
     filename, line, name = func
     if filename == "~":
         return name  # a built-in: <built-in method posix.fsync>
-    for prefix in ("site-packages/", f"{HERE.parent}/", "/lib/python3.11/"):
+    for prefix in ("site-packages/", "dist-packages/", f"{HERE.parent}/", "/lib/python3.11/"):
         filename = filename.rsplit(prefix, 1)[-1]
     return f"{filename}:{line}({name})"
 

@@ -36,11 +36,12 @@ MARKER = "flexhub-runtime.json"
 #: The interpreter a runtime is built from, if set (``deploy/build_runtime.py`` copies the one
 #: that runs it); else :data:`SYSTEM_PYTHON` where it can build one, else this one.
 RUNTIME_PYTHON_ENV = "FLEXHUB_RUNTIME_PYTHON"
-#: The distribution's interpreter of this Python version. Debian's is built with PGO and LTO
-#: and libpython linked in; pyenv's (the tests' own on this kind of machine) without
-#: ``--enable-optimizations`` and with a shared libpython. Under the VM rig's emulation that
-#: is the cost of every guest driver call: Debian's starts in 0.34 s against 0.65 s, imports
-#: an iSCSI mount's modules in 1.5 s against 2.3 s and runs Python code 1.7 times as fast.
+#: The distribution's interpreter of this Python version. Debian's package is built with PGO
+#: and LTO on amd64 (per its packaging) and has libpython linked in; pyenv's (the tests' own on
+#: this kind of machine) without ``--enable-optimizations`` and with a shared libpython. Under
+#: the VM rig's emulation that is paid by every guest driver call: Debian's starts in 0.34 s
+#: against 0.65 s, imports an iSCSI mount's modules in 1.5 s against 2.3 s and runs a
+#: pure-Python loop 1.7 times as fast (1.6 times on the host).
 SYSTEM_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
 #: Run by a candidate interpreter: its version, then its distributions (pip's, setuptools'
 #: and every other one the build may use); it fails where pip cannot run.
@@ -57,34 +58,48 @@ THIRD_PARTY = "mystore"
 
 def _describe(python: str) -> str | None:
     """``python``'s version and distributions (:data:`DESCRIBE`), or None if it cannot run
-    pip (or at all)."""
+    pip (or at all, or within a minute). Asked as the build runs it (no ``-I``, in
+    :data:`REPO`), so whatever changes which pip and setuptools the build gets (a user site,
+    ``PYTHONPATH``) changes the description, and so the key."""
     try:
         proc = subprocess.run(
-            [python, "-I", "-c", DESCRIBE],
+            [python, "-c", DESCRIBE], cwd=REPO,
             capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL,
         )  # fmt: skip
-    except OSError:
+    except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout if proc.returncode == 0 else None
+
+
+def _of_this_version(described: str) -> bool:
+    """Whether a description's interpreter is of this Python's major.minor (the runtime's
+    paths, ``lib/python3.X``, and the tests assume it)."""
+    first = described.split(None, 1)[0] if described.strip() else ""
+    return first.split(".")[:2] == [str(v) for v in sys.version_info[:2]]
 
 
 @functools.cache
 def runtime_python() -> tuple[str, str]:
     """The interpreter runtimes are built from (:data:`RUNTIME_PYTHON_ENV`, else
-    :data:`SYSTEM_PYTHON` if it is of this version and runs pip, else this one) and its
-    description (:func:`_describe`).
+    :data:`SYSTEM_PYTHON` if it is of this version and runs pip, else this one), as an
+    absolute path, and its description (:func:`_describe`).
 
-    :raises RuntimeError: if the one named by :data:`RUNTIME_PYTHON_ENV` cannot run pip.
+    :raises RuntimeError: if the one named by :data:`RUNTIME_PYTHON_ENV` is not found, cannot
+        run pip or is of another version.
     """
     chosen = os.environ.get(RUNTIME_PYTHON_ENV)
     if chosen:
-        described = _describe(chosen)
-        if described is None:
-            raise RuntimeError(f"{RUNTIME_PYTHON_ENV}={chosen}: cannot run pip with it")
-        return chosen, described
+        found = shutil.which(chosen)
+        described = _describe(os.path.abspath(found)) if found else None
+        if found is None or described is None or not _of_this_version(described):
+            raise RuntimeError(
+                f"{RUNTIME_PYTHON_ENV}={chosen}: not a Python "
+                f"{sys.version_info[0]}.{sys.version_info[1]} that runs pip"
+            )
+        return os.path.abspath(found), described
     if os.path.realpath(SYSTEM_PYTHON) != os.path.realpath(sys.executable):
         described = _describe(SYSTEM_PYTHON)
-        if described is not None:
+        if described is not None and _of_this_version(described):
             return SYSTEM_PYTHON, described
     return sys.executable, _describe(sys.executable) or sys.version
 
@@ -136,7 +151,7 @@ def build_runtime(out: Path, profile: str = "full") -> Path:
         proc = subprocess.run(
             [runtime_python()[0], str(REPO / "deploy" / "build_runtime.py"), str(out),
              "--with", str(extra), "--profile", profile],
-            capture_output=True, text=True, timeout=900, check=False,
+            capture_output=True, text=True, timeout=900, check=False, cwd=REPO,
         )  # fmt: skip
     finally:
         shutil.rmtree(extra.parent, ignore_errors=True)

@@ -59,8 +59,16 @@ _SITE_PACKAGES = re.compile(r"lib/python3\.[0-9]+/(?:site|dist)-packages")
 
 def _runtime_start(site_packages: str) -> str:
     """How the shim starts a runtime's Python whose ``site-packages`` is ``site_packages``
-    (relative to the runtime, checked against :data:`_SITE_PACKAGES`)."""
-    path = f'sys.path.append(sys.prefix + "/{site_packages}")'
+    (relative to the runtime, checked against :data:`_SITE_PACKAGES`).
+
+    Only when ``sys.prefix`` is the runtime, which its marker at the top says: with its
+    standard library incomplete (no ``lib/python3.X/os.py``), Python falls back to the prefix
+    its interpreter was built for, Debian's ``/usr`` (the node's own), whose directories are
+    not the runtime's to read; flexhub is then not found and the call fails closed."""
+    path = (
+        f'import os\nif os.path.isfile(sys.prefix + "/{RUNTIME_MARKER}"):\n'
+        f'    sys.path.append(sys.prefix + "/{site_packages}")'
+    )
     return f"-I -S -c 'import sys\n{path}\n{_START}'"
 
 
