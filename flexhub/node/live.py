@@ -81,7 +81,10 @@ class LiveCommand:
             command is then reaped, its group killed if it had not exited 2 s later). Other
             lines are skipped, and so is what an earlier exchange left read but unused; a
             line still in the pipe is not told apart here (a caller that needs it puts an id
-            of the request in ``marker``). :attr:`stderr` then holds this exchange's only.
+            of the request in ``marker``). :attr:`stderr` then holds what arrived during this
+            exchange only (a caller that sends several requests over one command still masks
+            every earlier request's values in it: stderr a command wrote for one request may
+            arrive during the next).
         :raises CommandTimeout: no such line within ``timeout`` seconds: the command's whole
             group was killed.
         """
@@ -89,8 +92,10 @@ class LiveCommand:
 
         deadline = time.monotonic() + timeout
         # whatever an earlier exchange left answers nothing of this one, and what it wrote on
-        # stderr is not this one's message (it may name that exchange's values)
+        # stderr is not this one's message (it may name that exchange's values): what is
+        # already waiting on stderr, written before this exchange's data, is dropped too
         self._out = self._err = b""
+        self._drop_waiting_stderr()
         pending = memoryview(data)
         with selectors.DefaultSelector() as selector:
             stdin = self.proc.stdin
@@ -168,6 +173,18 @@ class LiveCommand:
             if pipe is not None and not pipe.closed:
                 with contextlib.suppress(OSError):
                     pipe.close()
+
+    def _drop_waiting_stderr(self) -> None:
+        stderr = self.proc.stderr
+        while self._err_open and stderr is not None:
+            try:
+                chunk = os.read(stderr.fileno(), _CHUNK)
+            except BlockingIOError:
+                return  # nothing more waiting
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._err_open = False
 
     def _answer_in_buffer(self, marker: bytes) -> bytes | None:
         while b"\n" in self._out:

@@ -304,6 +304,38 @@ def test_an_answer_to_another_request_is_never_taken_and_earlier_stderr_is_not_t
     assert "kept connection ended without answering" in refused.value.message
 
 
+#: A "target host" that writes a request's stderr late: after its answer, while the next
+#: request runs, which then fails.
+LATE_STDERR = r"""
+import json, sys, time
+b = sys.stdin.buffer
+b.read(int(b.readline()))
+raw = b.readline()
+print("FLEXHUB-LIO " + json.dumps({"id": json.loads(raw)["id"], "ok": {"available": 7}}), flush=True)
+b.readline()  # the next request: the first one's stderr comes now, then the program ends
+time.sleep(0.3)
+sys.stderr.write("warning: chap=Chap-Secret-77aQ\n"); sys.stderr.flush()
+time.sleep(0.3)
+sys.exit(1)
+"""
+
+
+def test_stderr_of_an_earlier_request_arriving_during_a_later_one_is_masked_with_its_values() -> (
+    None
+):
+    """The second request masks nothing of its own; the first request's value, in the
+    stderr that arrives during the second, is masked all the same."""
+    runner = Local([sys.executable, "-I", "-c", LATE_STDERR])
+    first = lio(runner).call("room", {"directory": "/a"}, ["Chap-Secret-77aQ"])
+    assert first["available"] == 7
+    with pytest.raises(FlexhubError) as refused:
+        lio(runner).call("room", {"directory": "/b"}, [], timeout=30)
+    assert len(runner.started) == 1  # 30 s: too little left to ask again over a new one
+    assert "kept connection ended without answering" in refused.value.message
+    assert "Chap-Secret-77aQ" not in refused.value.message
+    assert "chap=***" in refused.value.message  # the late stderr is there, masked
+
+
 def test_closing_stale_connections_takes_none_of_another_request_s_time(
     luns: Path,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,

@@ -38,6 +38,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from importlib import resources
 from typing import Any
@@ -256,6 +257,10 @@ def _start(target: Any, *args: Any) -> bool:
 
 
 KEPT_CONNECTIONS = _Kept()
+#: The values each kept connection's earlier requests masked: stderr the program wrote for one
+#: request may arrive during a later one over the same connection, so every message read from
+#: it is masked with all of them.
+_CARRIED: weakref.WeakKeyDictionary[LiveCommand, frozenset[str]] = weakref.WeakKeyDictionary()
 
 
 class Lio:
@@ -336,11 +341,12 @@ class Lio:
         key = (self.ssh.host, self.ssh.port, self.ssh.user, digest)
         live = KEPT_CONNECTIONS.take(key)
         if live is not None:
+            carried = [*_CARRIED.get(live, ()), *masked]
             sent, marker = _line(request, deadline)
             line = self._exchange(live, sent.encode("ascii"), marker, deadline, timeout)
             if line is not None:
-                return self._keep(key, live, line)
-            why = " ".join(redact(live.stderr, masked).split())[:200] or "no message"
+                return self._keep(key, live, line, carried)
+            why = " ".join(redact(live.stderr, carried).split())[:200] or "no message"
             if deadline - time.monotonic() <= LOCK_MARGIN + 1:
                 # too late to ask again: the lock's wait would have to end before it began
                 return None, f"a kept connection ended without answering ({why})", live.returncode
@@ -359,7 +365,7 @@ class Lio:
                 raise FlexhubError(f"iscsi: target host {self.ssh.host}: {exc.message}") from None
             line = self._exchange(live, opening, marker, deadline, timeout)
         if line is not None:
-            return self._keep(key, live, line)
+            return self._keep(key, live, line, masked)
         return None, live.stderr.strip(), live.returncode
 
     def _exchange(
@@ -377,14 +383,16 @@ class Lio:
 
     @staticmethod
     def _keep(
-        key: tuple[Any, ...], live: LiveCommand, line: str
+        key: tuple[Any, ...], live: LiveCommand, line: str, carried: list[str]
     ) -> tuple[dict[str, Any] | None, str, int | None]:
+        """``carried``: every value masked by a request over ``live``, this one's included."""
         answer = _loaded(line)
         if answer is not None and "ok" in answer:  # the program goes on: keep it
+            _CARRIED[live] = frozenset(carried)
             KEPT_CONNECTIONS.give(key, live)
             return answer, "", 0
         live.close()  # a refusal: the program has ended
-        return answer, live.stderr.strip(), live.returncode
+        return answer, redact(live.stderr.strip(), carried), live.returncode
 
     def _answer(
         self,
