@@ -35,6 +35,18 @@ _CLOSE_WAIT = 2.0
 _CHUNK = 65536
 
 
+#: Bytes of stderr an exchange drops, at most, before it writes (what an earlier one left).
+_STDERR_DROPPED = 64 * _STDERR_KEPT
+
+
+def _kept_end(err: bytes) -> bytes:
+    """The last :data:`_STDERR_KEPT` bytes of ``err``, from a line's start: a line cut at the
+    front could hold the end of a secret value, which masking would not recognize."""
+    if len(err) <= _STDERR_KEPT:
+        return err
+    return err[-_STDERR_KEPT:].partition(b"\n")[2]
+
+
 class LiveCommand:
     """A running command; one exchange at a time (callers serialize their use).
 
@@ -51,6 +63,7 @@ class LiveCommand:
         self._err = b""
         self._out_open = True
         self._err_open = True
+        self._exchanged = False
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             if pipe is not None:
                 os.set_blocking(pipe.fileno(), False)
@@ -93,9 +106,12 @@ class LiveCommand:
         deadline = time.monotonic() + timeout
         # whatever an earlier exchange left answers nothing of this one, and what it wrote on
         # stderr is not this one's message (it may name that exchange's values): what is
-        # already waiting on stderr, written before this exchange's data, is dropped too
+        # already waiting on stderr after an earlier exchange is dropped too (before the first,
+        # it is the command's own: why it failed to start, say)
         self._out = self._err = b""
-        self._drop_waiting_stderr()
+        if self._exchanged:
+            self._drop_waiting_stderr(deadline)
+        self._exchanged = True
         pending = memoryview(data)
         with selectors.DefaultSelector() as selector:
             stdin = self.proc.stdin
@@ -164,7 +180,7 @@ class LiveCommand:
                 break
             if not chunk:
                 break
-            self._err = (self._err + chunk)[-_STDERR_KEPT:]
+            self._err = _kept_end(self._err + chunk)
         self._close_pipes()
 
     def _close_pipes(self) -> None:
@@ -174,9 +190,15 @@ class LiveCommand:
                 with contextlib.suppress(OSError):
                     pipe.close()
 
-    def _drop_waiting_stderr(self) -> None:
+    def _drop_waiting_stderr(self, deadline: float) -> None:
+        """Read and drop what is waiting on stderr; at most :data:`_STDERR_DROPPED` bytes and
+        until ``deadline`` (a command that writes stderr without end still gets this
+        exchange, bounded as ever)."""
         stderr = self.proc.stderr
-        while self._err_open and stderr is not None:
+        dropped = 0
+        while self._err_open and stderr is not None and dropped < _STDERR_DROPPED:
+            if time.monotonic() >= deadline:
+                return
             try:
                 chunk = os.read(stderr.fileno(), _CHUNK)
             except BlockingIOError:
@@ -185,6 +207,7 @@ class LiveCommand:
                 chunk = b""
             if not chunk:
                 self._err_open = False
+            dropped += len(chunk)
 
     def _answer_in_buffer(self, marker: bytes) -> bytes | None:
         while b"\n" in self._out:
@@ -222,4 +245,4 @@ class LiveCommand:
         elif stream == "out":
             self._out += chunk
         else:
-            self._err = (self._err + chunk)[-_STDERR_KEPT:]
+            self._err = _kept_end(self._err + chunk)

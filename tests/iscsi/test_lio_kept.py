@@ -336,6 +336,28 @@ def test_stderr_of_an_earlier_request_arriving_during_a_later_one_is_masked_with
     assert "chap=***" in refused.value.message  # the late stderr is there, masked
 
 
+#: A "target host" whose refusal of the second request names the first request's value.
+ECHOING = r"""
+import json, sys
+b = sys.stdin.buffer
+b.read(int(b.readline()))
+first = json.loads(b.readline())
+print("FLEXHUB-LIO " + json.dumps({"id": first["id"], "ok": {"available": 7}}), flush=True)
+second = json.loads(b.readline())
+error = "refused: still holding chap=Chap-Secret-55bW"
+print("FLEXHUB-LIO " + json.dumps({"id": second["id"], "error": error}), flush=True)
+"""
+
+
+def test_a_refusal_over_a_kept_connection_is_masked_with_every_request_s_values() -> None:
+    runner = Local([sys.executable, "-I", "-c", ECHOING])
+    assert lio(runner).call("room", {"directory": "/a"}, ["Chap-Secret-55bW"])["available"] == 7
+    with pytest.raises(FlexhubError) as refused:
+        lio(runner).call("room", {"directory": "/b"}, [], timeout=30)
+    assert len(runner.started) == 1
+    assert "refused: still holding chap=***" in refused.value.message
+
+
 def test_closing_stale_connections_takes_none_of_another_request_s_time(
     luns: Path,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,

@@ -300,10 +300,13 @@ class Lio:
         request = {"action": action, "spec": dict(spec)}
         spawn = getattr(self.runner, "spawn", None)
         if callable(spawn):
-            answer, why, rc = self._kept(spawn, credentials, request, masked, deadline, timeout)
+            answer, why, rc, shown = self._kept(
+                spawn, credentials, request, masked, deadline, timeout
+            )
         else:
             answer, why, rc = self._once(credentials, *_line(request, deadline), masked, timeout)
-        return self._answer(action, answer, why, rc, masked)
+            shown = masked
+        return self._answer(action, answer, why, rc, shown)
 
     def _once(
         self,
@@ -335,8 +338,10 @@ class Lio:
         masked: list[str],
         deadline: float,
         timeout: float,
-    ) -> tuple[dict[str, Any] | None, str, int | None]:
-        """The request over a kept ``ssh`` to this target, else a new one (kept after)."""
+    ) -> tuple[dict[str, Any] | None, str, int | None, list[str]]:
+        """The request over a kept ``ssh`` to this target, else a new one (kept after); with
+        the values its messages are masked with (those of every request the connection that
+        answered carried)."""
         digest = hashlib.sha256("\0".join(credentials).encode("utf-8")).hexdigest()
         key = (self.ssh.host, self.ssh.port, self.ssh.user, digest)
         live = KEPT_CONNECTIONS.take(key)
@@ -345,11 +350,12 @@ class Lio:
             sent, marker = _line(request, deadline)
             line = self._exchange(live, sent.encode("ascii"), marker, deadline, timeout)
             if line is not None:
-                return self._keep(key, live, line, carried)
+                return (*self._keep(key, live, line, carried), carried)
             why = " ".join(redact(live.stderr, carried).split())[:200] or "no message"
             if deadline - time.monotonic() <= LOCK_MARGIN + 1:
                 # too late to ask again: the lock's wait would have to end before it began
-                return None, f"a kept connection ended without answering ({why})", live.returncode
+                ended = f"a kept connection ended without answering ({why})"
+                return None, ended, live.returncode, carried
             LOG.info(
                 "iscsi: a kept connection to %s ended without answering (%s): asking again "
                 "over a new one",
@@ -365,8 +371,8 @@ class Lio:
                 raise FlexhubError(f"iscsi: target host {self.ssh.host}: {exc.message}") from None
             line = self._exchange(live, opening, marker, deadline, timeout)
         if line is not None:
-            return self._keep(key, live, line, masked)
-        return None, live.stderr.strip(), live.returncode
+            return (*self._keep(key, live, line, masked), masked)
+        return None, live.stderr.strip(), live.returncode, masked
 
     def _exchange(
         self, live: LiveCommand, data: bytes, marker: str, deadline: float, timeout: float
