@@ -391,14 +391,16 @@ class Lio:
     def _keep(
         key: tuple[Any, ...], live: LiveCommand, line: str, carried: list[str]
     ) -> tuple[dict[str, Any] | None, str, int | None]:
-        """``carried``: every value masked by a request over ``live``, this one's included."""
+        """``carried``: every value masked by a request over ``live``, this one's included
+        (kept with it for the next request; this one's message is masked with them by
+        :meth:`_answer`)."""
         answer = _loaded(line)
         if answer is not None and "ok" in answer:  # the program goes on: keep it
             _CARRIED[live] = frozenset(carried)
             KEPT_CONNECTIONS.give(key, live)
             return answer, "", 0
         live.close()  # a refusal: the program has ended
-        return answer, redact(live.stderr.strip(), carried), live.returncode
+        return answer, live.stderr.strip(), live.returncode
 
     def _answer(
         self,
