@@ -12,7 +12,8 @@ CA, ``tls-server-name: kubernetes``). The kernel NFS server runs in the guest
 ``Immediate`` (no kubelet, no scheduler).
 
 One VM and one control plane for the module; each test starts the provisioner processes it
-needs, so that a kill and a second instance are real processes too.
+needs, so that a kill and a second instance are real processes too. They run through the
+relocatable runtime's full profile (tests/runtime_cache.py), as the chart's image runs them.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from tests.cluster.kube import events, eventually, namespace
 from tests.rig import net, services
 from tests.rig.fixtures import require_rig
 from tests.rig.vm import VM, RigError
+from tests.runtime_cache import cached_runtime
 from tests.vm.test_nfs import short_nfs_grace
 
 pytestmark = pytest.mark.vm
@@ -140,7 +142,7 @@ def start_provisioner(
     env = [f"FLEXHUB_TEST_TRACE={BASE}/{name}.trace"]
     if pause_at:
         env.append(f"FLEXHUB_TEST_PAUSE_AT={pause_at}")
-    argv = ["env", *env, rig.vm.python, "-m", "flexhub", "provisioner",
+    argv = ["env", *env, rig.vm.flexhub_python, "-I", "-m", "flexhub", "provisioner",
             "--kubeconfig", KUBECONFIG, "--config", CONFIG,
             "--lease-namespace", NAMESPACE, *extra]  # fmt: skip
     return GuestProvisioner(rig, name, rig.vm.spawn(argv, log=f"{BASE}/{name}.log"))
@@ -203,7 +205,9 @@ for host, port in (("10.0.2.2", int(sys.argv[3])), ("10.0.2.2", 22), ("192.0.2.1
 @pytest.fixture(scope="module")
 def rig(control_plane: Cluster) -> Iterator[Rig]:
     accounts = install_accounts(control_plane)
-    vm = VM(forward_port=control_plane.ports["apiserver"])
+    # The provisioner runs through the runtime (its full profile holds the kubernetes client),
+    # as the chart's image runs it; built (or found) before the boot, as the session VM's.
+    vm = VM(forward_port=control_plane.ports["apiserver"], runtime=str(cached_runtime()))
     try:
         vm.start()
     except RigError as exc:
