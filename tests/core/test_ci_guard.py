@@ -4,6 +4,8 @@ test touches the node's real paths. Each test runs an inner pytest session with 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -235,6 +237,42 @@ def test_ci_run_uses_the_tier_verdict() -> None:
     """.ci/run decides with these functions (not a copy of them that could drift)."""
     script = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
     assert "ciplugin.required_tiers(" in script and "ciplugin.tier_problems(" in script
+
+
+#: .ci/run's phase lines (name, start offset, seconds), as its background builds write them.
+WARM_PHASES = [("pip: python packages", 0, 20), ("go: control plane build (background)", 0, 0),
+               ("go: sidecars build (background)", 1, 0), ("runtime build (background)", 20, 138),
+               ("go: harness build (background)", 0, 9), ("tests: vm-1", 36, 2600)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("changed", "cold"),
+    [
+        ({}, 0),  # every Go build cached; the runtime rebuilt for new sources: kept
+        ({"go: control plane build (background)": 2128}, 1),  # a fresh machine
+        ({"go: sidecars build (background)": 121}, 1),  # a new pin
+        ({"go: harness build (background)": 120}, 0),
+    ],
+)
+def test_ci_run_keeps_no_durations_from_a_run_beside_a_cold_go_build(
+    tmp_path: Path, changed: dict[str, int], cold: int
+) -> None:
+    """The seconds per VM file of a run beside a cold Go build (a fresh machine) would
+    misbalance the next warm run's split: .ci/run's own rule (run from its text) says cold,
+    and the cache is written only when it says warm."""
+    script = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
+    [line] = [x for x in script.splitlines() if x.startswith("go_cold=$(")]
+    phases = tmp_path / "phases"
+    phases.write_text(
+        "".join(f"{n}\t{at}\t{changed.get(n, took)}\n" for n, at, took in WARM_PHASES)
+    )
+    found = subprocess.run(
+        ["bash", "-c", f'{line}\necho "$go_cold"'],
+        env={"PATH": os.environ["PATH"], "phases": str(phases)},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert found.stdout.strip() == str(cold)
+    assert "FLEXHUB_CI_SESSIONS_OK=$((vm_status == 0 && go_cold == 0))" in script
 
 
 #: Python that burns 0.6 s of CPU, however loaded the machine is.

@@ -112,7 +112,7 @@ class GuestProvisioner:
         return found.stdout.split()
 
     def signal(self, name: str) -> None:
-        """Signal its whole process group (a mount it runs too)."""
+        """Signal its process group (the commands it runs are in sessions of their own)."""
         self.rig.vm.run(["kill", "-s", name, "--", f"-{self.pid}"])
 
     def alive(self) -> bool:
