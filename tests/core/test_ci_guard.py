@@ -272,7 +272,13 @@ def test_ci_run_keeps_no_durations_from_a_run_beside_a_cold_go_build(
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert found.stdout.strip() == str(cold)
-    assert "FLEXHUB_CI_SESSIONS_OK=$((vm_status == 0 && go_cold == 0))" in script
+    # the rule gates the write, and runs once every build has recorded its time
+    gate = "FLEXHUB_CI_SESSIONS_OK=$((vm_status == 0 && go_cold == 0))"
+    assert script.count("go_cold=") == 1 and gate in script
+    assert script.index("stop_go_builds\nwait || true\n") < script.index(line) < script.index(gate)
+    assert 'if files and os.environ.get("FLEXHUB_CI_SESSIONS_OK") == "1":' in script
+    write = script.index('(cache / "durations.json.tmp").write_text')
+    assert script.rindex('os.environ.get("FLEXHUB_CI_SESSIONS_OK") == "1"', 0, write) > 0
 
 
 #: Python that burns 0.6 s of CPU, however loaded the machine is.
