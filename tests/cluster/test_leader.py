@@ -63,7 +63,7 @@ def test_the_leader_renews_its_lease(cluster: Cluster, fresh: list[Process]) -> 
     after the first, for up to three renew deadlines (on a loaded machine a renewal comes
     late: CI, 2026-12-07, two renew times 2.5 s apart in the 9 s the test once watched). No
     gap between two renewals passes the renew deadline and the retry after it (leader.py's
-    contract: renew within RENEW_DEADLINE or exit), and the quickest is within two RETRYs
+    contract: renew within RENEW_DEADLINE or exit), and the quickest is within three RETRYs
     (its pace is RETRY, not a fraction of the lease)."""
     fresh.append(leader := provisioner(cluster, "lease-renew"))
     eventually("a leader", lambda: _leading(leader), timeout=60)
@@ -84,7 +84,7 @@ def test_the_leader_renews_its_lease(cluster: Cluster, fresh: list[Process]) -> 
     gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(renewals)]
     shown = f"{gaps}\n{leader.log.read_text(errors='replace')[-3000:]}"
     assert all(0 < gap <= RENEW_DEADLINE + RETRY for gap in gaps), shown
-    assert min(gaps) <= 2 * RETRY, shown
+    assert min(gaps) <= 3 * RETRY, shown
     assert _exit_code(leader) is None
 
 
