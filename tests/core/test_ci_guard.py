@@ -233,9 +233,13 @@ def test_ci_requires_every_tier_that_has_tests_to_have_run(tmp_path: Path) -> No
     assert ciplugin.tier_problems(skipped, required) == ["1 cluster test(s) skipped"]
 
 
+#: The CI script whose own text the tests below check and run.
+CI_RUN = Path(__file__).resolve().parents[2] / ".ci" / "run"
+
+
 def test_ci_run_uses_the_tier_verdict() -> None:
     """.ci/run decides with these functions (not a copy of them that could drift)."""
-    script = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
+    script = CI_RUN.read_text()
     assert "ciplugin.required_tiers(" in script and "ciplugin.tier_problems(" in script
 
 
@@ -260,7 +264,7 @@ def test_ci_run_keeps_no_durations_from_a_run_beside_a_cold_go_build(
     """The seconds per VM file of a run beside a cold Go build (a fresh machine) would
     misbalance the next warm run's split: .ci/run's own rule (run from its text) says cold,
     and the cache is written only when it says warm."""
-    script = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
+    script = CI_RUN.read_text()
     [line] = [x for x in script.splitlines() if x.startswith("go_cold=$(")]
     phases = tmp_path / "phases"
     phases.write_text(
@@ -276,9 +280,9 @@ def test_ci_run_keeps_no_durations_from_a_run_beside_a_cold_go_build(
     gate = "FLEXHUB_CI_SESSIONS_OK=$((vm_status == 0 && go_cold == 0))"
     assert script.count("go_cold=") == 1 and gate in script
     assert script.index("stop_go_builds\nwait || true\n") < script.index(line) < script.index(gate)
-    assert 'if files and os.environ.get("FLEXHUB_CI_SESSIONS_OK") == "1":' in script
     write = script.index('(cache / "durations.json.tmp").write_text')
-    assert script.rindex('os.environ.get("FLEXHUB_CI_SESSIONS_OK") == "1"', 0, write) > 0
+    gated = 'if files and os.environ.get("FLEXHUB_CI_SESSIONS_OK") == "1":'
+    assert gated in script[:write]
 
 
 #: Python that burns 0.6 s of CPU, however loaded the machine is.
