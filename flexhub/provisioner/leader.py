@@ -3,10 +3,11 @@
 Only the holder of the Lease provisions; the others wait. The holder renews every
 ``retry`` seconds; a candidate takes the Lease over once it has not been renewed for
 ``duration`` seconds. Every write carries the resourceVersion read just before, so two
-candidates can never both win one round. A holder that cannot renew within ``renew_deadline``
-has lost: it exits at once (``on_lost``), as client-go's provisioners do, so that two
-instances never both act for long. flexhub's correctness does not rest on this (PV names
-and storage are derived from the claim's uid); the election only keeps the work in one place.
+candidates can never both win one round. A holder whose last renewal that landed was stamped
+``renew_deadline`` seconds ago (counted from the stamp, not from the answer) has lost: it
+exits at once (``on_lost``), as client-go's provisioners do, so that two instances never
+both act for long. flexhub's correctness does not rest on this (PV names and storage are
+derived from the claim's uid); the election only keeps the work in one place.
 """
 
 from __future__ import annotations
@@ -38,14 +39,16 @@ class LeaseElector:
         renew_deadline: float = 10,
         retry: float = 2,
         on_lost: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         from kubernetes import client
 
         self.leases = client.CoordinationV1Api(api)
         self.namespace, self.name, self.identity = namespace, name, identity
         self.duration, self.renew_deadline, self.retry = duration, renew_deadline, retry
-        self.on_lost = on_lost
+        self.on_lost, self.clock = on_lost, clock
         self.leading = threading.Event()
+        self.stamped = clock()  # when the last round that holds the Lease began
 
     def _try(self) -> bool:
         """One round: create, renew or take over the Lease; True when we hold it now."""
@@ -104,32 +107,48 @@ class LeaseElector:
         """Block until we lead (True) or ``stop`` is set (False)."""
         LOG.info("waiting for the lease %s/%s as %s", self.namespace, self.name, self.identity)
         while not stop.is_set():
+            started = self.clock()
             try:
                 if self._try():
-                    LOG.info("leading (lease %s/%s)", self.namespace, self.name)
-                    self.leading.set()
-                    return True
+                    if self.clock() - started < self.renew_deadline:
+                        LOG.info("leading (lease %s/%s)", self.namespace, self.name)
+                        self.stamped = started
+                        self.leading.set()
+                        return True
+                    LOG.warning("lease %s/%s: taken, but the answer came past the renew "
+                                "deadline; trying again", self.namespace, self.name)  # fmt: skip
             except Exception as exc:
                 LOG.warning("lease %s/%s: %s", self.namespace, self.name, exc)
             stop.wait(self.retry)
         return False
 
     def keep(self, stop: threading.Event) -> None:
-        """Renew until ``stop``; call ``on_lost`` (default: exit) when renewal fails for
-        longer than ``renew_deadline``."""
-        last = time.monotonic()
+        """Renew until ``stop``. Call ``on_lost`` (default: exit) when another instance holds
+        the Lease, or when the last renewal that landed was stamped ``renew_deadline`` seconds
+        ago or more. A renewal counts from its stamp, taken before its read, not from its
+        answer: a write that lands but answers late may have been taken over meanwhile by a
+        candidate that judged the Lease by the stamp's age."""
+        last = self.stamped
         while not stop.wait(self.retry):
+            started = self.clock()
             try:
-                if self._try():
-                    last = time.monotonic()
-                    continue
-                LOG.error("lease %s/%s taken by another instance", self.namespace, self.name)
+                if not self._try():
+                    LOG.error("lease %s/%s taken by another instance", self.namespace, self.name)
+                    self._lose()
+                    return
+                last = started
             except Exception as exc:
                 LOG.warning("renewing lease %s/%s: %s", self.namespace, self.name, exc)
-                if time.monotonic() - last < self.renew_deadline:
-                    continue
-            self.leading.clear()
-            LOG.error("lost the lease %s/%s: exiting", self.namespace, self.name)
-            if self.on_lost is not None:
-                self.on_lost()
-            return
+            late = self.clock() - last
+            if late >= self.renew_deadline:
+                LOG.error("lease %s/%s: the last renewal that landed was stamped %.1f s ago "
+                          "(renew deadline %.0f s)", self.namespace, self.name, late,
+                          self.renew_deadline)  # fmt: skip
+                self._lose()
+                return
+
+    def _lose(self) -> None:
+        self.leading.clear()
+        LOG.error("lost the lease %s/%s: exiting", self.namespace, self.name)
+        if self.on_lost is not None:
+            self.on_lost()
