@@ -103,11 +103,38 @@ class LeaseElector:
             raise
         return True
 
+    def _round(self, budget: float) -> bool | None:
+        """One :meth:`_try` given ``budget`` seconds: its answer, or None when it has not
+        answered by then. A request the API server holds on to (each call may take 10 s)
+        would otherwise keep a holder leading past its deadline; left running, it ends with
+        the process, which is giving up the Lease anyway."""
+        answer: list[bool | Exception] = []
+
+        def run() -> None:
+            try:
+                answer.append(self._try())
+            except Exception as exc:
+                answer.append(exc)
+
+        worker = threading.Thread(target=run, name="lease-renewal", daemon=True)
+        worker.start()
+        worker.join(max(budget, 0.0))
+        if not answer:
+            return None
+        if isinstance(answer[0], Exception):
+            raise answer[0]
+        return answer[0]
+
     def acquire(self, stop: threading.Event) -> bool:
-        """Block until we lead (True) or ``stop`` is set (False)."""
+        """Block until we lead (True) or ``stop`` is set (False).
+
+        A take-over or renewal answered past the renew deadline is not trusted: the Lease is
+        left alone for a lease duration (so another candidate can take it) before trying
+        again, instead of leading on a Lease others may judge expired."""
         LOG.info("waiting for the lease %s/%s as %s", self.namespace, self.name, self.identity)
         while not stop.is_set():
             started = self.clock()
+            wait = self.retry
             try:
                 if self._try():
                     if self.clock() - started < self.renew_deadline:
@@ -115,35 +142,42 @@ class LeaseElector:
                         self.stamped = started
                         self.leading.set()
                         return True
-                    LOG.warning("lease %s/%s: taken, but the answer came past the renew "
-                                "deadline; trying again", self.namespace, self.name)  # fmt: skip
+                    LOG.warning("lease %s/%s: held, but the answer came past the renew "
+                                "deadline; leaving it for %.0f s", self.namespace, self.name,
+                                self.duration)  # fmt: skip
+                    wait = self.duration
             except Exception as exc:
                 LOG.warning("lease %s/%s: %s", self.namespace, self.name, exc)
-            stop.wait(self.retry)
+            stop.wait(wait)
         return False
 
     def keep(self, stop: threading.Event) -> None:
-        """Renew until ``stop``. Call ``on_lost`` (default: exit) when another instance holds
-        the Lease, or when the last renewal that landed was stamped ``renew_deadline`` seconds
-        ago or more. A renewal counts from its stamp, taken before its read, not from its
+        """Renew until ``stop``. Call ``on_lost`` (`flexhub provisioner` passes an exit) when
+        another instance holds the Lease, or once the last renewal that landed was stamped
+        ``renew_deadline`` seconds ago: a round still waiting for its answer then is not
+        waited for. A renewal counts from its stamp, taken before its read, not from its
         answer: a write that lands but answers late may have been taken over meanwhile by a
         candidate that judged the Lease by the stamp's age."""
         last = self.stamped
         while not stop.wait(self.retry):
             started = self.clock()
+            reason = ""
             try:
-                if not self._try():
-                    LOG.error("lease %s/%s taken by another instance", self.namespace, self.name)
-                    self._lose()
-                    return
-                last = started
+                held = self._round(self.renew_deadline - (started - last))
+                if held is None:
+                    reason = "no answer within the renew deadline"
+                elif not held:
+                    reason = "taken by another instance"
+                else:
+                    last = started
             except Exception as exc:
                 LOG.warning("renewing lease %s/%s: %s", self.namespace, self.name, exc)
             late = self.clock() - last
-            if late >= self.renew_deadline:
-                LOG.error("lease %s/%s: the last renewal that landed was stamped %.1f s ago "
-                          "(renew deadline %.0f s)", self.namespace, self.name, late,
-                          self.renew_deadline)  # fmt: skip
+            if not reason and late >= self.renew_deadline:
+                reason = f"the last renewal that landed was stamped {late:.1f} s ago"
+            if reason:
+                LOG.error("lease %s/%s: %s (renew deadline %.0f s)", self.namespace, self.name,
+                          reason, self.renew_deadline)  # fmt: skip
                 self._lose()
                 return
 

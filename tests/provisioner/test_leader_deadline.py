@@ -4,8 +4,9 @@ A real API server cannot be made to answer a renewal late on demand; the control
 runs the same elector against the real server (tests/cluster/test_leader.py). What these
 pin: a holder trusts a renewal only from the moment it stamped it, so a renewal that lands
 but answers after the renew deadline counts as lost (another candidate may have taken the
-Lease over on the stamp's age meanwhile), and failures are counted from the last renewal's
-stamp, not from when its answer came.
+Lease over on the stamp's age meanwhile); failures are counted from the last renewal's
+stamp, not from when its answer came; a round still waiting for its answer at the deadline
+is not waited for; another holder ends the lead at once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import copy
 import datetime
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,6 +25,9 @@ pytest.importorskip("kubernetes")
 from kubernetes import client
 
 from flexhub.provisioner.leader import LeaseElector
+
+#: Fake seconds after which a test's API stops answering (a run gone wrong ends, not spins).
+BUDGET = 1000.0
 
 
 class Clock:
@@ -33,17 +39,18 @@ class Clock:
 
 
 class Leases:
-    """One Lease held by ``identity``. Each call takes the next queued answer: the seconds
-    the API took (the clock moves on by them), then the exception it raised, if any. Past
-    the queue every call fails after ``then`` seconds."""
+    """One Lease held by ``holder``. Each call takes the next queued answer: the seconds
+    the API took (the clock moves on by them) and whether it then failed (HTTP 500). Past
+    the queue every call fails after 1 s; past :data:`BUDGET` every call sets ``stop`` and
+    fails."""
 
-    def __init__(self, clock: Clock, identity: str, answers: list[tuple[float, bool]]) -> None:
+    def __init__(self, clock: Clock, holder: str, answers: list[tuple[float, bool]]) -> None:
         self.clock = clock
         now = datetime.datetime.now(datetime.UTC)
         self.lease = client.V1Lease(
             metadata=client.V1ObjectMeta(name="l", namespace="ns", resource_version="1"),
             spec=client.V1LeaseSpec(
-                holder_identity=identity,
+                holder_identity=holder,
                 lease_duration_seconds=15,
                 acquire_time=now,
                 renew_time=now,
@@ -51,12 +58,16 @@ class Leases:
             ),
         )
         self.answers = list(answers)
-        self.then = 1.0
         self.replaced = 0
+        self.stop = threading.Event()
+        self.rounds: int | None = None  # set stop once this many replaces have landed
 
     def _answer(self) -> None:
-        seconds, fails = self.answers.pop(0) if self.answers else (self.then, True)
+        seconds, fails = self.answers.pop(0) if self.answers else (1.0, True)
         self.clock.now += seconds
+        if self.clock.now > BUDGET:
+            self.stop.set()
+            fails = True
         if fails:
             raise client.ApiException(status=500, reason="Internal Server Error")
 
@@ -68,38 +79,53 @@ class Leases:
         self._answer()
         self.replaced += 1
         self.lease = copy.deepcopy(body)
+        if self.rounds is not None and self.replaced >= self.rounds:
+            self.stop.set()
         return body
 
 
+def _elector(clock: Callable[[], float], **kwargs: Any) -> tuple[LeaseElector, list[float]]:
+    lost: list[float] = []
+    elector = LeaseElector(
+        client.ApiClient(), "ns", "l", "me", renew_deadline=10, retry=0,
+        on_lost=lambda: lost.append(clock()), clock=clock, **kwargs,
+    )  # fmt: skip
+    return elector, lost
+
+
+def _bounded(target: Callable[[], Any], stop: threading.Event, seconds: float = 10) -> list[Any]:
+    """Run ``target`` in a thread for at most ``seconds``; its return value (or exception)
+    in a list. A run that goes on is stopped (``stop`` set) before the test fails."""
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append(target())
+        except Exception as exc:
+            result.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        stop.set()
+        worker.join(5)
+        pytest.fail("did not return in time")
+    return result
+
+
 def _keep(
-    answers: list[tuple[float, bool]], rounds: int | None
+    answers: list[tuple[float, bool]], rounds: int | None, holder: str = "me"
 ) -> tuple[LeaseElector, Leases, list[float]]:
     """Run ``keep`` over ``answers`` until it gives up or ``rounds`` renewals have landed;
     returns the elector, the API and the clock's readings when ``on_lost`` was called."""
     clock = Clock()
-    lost: list[float] = []
-    elector = LeaseElector(
-        client.ApiClient(), "ns", "l", "me", renew_deadline=10, retry=0,
-        on_lost=lambda: lost.append(clock.now), clock=clock,
-    )  # fmt: skip
-    leases = Leases(clock, "me", answers)
+    elector, lost = _elector(clock)
+    leases = Leases(clock, holder, answers)
+    leases.rounds = rounds
     elector.leases = leases
     elector.leading.set()
-    stop = threading.Event()
-    real = leases.replace_namespaced_lease
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return real(*args, **kwargs)
-        finally:
-            if (rounds is not None and leases.replaced >= rounds) or clock.now > 1000:
-                stop.set()
-
-    leases.replace_namespaced_lease = counted  # type: ignore[method-assign]
-    worker = threading.Thread(target=elector.keep, args=(stop,), daemon=True)
-    worker.start()
-    worker.join(10)
-    assert not worker.is_alive(), "keep() did not return"
+    _bounded(lambda: elector.keep(leases.stop), leases.stop)
     return elector, leases, lost
 
 
@@ -130,20 +156,109 @@ def test_failures_count_from_the_last_stamp_not_from_its_late_answer() -> None:
     assert not elector.leading.is_set()
 
 
-def test_a_lease_taken_with_an_answer_past_the_deadline_is_taken_again_before_leading() -> None:
-    """The same rule when acquiring: a take-over that answers 11 s after its stamp is not
-    trusted (the provisioner would start work on a Lease others may judge expired); the next
-    round, answered in time, leads, and its stamp is where ``keep`` counts from."""
+def test_another_holder_ends_the_lead_at_the_next_round() -> None:
+    """The Lease names another, live holder: no write, and the lead ends at once, not at
+    the deadline."""
+    elector, leases, lost = _keep([(1.0, False)], rounds=None, holder="another")
+    assert leases.replaced == 0
+    assert lost == [101.0]
+    assert not elector.leading.is_set()
+
+
+def test_a_round_without_an_answer_is_not_waited_for_past_the_deadline() -> None:
+    """The API server holds the read (each call may take 10 s, read and write 20 s): the
+    holder gives up when the deadline after its last renewal's stamp comes, with the call
+    still pending (real clock: a 0.5 s deadline)."""
+    held = threading.Event()
+
+    class Hanging(Leases):
+        def read_namespaced_lease(self, name: str, namespace: str, **_: Any) -> Any:
+            held.wait(30)
+            raise client.ApiException(status=504, reason="Gateway Timeout")
+
+    elector, lost = _elector(time.monotonic)
+    elector.renew_deadline, elector.retry = 0.5, 0.05
+    leases = Hanging(Clock(), "me", [])
+    elector.leases = leases
+    elector.leading.set()
+    elector.stamped = begun = time.monotonic()
+    try:
+        _bounded(lambda: elector.keep(leases.stop), leases.stop, seconds=5)
+    finally:
+        held.set()
+    assert len(lost) == 1
+    assert 0.5 <= lost[0] - begun < 3.0, lost[0] - begun
+    assert not elector.leading.is_set()
+
+
+def test_an_error_from_on_lost_ends_keep() -> None:
+    """``on_lost`` is called once; what it raises leaves ``keep``, not taken for a failed
+    renewal and retried."""
     clock = Clock()
+    calls: list[float] = []
+
+    def on_lost() -> None:
+        calls.append(clock())
+        raise RuntimeError("on_lost failed")
+
     elector = LeaseElector(
-        client.ApiClient(), "ns", "l", "me", renew_deadline=10, retry=0, clock=clock
-    )
+        client.ApiClient(), "ns", "l", "me", renew_deadline=10, retry=0, on_lost=on_lost,
+        clock=clock,
+    )  # fmt: skip
+    leases = Leases(clock, "another", [(1.0, False)])
+    elector.leases = leases
+    (result,) = _bounded(lambda: elector.keep(leases.stop), leases.stop)
+    assert isinstance(result, RuntimeError)
+    assert calls == [101.0]
+
+
+def _acquire(
+    answers: list[tuple[float, bool]], holder: str, **kwargs: Any
+) -> tuple[LeaseElector, Leases, bool]:
+    clock = Clock()
+    elector, _ = _elector(clock, **kwargs)
+    leases = Leases(clock, holder, answers)
+    leases.lease.spec.renew_time -= datetime.timedelta(seconds=60)  # expired
+    elector.leases = leases
+    (result,) = _bounded(lambda: elector.acquire(leases.stop), leases.stop)
+    return elector, leases, result
+
+
+def test_a_lease_taken_with_an_answer_past_the_deadline_is_left_alone_before_leading() -> None:
+    """The same rule when acquiring: a take-over that answers 11 s after its stamp is not
+    trusted (the provisioner would start work on a Lease others may judge expired). The
+    candidate leaves the Lease for a lease duration, so that a quicker one can take it, then
+    takes it again, answered in time, and leads; that round's stamp is where ``keep`` counts
+    from."""
+    waited: list[float] = []
+    stop_wait = threading.Event.wait
+
+    class Stop(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waited.append(timeout or 0.0)
+            return stop_wait(self, 0)
+
+    clock = Clock()
+    elector, _ = _elector(clock, duration=15)
     leases = Leases(clock, "someone-expired", [(0.0, False), (11.0, False), (1.0, False),
                                                (1.0, False)])  # fmt: skip
     leases.lease.spec.renew_time -= datetime.timedelta(seconds=60)
     elector.leases = leases
-    assert elector.acquire(threading.Event())
+    stop = Stop()
+    leases.stop = stop
+    (result,) = _bounded(lambda: elector.acquire(stop), stop)
+    assert result is True
+    assert waited == [15]
     assert leases.replaced == 2
     assert elector.leading.is_set()
     assert elector.stamped == 111.0
     assert leases.lease.spec.holder_identity == "me"
+
+
+def test_acquire_takes_an_expired_lease_after_a_failed_round() -> None:
+    """A failed read (HTTP 500) is retried; the next round takes the expired Lease."""
+    elector, leases, result = _acquire([(1.0, True), (1.0, False), (1.0, False)], "gone")
+    assert result is True
+    assert leases.lease.spec.holder_identity == "me"
+    assert leases.lease.spec.lease_transitions == 1
+    assert elector.stamped == 101.0
