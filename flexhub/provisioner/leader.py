@@ -1,13 +1,19 @@
-"""Leader election on a coordination.k8s.io Lease, as client-go's leaderelection does it.
+"""Leader election on a coordination.k8s.io Lease, after client-go's leaderelection.
 
 Only the holder of the Lease provisions; the others wait. The holder renews every
-``retry`` seconds; a candidate takes the Lease over once it has not been renewed for
-``duration`` seconds. Every write carries the resourceVersion read just before, so two
-candidates can never both win one round. A holder whose last renewal that landed was stamped
-``renew_deadline`` seconds ago (counted from the stamp, not from the answer) has lost: it
-exits at once (``on_lost``), as client-go's provisioners do, so that two instances never
-both act for long. flexhub's correctness does not rest on this (PV names and storage are
-derived from the claim's uid); the election only keeps the work in one place.
+``retry`` seconds; a candidate takes the Lease over once its renewTime is ``duration``
+seconds old by the candidate's clock. Every write carries the resourceVersion read just
+before, so two candidates can never both win one round.
+
+Stricter than client-go about late answers: a renewal counts from its stamp (taken before
+its read), not from when the API server answered it. Once the last renewal confirmed in
+time was stamped ``renew_deadline`` seconds ago, a candidate whose clock runs
+``duration - renew_deadline`` ahead may take the Lease; from then on the holder pauses its
+work (``leading`` cleared) while a renewal is pending, resumes when that renewal is
+confirmed within ``renew_deadline`` of its own stamp, and otherwise exits at once
+(``on_lost``), as client-go's provisioners do when they lose the lead. flexhub's
+correctness does not rest on this (PV names and storage are derived from the claim's uid);
+the election only keeps the work in one place.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ class LeaseElector:
         self.duration, self.renew_deadline, self.retry = duration, renew_deadline, retry
         self.on_lost, self.clock = on_lost, clock
         self.leading = threading.Event()
-        self.stamped = clock()  # when the last round that holds the Lease began
+        self.stamped = clock()  # the stamp (start) of the last round confirmed in time
 
     def _try(self) -> bool:
         """One round: create, renew or take over the Lease; True when we hold it now."""
@@ -103,11 +109,14 @@ class LeaseElector:
             raise
         return True
 
-    def _round(self, budget: float) -> bool | None:
-        """One :meth:`_try` given ``budget`` seconds: its answer, or None when it has not
-        answered by then. A request the API server holds on to (each call may take 10 s)
-        would otherwise keep a holder leading past its deadline; left running, it ends with
-        the process, which is giving up the Lease anyway."""
+    def _round(self, last: float) -> bool | None:
+        """One :meth:`_try` while leading, on a Lease last confirmed with the stamp ``last``:
+        its answer, or None when it has not answered within ``renew_deadline`` of its own
+        start. Past ``last + renew_deadline`` with no answer yet, the lead pauses (``leading``
+        cleared: the controller defers its work) until the answer comes. A request the API
+        server holds on to (each call may take 10 s) is not waited for past the round's own
+        deadline; left running, it ends with the process, which is giving up anyway."""
+        started = self.clock()
         answer: list[bool | Exception] = []
 
         def run() -> None:
@@ -118,7 +127,12 @@ class LeaseElector:
 
         worker = threading.Thread(target=run, name="lease-renewal", daemon=True)
         worker.start()
-        worker.join(max(budget, 0.0))
+        worker.join(max(last + self.renew_deadline - self.clock(), 0.0))
+        if not answer and self.leading.is_set():
+            LOG.warning("lease %s/%s: renewal pending at the renew deadline: pausing until "
+                        "it answers", self.namespace, self.name)  # fmt: skip
+            self.leading.clear()
+            worker.join(max(started + self.renew_deadline - self.clock(), 0.0))
         if not answer:
             return None
         if isinstance(answer[0], Exception):
@@ -152,29 +166,38 @@ class LeaseElector:
         return False
 
     def keep(self, stop: threading.Event) -> None:
-        """Renew until ``stop``. Call ``on_lost`` (`flexhub provisioner` passes an exit) when
-        another instance holds the Lease, or once the last renewal that landed was stamped
-        ``renew_deadline`` seconds ago: a round still waiting for its answer then is not
-        waited for. A renewal counts from its stamp, taken before its read, not from its
-        answer: a write that lands but answers late may have been taken over meanwhile by a
-        candidate that judged the Lease by the stamp's age."""
-        last = self.stamped
-        while not stop.wait(self.retry):
+        """Renew until ``stop``. A renewal counts from its stamp, taken before its read, not
+        from its answer: once the last confirmed stamp is ``renew_deadline`` seconds old, a
+        candidate whose clock runs ahead may judge the Lease expired. So the lead pauses then
+        while a renewal is pending, and resumes when it is confirmed within ``renew_deadline``
+        of its own stamp. ``on_lost`` (`flexhub provisioner` passes an exit) is called when
+        another instance holds the Lease, when a renewal has no answer within that time or
+        answers later, and when a renewal fails with the last confirmed stamp past it."""
+        # a round starts a retry after the last, or when the last stamp's deadline comes
+        # (the round pauses the lead then), whichever is first
+        while not stop.wait(
+            min(self.retry, max(self.stamped + self.renew_deadline - self.clock(), 0.0))
+        ):
             started = self.clock()
             reason = ""
             try:
-                held = self._round(self.renew_deadline - (started - last))
+                held = self._round(self.stamped)
                 if held is None:
-                    reason = "no answer within the renew deadline"
+                    reason = "no answer to a renewal within the renew deadline"
                 elif not held:
                     reason = "taken by another instance"
+                elif self.clock() - started >= self.renew_deadline:
+                    reason = "a renewal answered past the renew deadline"
                 else:
-                    last = started
+                    self.stamped = started
+                    if not self.leading.is_set():
+                        LOG.info("lease %s/%s renewed: leading again", self.namespace, self.name)
+                        self.leading.set()
             except Exception as exc:
                 LOG.warning("renewing lease %s/%s: %s", self.namespace, self.name, exc)
-            late = self.clock() - last
-            if not reason and late >= self.renew_deadline:
-                reason = f"the last renewal that landed was stamped {late:.1f} s ago"
+                late = self.clock() - self.stamped
+                if late >= self.renew_deadline:
+                    reason = f"no renewal confirmed since the stamp {late:.1f} s ago"
             if reason:
                 LOG.error("lease %s/%s: %s (renew deadline %.0f s)", self.namespace, self.name,
                           reason, self.renew_deadline)  # fmt: skip

@@ -130,7 +130,8 @@ def _keep(
 
 
 def test_renewals_answered_in_time_keep_the_lead() -> None:
-    """Five rounds of 9 s each (read 4 s, replace 5 s): each within the deadline."""
+    """Five rounds of 9 s each (read 4 s, replace 5 s), each answered within the deadline
+    of its own stamp (no wait between rounds here: ``retry`` is 0)."""
     elector, leases, lost = _keep([(4.0, False), (5.0, False)] * 5, rounds=5)
     assert leases.replaced == 5
     assert lost == [] and elector.leading.is_set()
@@ -165,29 +166,106 @@ def test_another_holder_ends_the_lead_at_the_next_round() -> None:
     assert not elector.leading.is_set()
 
 
-def test_a_round_without_an_answer_is_not_waited_for_past_the_deadline() -> None:
-    """The API server holds the read (each call may take 10 s, read and write 20 s): the
-    holder gives up when the deadline after its last renewal's stamp comes, with the call
-    still pending (real clock: a 0.5 s deadline)."""
-    held = threading.Event()
+class Slow(Leases):
+    """Calls in real time: each takes the next of ``script`` (seconds, then whether it fails
+    with HTTP 500), past it ``seconds`` and success. ``held`` records the lead's state at
+    each answer."""
 
-    class Hanging(Leases):
-        def read_namespaced_lease(self, name: str, namespace: str, **_: Any) -> Any:
-            held.wait(30)
-            raise client.ApiException(status=504, reason="Gateway Timeout")
+    def __init__(
+        self, elector: LeaseElector, seconds: float, script: list[tuple[float, bool]]
+    ) -> None:
+        super().__init__(Clock(), "me", [])
+        self.elector, self.seconds, self.script = elector, seconds, list(script)
+        self.held: list[bool] = []
 
+    def _answer(self) -> None:
+        seconds, fails = self.script.pop(0) if self.script else (self.seconds, False)
+        time.sleep(seconds)
+        self.held.append(self.elector.leading.is_set())
+        if fails:
+            raise client.ApiException(status=500, reason="Internal Server Error")
+
+
+def _real(
+    seconds: float, script: list[tuple[float, bool]], run_for: float
+) -> tuple[LeaseElector, Slow, list[float]]:
+    """``keep`` in real time, scaled by a fifth (deadline 2 s, retry 0.4 s), for ``run_for``
+    seconds or until it gives up; the Lease's last stamp 1 s old when it starts, so the
+    first round starts after a retry, at 1.4 s, and the stamp's deadline comes at 2 s.
+    Throughout, a watcher checks leader.py's promise: never leading on a confirmed stamp
+    older than the deadline (within 0.15 s, its sampling and a thread switch)."""
     elector, lost = _elector(time.monotonic)
-    elector.renew_deadline, elector.retry = 0.5, 0.05
-    leases = Hanging(Clock(), "me", [])
+    elector.renew_deadline, elector.retry = 2.0, 0.4
+    leases = Slow(elector, seconds, script)
     elector.leases = leases
     elector.leading.set()
-    elector.stamped = begun = time.monotonic()
+    elector.stamped = time.monotonic() - 1.0
+    stopper = threading.Timer(run_for, leases.stop.set)
+    stopper.start()
+    broken: list[float] = []
+
+    def watch() -> None:
+        while not leases.stop.wait(0.01):
+            stamped = elector.stamped
+            if elector.leading.is_set() and time.monotonic() - stamped >= 2.0 + 0.15:
+                broken.append(time.monotonic() - stamped)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     try:
-        _bounded(lambda: elector.keep(leases.stop), leases.stop, seconds=5)
+        _bounded(lambda: elector.keep(leases.stop), leases.stop, seconds=run_for + 5)
     finally:
-        held.set()
+        stopper.cancel()
+        leases.stop.set()
+        watcher.join(5)
+    assert broken == [], f"leading on a stamp this old (s): {broken[:5]}"
+    return elector, leases, lost
+
+
+def test_a_renewal_pending_past_the_deadline_pauses_the_lead_until_it_answers() -> None:
+    """The first read takes 1.2 s (6 s unscaled): it is pending when the last stamp turns
+    2 s old (a candidate whose clock runs ahead may take the Lease from then on), so the
+    lead pauses; the renewal answers within the deadline of its own stamp (0.8 s before
+    it), so the lead resumes, with no exit."""
+    elector, leases, lost = _real(0.01, [(1.2, False)], run_for=3.0)
+    assert lost == []
+    assert leases.replaced >= 3
+    # the first round's read and replace answered paused, later ones leading
+    assert leases.held[:2] == [False, False], leases.held
+    assert True in leases.held[2:], leases.held
+    assert elector.leading.is_set()
+
+
+def test_a_leader_whose_renewals_take_4_s_keeps_leading() -> None:
+    """Every call takes 0.42 s (a round of 4.2 s unscaled, as seen on a loaded CI machine):
+    each renewal is confirmed within the deadline of its own stamp, so the leader goes on,
+    pausing at most while one is pending past the last stamp's deadline."""
+    elector, leases, lost = _real(0.42, [], run_for=5.0)
+    assert lost == []
+    assert leases.replaced >= 3
+    assert elector.leading.is_set()  # the last round, confirmed, resumed the lead if paused
+
+
+def test_a_failure_just_before_the_deadline_pauses_the_lead_at_it() -> None:
+    """The first read fails after 0.5 s, its stamp then 1.9 s old: not yet past the
+    deadline, so no exit; the next round starts when the deadline comes (not a whole retry
+    later, leading past it) and pauses the lead until its renewal, quick, is confirmed."""
+    elector, leases, lost = _real(0.01, [(0.5, True), (0.3, False)], run_for=3.0)
+    assert lost == []
+    assert leases.held[:2] == [True, False], leases.held
+    assert True in leases.held[2:], leases.held
+    assert elector.leading.is_set()
+
+
+def test_a_round_without_an_answer_is_not_waited_for_past_its_deadline() -> None:
+    """The API server holds the read (each call may take 10 s, read and write 20 s): the
+    lead pauses at the last stamp's deadline and the holder gives up at the round's own
+    deadline (it starts after a retry), the call still pending."""
+    elector, leases, lost = _real(0.01, [(30.0, False)], run_for=6.0)
+    begun = elector.stamped + 1.0
     assert len(lost) == 1
-    assert 0.5 <= lost[0] - begun < 3.0, lost[0] - begun
+    assert 2.4 - 0.05 <= lost[0] - begun < 2.4 + 0.5, lost[0] - begun
+    assert leases.replaced == 0
     assert not elector.leading.is_set()
 
 
