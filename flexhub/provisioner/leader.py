@@ -1,19 +1,14 @@
-"""Leader election on a coordination.k8s.io Lease, after client-go's leaderelection.
+"""Leader election on a coordination.k8s.io Lease, as client-go's leaderelection does it.
 
 Only the holder of the Lease provisions; the others wait. The holder renews every
 ``retry`` seconds; a candidate takes the Lease over once its renewTime is ``duration``
 seconds old by the candidate's clock. Every write carries the resourceVersion read just
-before, so two candidates can never both win one round.
-
-Stricter than client-go about late answers: a renewal counts from its stamp (taken before
-its read), not from when the API server answered it. Once the last renewal confirmed in
-time was stamped ``renew_deadline`` seconds ago, a candidate whose clock runs
-``duration - renew_deadline`` ahead may take the Lease; from then on the holder pauses its
-work (``leading`` cleared) while a renewal is pending, resumes when that renewal is
-confirmed within ``renew_deadline`` of its own stamp, and otherwise exits at once
-(``on_lost``), as client-go's provisioners do when they lose the lead. flexhub's
-correctness does not rest on this (PV names and storage are derived from the claim's uid);
-the election only keeps the work in one place.
+before, so two candidates can never both win one round. A holder that cannot renew within
+``renew_deadline`` of starting to (retrying every ``retry`` seconds, a request still pending
+then not waited for) has lost, and so has one that finds another holder in the Lease: it
+exits at once (``on_lost``), as client-go's provisioners do, so that two instances never
+both act for long. flexhub's correctness does not rest on this (PV names and storage are
+derived from the claim's uid); the election only keeps the work in one place.
 """
 
 from __future__ import annotations
@@ -28,6 +23,11 @@ from typing import Any
 LOG = logging.getLogger(__name__)
 
 __all__ = ["LeaseElector"]
+
+
+class _Conflict(Exception):
+    """The Lease changed between our read and our write (HTTP 409): another candidate's
+    write, or our own request sent again by the HTTP client after its answer was lost."""
 
 
 def _now() -> datetime.datetime:
@@ -54,10 +54,13 @@ class LeaseElector:
         self.duration, self.renew_deadline, self.retry = duration, renew_deadline, retry
         self.on_lost, self.clock = on_lost, clock
         self.leading = threading.Event()
-        self.stamped = clock()  # the stamp (start) of the last round confirmed in time
 
     def _try(self) -> bool:
-        """One round: create, renew or take over the Lease; True when we hold it now."""
+        """One round: create, renew or take over the Lease; True when we hold it now, False
+        when another live holder does.
+
+        :raises _Conflict: the Lease changed between the read and the write.
+        """
         from kubernetes import client
         from kubernetes.client.rest import ApiException
 
@@ -83,7 +86,7 @@ class LeaseElector:
                 self.leases.create_namespaced_lease(self.namespace, body, _request_timeout=10)
             except ApiException as created:
                 if created.status == 409:
-                    return False
+                    raise _Conflict("created meanwhile") from None
                 raise
             return True
         spec = lease.spec
@@ -105,18 +108,31 @@ class LeaseElector:
             )
         except ApiException as exc:
             if exc.status == 409:
-                return False
+                raise _Conflict("changed since it was read") from None
             raise
         return True
 
-    def _round(self, last: float) -> bool | None:
-        """One :meth:`_try` while leading, on a Lease last confirmed with the stamp ``last``:
-        its answer, or None when it has not answered within ``renew_deadline`` of its own
-        start. Past ``last + renew_deadline`` with no answer yet, the lead pauses (``leading``
-        cleared: the controller defers its work) until the answer comes. A request the API
-        server holds on to (each call may take 10 s) is not waited for past the round's own
-        deadline; left running, it ends with the process, which is giving up anyway."""
-        started = self.clock()
+    def acquire(self, stop: threading.Event) -> bool:
+        """Block until we lead (True) or ``stop`` is set (False)."""
+        LOG.info("waiting for the lease %s/%s as %s", self.namespace, self.name, self.identity)
+        while not stop.is_set():
+            try:
+                if self._try():
+                    LOG.info("leading (lease %s/%s)", self.namespace, self.name)
+                    self.leading.set()
+                    return True
+            except _Conflict:
+                pass  # another candidate was quicker: read again after a retry
+            except Exception as exc:
+                LOG.warning("lease %s/%s: %s", self.namespace, self.name, exc)
+            stop.wait(self.retry)
+        return False
+
+    def _round(self, budget: float) -> bool | None:
+        """One :meth:`_try` given ``budget`` seconds: its answer, or None when it has not
+        answered by then. A request the API server holds on to (each attempt may take 10 s
+        and the HTTP client sends a request up to four times) is not waited for: left
+        running, it ends with the process, which is giving up the Lease."""
         answer: list[bool | Exception] = []
 
         def run() -> None:
@@ -127,85 +143,46 @@ class LeaseElector:
 
         worker = threading.Thread(target=run, name="lease-renewal", daemon=True)
         worker.start()
-        worker.join(max(last + self.renew_deadline - self.clock(), 0.0))
-        if not answer and self.leading.is_set():
-            LOG.warning("lease %s/%s: renewal pending at the renew deadline: pausing until "
-                        "it answers", self.namespace, self.name)  # fmt: skip
-            self.leading.clear()
-            worker.join(max(started + self.renew_deadline - self.clock(), 0.0))
+        worker.join(max(budget, 0.0))
         if not answer:
             return None
         if isinstance(answer[0], Exception):
             raise answer[0]
         return answer[0]
 
-    def acquire(self, stop: threading.Event) -> bool:
-        """Block until we lead (True) or ``stop`` is set (False).
-
-        A take-over or renewal answered past the renew deadline is not trusted: the Lease is
-        left alone for a lease duration (so another candidate can take it) before trying
-        again, instead of leading on a Lease others may judge expired."""
-        LOG.info("waiting for the lease %s/%s as %s", self.namespace, self.name, self.identity)
-        while not stop.is_set():
-            started = self.clock()
-            wait = self.retry
+    def _renew(self, stop: threading.Event) -> str:
+        """Renew once, retrying every ``retry`` seconds for up to ``renew_deadline``: ""
+        when renewed (or ``stop`` is set), else why the Lease is lost."""
+        deadline = self.clock() + self.renew_deadline
+        while True:
             try:
-                if self._try():
-                    if self.clock() - started < self.renew_deadline:
-                        LOG.info("leading (lease %s/%s)", self.namespace, self.name)
-                        self.stamped = started
-                        self.leading.set()
-                        return True
-                    LOG.warning("lease %s/%s: held, but the answer came past the renew "
-                                "deadline; leaving it for %.0f s", self.namespace, self.name,
-                                self.duration)  # fmt: skip
-                    wait = self.duration
-            except Exception as exc:
-                LOG.warning("lease %s/%s: %s", self.namespace, self.name, exc)
-            stop.wait(wait)
-        return False
-
-    def keep(self, stop: threading.Event) -> None:
-        """Renew until ``stop``. A renewal counts from its stamp, taken before its read, not
-        from its answer: once the last confirmed stamp is ``renew_deadline`` seconds old, a
-        candidate whose clock runs ahead may judge the Lease expired. So the lead pauses then
-        while a renewal is pending, and resumes when it is confirmed within ``renew_deadline``
-        of its own stamp. ``on_lost`` (`flexhub provisioner` passes an exit) is called when
-        another instance holds the Lease, when a renewal has no answer within that time or
-        answers later, and when a renewal fails with the last confirmed stamp past it."""
-        # a round starts a retry after the last, or when the last stamp's deadline comes
-        # (the round pauses the lead then), whichever is first
-        while not stop.wait(
-            min(self.retry, max(self.stamped + self.renew_deadline - self.clock(), 0.0))
-        ):
-            started = self.clock()
-            reason = ""
-            try:
-                held = self._round(self.stamped)
+                held = self._round(deadline - self.clock())
                 if held is None:
-                    reason = "no answer to a renewal within the renew deadline"
-                elif not held:
-                    reason = "taken by another instance"
-                elif self.clock() - started >= self.renew_deadline:
-                    reason = "a renewal answered past the renew deadline"
-                else:
-                    self.stamped = started
-                    if not self.leading.is_set():
-                        LOG.info("lease %s/%s renewed: leading again", self.namespace, self.name)
-                        self.leading.set()
+                    return "a renewal still pending at the renew deadline"
+                if not held:
+                    return "taken by another instance"
+                return ""
+            except _Conflict:
+                LOG.info("lease %s/%s changed since it was read: reading again",
+                         self.namespace, self.name)  # fmt: skip
             except Exception as exc:
                 LOG.warning("renewing lease %s/%s: %s", self.namespace, self.name, exc)
-                late = self.clock() - self.stamped
-                if late >= self.renew_deadline:
-                    reason = f"no renewal confirmed since the stamp {late:.1f} s ago"
-            if reason:
-                LOG.error("lease %s/%s: %s (renew deadline %.0f s)", self.namespace, self.name,
-                          reason, self.renew_deadline)  # fmt: skip
-                self._lose()
-                return
+            left = deadline - self.clock()
+            if left <= 0:
+                return "not renewed within the renew deadline"
+            if stop.wait(min(self.retry, left)):
+                return ""
 
-    def _lose(self) -> None:
-        self.leading.clear()
-        LOG.error("lost the lease %s/%s: exiting", self.namespace, self.name)
-        if self.on_lost is not None:
-            self.on_lost()
+    def keep(self, stop: threading.Event) -> None:
+        """Renew every ``retry`` seconds until ``stop``. Call ``on_lost`` (`flexhub
+        provisioner` passes an exit) when a renewal has not succeeded within
+        ``renew_deadline`` of its first attempt, or another instance holds the Lease."""
+        while not stop.wait(self.retry):
+            reason = self._renew(stop)
+            if reason:
+                self.leading.clear()
+                LOG.error("lost the lease %s/%s (%s): exiting", self.namespace, self.name,
+                          reason)  # fmt: skip
+                if self.on_lost is not None:
+                    self.on_lost()
+                return
