@@ -151,13 +151,19 @@ class LeaseElector:
         return answer[0]
 
     def _renew(self, stop: threading.Event) -> str:
-        """Renew once, retrying every ``retry`` seconds for up to ``renew_deadline``: ""
-        when renewed (or ``stop`` is set), else why the Lease is lost."""
+        """Renew once: attempts ``retry`` seconds apart (from one's start to the next's; at
+        once after a 409, so that another holder is seen without delay) for up to
+        ``renew_deadline`` from the first. "" when renewed or ``stop`` is set, else why the
+        Lease is lost."""
         deadline = self.clock() + self.renew_deadline
         while True:
+            attempt = self.clock()
+            pause = self.retry
             try:
-                held = self._round(deadline - self.clock())
+                held = self._round(deadline - attempt)
                 if held is None:
+                    if stop.is_set():
+                        return ""  # shutting down: not a lost Lease
                     return "a renewal still pending at the renew deadline"
                 if not held:
                     return "taken by another instance"
@@ -165,13 +171,14 @@ class LeaseElector:
             except _Conflict:
                 LOG.info("lease %s/%s changed since it was read: reading again",
                          self.namespace, self.name)  # fmt: skip
+                pause = 0.0
             except Exception as exc:
                 LOG.warning("renewing lease %s/%s: %s", self.namespace, self.name, exc)
             left = deadline - self.clock()
-            if left <= 0:
-                return "not renewed within the renew deadline"
-            if stop.wait(min(self.retry, left)):
+            if stop.wait(max(min(attempt + pause - self.clock(), left), 0.0)):
                 return ""
+            if deadline - self.clock() <= 0:
+                return "not renewed within the renew deadline"
 
     def keep(self, stop: threading.Event) -> None:
         """Renew every ``retry`` seconds until ``stop``. Call ``on_lost`` (`flexhub

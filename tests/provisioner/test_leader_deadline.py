@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -259,3 +260,83 @@ def test_a_request_still_pending_at_the_deadline_is_not_waited_for() -> None:
     assert len(lost) == 1
     assert 2.4 - 0.05 <= lost[0] - begun < 2.4 + 0.5, lost[0] - begun
     assert leases.replaced == 0
+
+
+class Script(Slow):
+    """Calls in real time: each the next of ``script``, (seconds, HTTP status: 0 succeeds);
+    past it a 30 s hang. ``sent`` holds when each began, from ``keep``'s start."""
+
+    def __init__(self, script: list[tuple[float, int]]) -> None:
+        super().__init__(30.0, [])
+        self.steps, self.sent = list(script), []
+        self.begun = time.monotonic()
+
+    def _answer(self) -> None:
+        self.sent.append(time.monotonic() - self.begun)
+        seconds, status = self.steps.pop(0) if self.steps else (30.0, 0)
+        time.sleep(seconds)
+        if status:
+            raise client.ApiException(status=status, reason="refused")
+
+
+def _scripted(
+    script: list[tuple[float, int]], stop_at: float | None = None, deadline: float = 4.0
+) -> tuple[Script, str]:
+    """``_renew`` once in real time, scaled by ``deadline / 10`` (retry ``deadline / 5``;
+    scaled less than the others: a loaded machine's thread switches would blur the attempts'
+    spacing); returns the API and the reason given ("" renewed or stopped)."""
+    elector, lost = _elector(time.monotonic)
+    elector.renew_deadline, elector.retry = deadline, deadline / 5
+    leases = Script(script)
+    elector.leases = leases
+    if stop_at is not None:
+        threading.Timer(stop_at, leases.stop.set).start()
+    leases.begun = time.monotonic()
+    (reason,) = _bounded(lambda: elector._renew(leases.stop), leases.stop, seconds=8)
+    assert lost == []  # _renew only says why; keep() calls on_lost
+    return leases, reason
+
+
+def _a_retry_apart(sent: list[float], count: int) -> None:
+    """``count`` attempts, each a retry (0.8 s) after the last one's start (0.3 s of slack
+    for a loaded machine), the first at once."""
+    gaps = [later - earlier for earlier, later in itertools.pairwise(sent)]
+    assert len(sent) == count and sent[0] < 0.3, sent
+    assert all(0.8 - 0.01 <= gap < 0.8 + 0.3 for gap in gaps), sent
+
+
+def test_a_retry_still_pending_at_the_deadline_is_not_waited_for() -> None:
+    """Three requests refused at once, a retry apart, then one that hangs: the renewal gives
+    up at its deadline, 4 s after its first attempt, not a whole attempt's bound later."""
+    leases, reason = _scripted([(0.0, 500)] * 3)
+    assert reason == "a renewal still pending at the renew deadline"
+    _a_retry_apart(leases.sent, 4)
+    assert 4.0 - 0.01 <= time.monotonic() - leases.begun < 4.0 + 0.5
+
+
+def test_refused_renewals_say_so_and_send_nothing_at_the_deadline() -> None:
+    """Every request refused after 0.5 s (403, the RoleBinding gone): attempts a retry apart
+    from one's start to the next's (a slow refusal does not push the next one back), none
+    sent at the deadline itself, and the reason says refused, not pending."""
+    leases, reason = _scripted([(0.5, 403)] * 10)
+    assert reason == "not renewed within the renew deadline"
+    _a_retry_apart(leases.sent, 5)
+    assert 4.0 - 0.01 <= time.monotonic() - leases.begun < 4.0 + 0.5
+
+
+def test_a_409_is_read_again_at_once() -> None:
+    """The write meets a changed Lease (409): the next read follows at once, not a retry
+    later, so another holder is seen as soon as it is there; here the Lease is still ours
+    (our own request sent again) and the renewal succeeds."""
+    leases, reason = _scripted([(0.0, 0), (0.0, 409), (0.0, 0), (0.0, 0)])
+    assert reason == ""
+    assert len(leases.sent) == 4 and leases.sent[2] - leases.sent[1] < 0.5, leases.sent
+    assert leases.replaced == 1
+
+
+def test_stop_while_a_request_is_pending_is_not_a_lost_lease() -> None:
+    """A shutdown (``stop``) while a request hangs: the renewal ends at its deadline
+    without calling the Lease lost (``flexhub provisioner`` would exit 1 mid-shutdown)."""
+    leases, reason = _scripted([], stop_at=0.5, deadline=2.0)
+    assert reason == ""
+    assert len(leases.sent) == 1
