@@ -4,11 +4,11 @@ Only the holder of the Lease provisions; the others wait. The holder renews ever
 ``retry`` seconds; a candidate takes the Lease over once its renewTime is ``duration``
 seconds old by the candidate's clock. Every write carries the resourceVersion read just
 before, so two candidates can never both win one round. A holder that cannot renew within
-``renew_deadline`` of starting to (retrying every ``retry`` seconds, a request still pending
-then not waited for) has lost, and so has one that finds another holder in the Lease: it
-exits at once (``on_lost``), as client-go's provisioners do, so that two instances never
-both act for long. flexhub's correctness does not rest on this (PV names and storage are
-derived from the claim's uid); the election only keeps the work in one place.
+``renew_deadline`` of starting to (at most one attempt per ``retry`` seconds, a request
+still pending then not waited for) has lost, and so has one that finds another holder in
+the Lease: it exits at once (``on_lost``), as client-go's provisioners do, so that two
+instances never both act for long. flexhub's correctness does not rest on this (PV names
+and storage are derived from the claim's uid); the election only keeps the work in one place.
 """
 
 from __future__ import annotations
@@ -151,13 +151,16 @@ class LeaseElector:
         return answer[0]
 
     def _renew(self, stop: threading.Event) -> str:
-        """Renew once: attempts ``retry`` seconds apart (from one's start to the next's; at
-        once after a 409, so that another holder is seen without delay) for up to
-        ``renew_deadline`` from the first. "" when renewed or ``stop`` is set, else why the
-        Lease is lost."""
+        """Renew once: at most one attempt per ``retry`` seconds, from one's start to the
+        next's (at once after a renewal's first 409, so that another holder is seen without
+        delay), for up to ``renew_deadline`` from the first. "" when renewed or ``stop`` is
+        set, else why the Lease is lost."""
         deadline = self.clock() + self.renew_deadline
+        reread = False
         while True:
             attempt = self.clock()
+            if deadline - attempt <= 0:
+                return "not renewed within the renew deadline"
             pause = self.retry
             try:
                 held = self._round(deadline - attempt)
@@ -171,14 +174,12 @@ class LeaseElector:
             except _Conflict:
                 LOG.info("lease %s/%s changed since it was read: reading again",
                          self.namespace, self.name)  # fmt: skip
-                pause = 0.0
+                pause, reread = (self.retry, True) if reread else (0.0, True)
             except Exception as exc:
                 LOG.warning("renewing lease %s/%s: %s", self.namespace, self.name, exc)
             left = deadline - self.clock()
             if stop.wait(max(min(attempt + pause - self.clock(), left), 0.0)):
                 return ""
-            if deadline - self.clock() <= 0:
-                return "not renewed within the renew deadline"
 
     def keep(self, stop: threading.Event) -> None:
         """Renew every ``retry`` seconds until ``stop``. Call ``on_lost`` (`flexhub
