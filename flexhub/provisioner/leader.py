@@ -174,11 +174,11 @@ class LeaseElector:
             except _Conflict:
                 LOG.info("lease %s/%s changed since it was read: reading again",
                          self.namespace, self.name)  # fmt: skip
-                pause, reread = (self.retry, True) if reread else (0.0, True)
+                pause = self.retry if reread else 0.0
+                reread = True
             except Exception as exc:
                 LOG.warning("renewing lease %s/%s: %s", self.namespace, self.name, exc)
-            left = deadline - self.clock()
-            if stop.wait(max(min(attempt + pause - self.clock(), left), 0.0)):
+            if stop.wait(max(min(attempt + pause, deadline) - self.clock(), 0.0)):
                 return ""
 
     def keep(self, stop: threading.Event) -> None:

@@ -211,26 +211,41 @@ def test_acquire_takes_an_expired_lease_after_a_failed_round_and_a_conflict() ->
     assert leases.lease.spec.lease_transitions == 1
 
 
-class Slow(Leases):
-    """Calls in real time: each sleeps the next of ``script`` (seconds), past it
-    ``seconds``, and succeeds."""
+class Timed(Leases):
+    """Calls in real time: each takes the next of ``steps`` (seconds, then the HTTP status
+    it fails with, 0: it succeeds), past them ``then``. ``sent`` holds when each began,
+    from ``begun``."""
 
-    def __init__(self, seconds: float, script: list[float]) -> None:
+    def __init__(self, steps: list[tuple[float, int]], then: tuple[float, int]) -> None:
         super().__init__(Clock(), "me", [])
-        self.seconds, self.script = seconds, list(script)
+        self.steps, self.then, self.sent = list(steps), then, []
+        self.begun = time.monotonic()
 
     def _answer(self) -> None:
-        time.sleep(self.script.pop(0) if self.script else self.seconds)
+        self.sent.append(time.monotonic() - self.begun)
+        seconds, status = self.steps.pop(0) if self.steps else self.then
+        time.sleep(seconds)
+        if status:
+            raise client.ApiException(status=status, reason="refused")
 
 
-def _real(seconds: float, script: list[float], run_for: float) -> tuple[Slow, list[float], float]:
+def _scaled(leases: Timed, deadline: float) -> tuple[LeaseElector, list[float]]:
+    """An elector over ``leases`` in real time, scaled by ``deadline / 10`` (retry
+    ``deadline / 5``), and the times its ``on_lost`` was called."""
+    elector, lost = _elector(time.monotonic)
+    elector.renew_deadline, elector.retry = deadline, deadline / 5
+    elector.leases = leases
+    return elector, lost
+
+
+def _real(
+    steps: list[tuple[float, int]], then: tuple[float, int], run_for: float
+) -> tuple[Timed, list[float], float]:
     """``keep`` in real time, scaled by a fifth (deadline 2 s, retry 0.4 s), for ``run_for``
     seconds or until it gives up; returns the API, the times ``on_lost`` was called and when
     ``keep`` began."""
-    elector, lost = _elector(time.monotonic)
-    elector.renew_deadline, elector.retry = 2.0, 0.4
-    leases = Slow(seconds, script)
-    elector.leases = leases
+    leases = Timed(steps, then)
+    elector, lost = _scaled(leases, 2.0)
     elector.leading.set()
     stopper = threading.Timer(run_for, leases.stop.set)
     stopper.start()
@@ -246,7 +261,7 @@ def _real(seconds: float, script: list[float], run_for: float) -> tuple[Slow, li
 def test_a_leader_whose_renewals_take_6_s_keeps_leading() -> None:
     """Every request takes 0.6 s (a round of 6 s unscaled, on a loaded machine): each
     renewal succeeds within the deadline, so the leader goes on."""
-    leases, lost, _ = _real(0.6, [], run_for=5.0)
+    leases, lost, _ = _real([], (0.6, 0), run_for=5.0)
     assert lost == []
     assert leases.replaced >= 2
 
@@ -256,39 +271,20 @@ def test_a_request_still_pending_at_the_deadline_is_not_waited_for() -> None:
     a request up to four times): the holder gives up at the renewal's deadline, 2 s after
     its first attempt (itself a retry, 0.4 s, after ``keep`` began), the request still
     pending."""
-    leases, lost, begun = _real(0.01, [30.0], run_for=6.0)
+    leases, lost, begun = _real([(30.0, 0)], (0.01, 0), run_for=6.0)
     assert len(lost) == 1
     assert 2.4 - 0.05 <= lost[0] - begun < 2.4 + 0.5, lost[0] - begun
     assert leases.replaced == 0
 
 
-class Script(Slow):
-    """Calls in real time: each the next of ``script``, (seconds, HTTP status: 0 succeeds);
-    past it a 30 s hang. ``sent`` holds when each began, from ``keep``'s start."""
-
-    def __init__(self, script: list[tuple[float, int]]) -> None:
-        super().__init__(30.0, [])
-        self.steps, self.sent = list(script), []
-        self.begun = time.monotonic()
-
-    def _answer(self) -> None:
-        self.sent.append(time.monotonic() - self.begun)
-        seconds, status = self.steps.pop(0) if self.steps else (30.0, 0)
-        time.sleep(seconds)
-        if status:
-            raise client.ApiException(status=status, reason="refused")
-
-
 def _scripted(
     script: list[tuple[float, int]], stop_at: float | None = None, deadline: float = 4.0
-) -> tuple[Script, str]:
+) -> tuple[Timed, str]:
     """``_renew`` once in real time, scaled by ``deadline / 10`` (retry ``deadline / 5``;
     scaled less than the others: a loaded machine's thread switches would blur the attempts'
     spacing); returns the API and the reason given ("" renewed or stopped)."""
-    elector, lost = _elector(time.monotonic)
-    elector.renew_deadline, elector.retry = deadline, deadline / 5
-    leases = Script(script)
-    elector.leases = leases
+    leases = Timed(script, then=(30.0, 0))  # past the script, a request hangs
+    elector, lost = _scaled(leases, deadline)
     if stop_at is not None:
         threading.Timer(stop_at, leases.stop.set).start()
     leases.begun = time.monotonic()
